@@ -1,1 +1,25 @@
-//! placeholder
+//! The service mechanism both gorge binaries share, and nothing domain-specific.
+//!
+//! - [`config`]: figment layering helpers, one-line validation errors, exit code 2, secrets;
+//! - [`logging`]: slog JSON or text, level from the environment, asynchronous drain;
+//! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
+//! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
+//! - [`server`]: bind every listener first, then serve them all;
+//! - [`shutdown`]: the shutdown signal and [`shutdown::run`], the coordinated graceful stop;
+//! - [`healthcheck`]: the container `healthcheck` subcommand (images carry no curl).
+//!
+//! Where to start reading: [`shutdown::run`], which ties the others together.
+
+pub mod config;
+pub mod healthcheck;
+pub mod http;
+pub mod logging;
+pub mod probes;
+pub mod server;
+pub mod shutdown;
+
+pub use config::{ConfigError, Secret};
+pub use http::{Body, Response};
+pub use probes::{Probes, ReadinessCheck};
+pub use server::{bind_all, BindError, BoundListener, Handler, ListenerSpec};
+pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};

@@ -1,0 +1,188 @@
+//! The shutdown signal and the service run loop: serve every bound listener until SIGTERM,
+//! SIGINT or a programmatic trigger, then stop in a fixed order — readiness off, the
+//! service's own drain, stop accepting, let in-flight requests finish — each step bounded.
+//! If any listener dies while serving, everything stops: a process that accepts on one port
+//! but not the other is worse than one that is visibly down.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slog::{error, info, warn, Logger};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::probes::Probes;
+use crate::server::{serve, BoundListener};
+
+/// A cloneable shutdown switch. [`run`] flips it on SIGTERM/SIGINT; anything may flip it.
+#[derive(Clone)]
+pub struct Shutdown {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Shutdown {
+    pub fn new() -> Self {
+        Shutdown {
+            tx: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    pub fn trigger(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_triggered(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Completes once the switch is on (immediately if it already is).
+    pub async fn triggered(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|on| *on).await;
+    }
+}
+
+/// The service's own drain, run after readiness is off and before listeners stop.
+pub type DrainHook = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A drain hook for services with nothing of their own to drain.
+pub fn no_drain() -> DrainHook {
+    Box::new(|| Box::pin(async {}))
+}
+
+pub struct RunOptions {
+    /// Upper bound for the service's drain hook.
+    pub drain_deadline: Duration,
+    /// Upper bound for in-flight HTTP requests to finish once listeners have stopped.
+    pub request_grace: Duration,
+    pub shutdown: Shutdown,
+}
+
+#[derive(Debug)]
+pub enum RunError {
+    ListenerFailed {
+        name: String,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+    Signals(io::Error),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::ListenerFailed { name, addr, source } => {
+                write!(f, "{name} listener on {addr} failed: {source}")
+            }
+            RunError::Signals(err) => write!(f, "cannot install signal handlers: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Serves `listeners` until shutdown, then drains. Returns `Ok` after a clean drain and an
+/// error when a listener failed (the caller exits non-zero).
+pub async fn run(
+    listeners: Vec<BoundListener>,
+    probes: Arc<Probes>,
+    drain: DrainHook,
+    opts: RunOptions,
+    log: &Logger,
+) -> Result<(), RunError> {
+    let mut signals = Signals::install().map_err(RunError::Signals)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (connections_tx, connections_rx) = watch::channel(());
+    let mut serving = JoinSet::new();
+    for listener in listeners {
+        let (name, addr) = (listener.name().to_string(), listener.local_addr());
+        info!(log, "LISTENING"; "listener" => &name, "addr" => %addr);
+        let stop = stop_rx.clone();
+        let open = connections_rx.clone();
+        serving.spawn(async move { (name, addr, serve(listener, stop, open).await) });
+    }
+    drop(connections_rx);
+
+    let failure = tokio::select! {
+        signal = signals.next() => {
+            info!(log, "SHUTDOWN_STARTED"; "reason" => signal);
+            opts.shutdown.trigger();
+            None
+        }
+        _ = opts.shutdown.triggered() => {
+            info!(log, "SHUTDOWN_STARTED"; "reason" => "requested");
+            None
+        }
+        Some(joined) = serving.join_next() => {
+            let failure = match joined {
+                Ok((name, addr, Err(source))) => RunError::ListenerFailed { name, addr, source },
+                Ok((name, addr, Ok(()))) => RunError::ListenerFailed {
+                    name, addr, source: io::Error::other("listener stopped unexpectedly"),
+                },
+                Err(join) => RunError::ListenerFailed {
+                    name: "unknown".into(),
+                    addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                    source: io::Error::other(join.to_string()),
+                },
+            };
+            error!(log, "LISTENER_FAILED"; "error" => %failure);
+            opts.shutdown.trigger();
+            Some(failure)
+        }
+    };
+
+    probes.set_draining();
+    if tokio::time::timeout(opts.drain_deadline, drain())
+        .await
+        .is_err()
+    {
+        warn!(log, "DRAIN_DEADLINE_EXCEEDED"; "deadline_ms" => opts.drain_deadline.as_millis() as u64);
+    }
+    stop_tx.send_replace(true);
+    while serving.join_next().await.is_some() {}
+    if tokio::time::timeout(opts.request_grace, connections_tx.closed())
+        .await
+        .is_err()
+    {
+        warn!(log, "REQUESTS_ABANDONED"; "open_connections" => connections_tx.receiver_count());
+    }
+    match failure {
+        Some(failure) => Err(failure),
+        None => {
+            info!(log, "SHUTDOWN_COMPLETE");
+            Ok(())
+        }
+    }
+}
+
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
