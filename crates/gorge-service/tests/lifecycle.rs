@@ -22,11 +22,11 @@ fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// Signals that `/slow` was entered, then waits to be released.
+type Gate = Arc<Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>>;
+
 /// Answers `/slow` only once `release` fires, after telling `entered`; everything else at once.
-fn handler(
-    probes: Arc<Probes>,
-    gate: Arc<Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>>,
-) -> Handler {
+fn handler(probes: Arc<Probes>, gate: Gate) -> Handler {
     Arc::new(move |request, _peer| {
         let probes = probes.clone();
         let gate = gate.clone();
