@@ -1,1 +1,41 @@
-//! placeholder
+//! The claim protocol over Phorge's `{namespace}_herald.herald_webhookrequest` table.
+//!
+//! Phorge inserts one row per webhook call; this crate decides which process may deliver it,
+//! using only the columns Phorge already has (no DDL, no new values):
+//!
+//! - [`ClaimStore::candidates`] only *finds* rows; a row is ours only after
+//!   [`ClaimStore::claim`] won a compare-and-set on `dateModified`, used as a row version.
+//! - [`ClaimStore::write_outcome`] lands only while the row is still at our version, so a
+//!   row taken over after a lease expiry is never written twice.
+//! - A result write sets `dateModified = lastRequestEpoch`, the marker for "not in flight",
+//!   so the claim lease (in-flight rows) and the retry backoff (rows with a result) are
+//!   independent settings.
+//! - [`ClaimStore::try_hook_lock`] serialises deliveries per hook across replicas with a
+//!   MySQL named lock held on a dedicated connection.
+//!
+//! Every query takes `now` (Unix seconds) from the caller: time is injected, never read with
+//! `UNIX_TIMESTAMP()`, so tests move the clock instead of sleeping.
+//!
+//! Row states, told apart without new columns:
+//!
+//! | state | condition | candidate when |
+//! |---|---|---|
+//! | fresh (as Lisk inserts it) | `dateModified = dateCreated AND lastRequestEpoch = 0` | at once |
+//! | result written, still `queued` (`retry=forever`) | `dateModified = lastRequestEpoch` | `lastRequestEpoch <= now - backoff` |
+//! | in flight (claimed, no result yet) | anything else | `dateModified <= now - lease` |
+//!
+//! Rows last saved by Phorge's PHP worker (`dateModified != lastRequestEpoch`) fall under the
+//! lease rule.
+
+mod error;
+mod lock;
+mod store;
+#[cfg(feature = "test-support")]
+pub mod testdb;
+
+pub use error::ClaimError;
+pub use lock::{hook_lock_name, HookLock};
+pub use phorge_wire::values::{RequestResult, RequestStatus};
+pub use store::{
+    Candidate, Claim, ClaimStore, ClaimTiming, Hook, PoolState, QueueDepth, RowOutcome, Stats,
+};

@@ -1,0 +1,65 @@
+//! The one error type of the claim store, with reasons fit for `/readyz`.
+
+use std::fmt;
+
+/// MySQL/MariaDB `ER_BAD_DB_ERROR`: the `{namespace}_herald` database does not exist.
+const ER_BAD_DB_ERROR: u16 = 1049;
+
+/// Why a claim-store operation failed.
+#[derive(Debug)]
+pub enum ClaimError {
+    /// The database does not exist (Phorge has not run `bin/storage upgrade` yet).
+    /// Not ready, but not a crash: callers keep retrying.
+    UnknownDatabase {
+        /// The database name that was tried.
+        database: String,
+    },
+    /// Any other driver, network or server error.
+    Database(mysql_async::Error),
+    /// The caller asked for something the protocol forbids (a bug in the caller).
+    InvalidOutcome(&'static str),
+    /// The server answered `NULL` where a value is required (e.g. `GET_LOCK` failed).
+    UnexpectedNull(&'static str),
+}
+
+impl ClaimError {
+    /// Classifies a driver error, naming the database when it is the missing one.
+    pub(crate) fn from_driver(err: mysql_async::Error, database: &str) -> Self {
+        match &err {
+            mysql_async::Error::Server(server) if server.code == ER_BAD_DB_ERROR => {
+                ClaimError::UnknownDatabase {
+                    database: database.to_owned(),
+                }
+            }
+            _ => ClaimError::Database(err),
+        }
+    }
+
+    /// True when the failure is the missing `{namespace}_herald` database.
+    pub fn is_unknown_database(&self) -> bool {
+        matches!(self, ClaimError::UnknownDatabase { .. })
+    }
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimError::UnknownDatabase { database } => write!(
+                f,
+                "unknown database `{database}` (has Phorge's `bin/storage upgrade` run?)"
+            ),
+            ClaimError::Database(err) => write!(f, "database error: {err}"),
+            ClaimError::InvalidOutcome(why) => write!(f, "invalid outcome: {why}"),
+            ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClaimError::Database(err) => Some(err),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Test support (feature `test-support`): a throwaway `{random}_herald` database built from
+//! `compat/herald-schema.sql`, filled the way Phorge fills it.
+//!
+//! Each [`TestDb`] gets its own namespace (`gt<hex>`), so tests run in parallel without
+//! seeing each other. The server comes from `GORGE_TEST_MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306`). Call [`TestDb::drop_database`] at the end; if a test
+//! panics first, `Drop` removes the database on a helper thread.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gorge_claim::ClaimError> {
+//! use gorge_claim::testdb::{NewRequest, TestDb};
+//! let db = TestDb::create().await?;
+//! db.insert_hook("PHID-HWBH-test", "http://127.0.0.1:9/", "enabled", "key").await?;
+//! let id = db.insert_request(&NewRequest::new("PHID-HWBH-test", "PHID-TASK-x"), 1_700_000_000).await?;
+//! let store = db.store();
+//! let row = db.read_request(id).await?;
+//! assert_eq!(row.status, "queued");
+//! db.drop_database().await;
+//! # Ok(()) }
+//! ```
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+
+use crate::error::ClaimError;
+use crate::store::ClaimStore;
+
+const SCHEMA: &str = include_str!("../../../compat/herald-schema.sql");
+
+/// Default server for database tests.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306";
+
+/// `GORGE_TEST_MYSQL_URL`, or [`DEFAULT_MYSQL_URL`] when unset or empty.
+pub fn mysql_url() -> String {
+    std::env::var("GORGE_TEST_MYSQL_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| DEFAULT_MYSQL_URL.to_owned())
+}
+
+/// Server options from [`mysql_url`], with no database selected. Panics on a bad URL
+/// (a broken test environment, not a test result).
+pub fn server_opts() -> Opts {
+    Opts::from_url(&mysql_url()).expect("GORGE_TEST_MYSQL_URL is not a valid mysql:// URL")
+}
+
+/// A row to insert as Phorge's `HeraldWebhookRequest::save()` would.
+#[derive(Debug, Clone)]
+pub struct NewRequest {
+    /// Defaults to a fresh random `PHID-HWBR-…`.
+    pub phid: String,
+    pub webhook_phid: String,
+    pub object_phid: String,
+    /// Defaults to what a Herald rule writes (`retry` forever, one transaction, one trigger).
+    pub properties: String,
+}
+
+impl NewRequest {
+    /// A request of `webhook_phid` about `object_phid` with default properties.
+    pub fn new(webhook_phid: &str, object_phid: &str) -> Self {
+        NewRequest {
+            phid: format!("PHID-HWBR-{}", random_hex(20)),
+            webhook_phid: webhook_phid.to_owned(),
+            object_phid: object_phid.to_owned(),
+            properties: r#"{"retry":"forever","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":false,"test":false}"#.to_owned(),
+        }
+    }
+
+    /// Replaces the properties JSON text.
+    pub fn with_properties(mut self, properties: &str) -> Self {
+        self.properties = properties.to_owned();
+        self
+    }
+}
+
+/// A `herald_webhookrequest` row as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRow {
+    pub id: u64,
+    pub phid: String,
+    pub webhook_phid: String,
+    pub object_phid: String,
+    pub status: String,
+    pub properties: String,
+    pub last_request_result: String,
+    pub last_request_epoch: u64,
+    pub date_created: u64,
+    pub date_modified: u64,
+}
+
+/// A freshly created `{namespace}_herald` database; removed by
+/// [`TestDb::drop_database`] (or, as a fallback, on drop).
+pub struct TestDb {
+    namespace: String,
+    database: String,
+    pool: Pool,
+    dropped: bool,
+}
+
+impl std::fmt::Debug for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDb")
+            .field("database", &self.database)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_hex(len: usize) -> String {
+    (0..len)
+        .map(|_| char::from_digit(rand::random_range(0..16u32), 16).unwrap_or('0'))
+        .collect()
+}
+
+impl TestDb {
+    /// Creates `gt<random>_herald` with Phorge's tables on the test server.
+    pub async fn create() -> Result<TestDb, ClaimError> {
+        let namespace = format!("gt{}", random_hex(12));
+        let database = format!("{namespace}_herald");
+        let map = |e| ClaimError::from_driver(e, &database);
+        let mut admin = Conn::new(server_opts()).await.map_err(map)?;
+        let schema = SCHEMA.replace("{$NAMESPACE}", &namespace);
+        let without_comments: String = schema
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for statement in without_comments.split(';').map(str::trim) {
+            if !statement.is_empty() {
+                admin.query_drop(statement).await.map_err(map)?;
+            }
+        }
+        let _ = admin.disconnect().await;
+        let pool = Pool::new(OptsBuilder::from_opts(server_opts()).db_name(Some(&database)));
+        Ok(TestDb {
+            namespace,
+            database,
+            pool,
+            dropped: false,
+        })
+    }
+
+    /// The storage namespace (`gt<hex>`), for services configured by namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The database name (`<namespace>_herald`).
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// A new [`ClaimStore`] on this database (its own pool).
+    pub fn store(&self) -> ClaimStore {
+        ClaimStore::new(server_opts(), &self.database)
+    }
+
+    /// A connection with this database selected, for ad-hoc SQL in tests.
+    pub async fn conn(&self) -> Result<Conn, ClaimError> {
+        self.pool
+            .get_conn()
+            .await
+            .map_err(|e| ClaimError::from_driver(e, &self.database))
+    }
+
+    /// Inserts a hook as Phorge's `HeraldWebhook::save()` would (policies `users`).
+    pub async fn insert_hook(
+        &self,
+        phid: &str,
+        uri: &str,
+        status: &str,
+        hmac_key: &str,
+    ) -> Result<(), ClaimError> {
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            "INSERT INTO herald_webhook \
+             (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) \
+             VALUES (?, ?, ?, 'users', 'users', ?, ?, 0, 0)",
+            (phid, format!("hook {phid}"), uri, status, hmac_key),
+        )
+        .await
+        .map_err(|e| ClaimError::from_driver(e, &self.database))
+    }
+
+    /// Inserts a queued request as Lisk does: `dateCreated = dateModified = now`,
+    /// `lastRequestResult` `none`, `lastRequestEpoch` 0. Returns the row id.
+    pub async fn insert_request(&self, request: &NewRequest, now: u64) -> Result<u64, ClaimError> {
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            "INSERT INTO herald_webhookrequest \
+             (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
+              lastRequestEpoch, dateCreated, dateModified) \
+             VALUES (?, ?, ?, 'queued', ?, 'none', 0, ?, ?)",
+            (
+                &request.phid,
+                &request.webhook_phid,
+                &request.object_phid,
+                &request.properties,
+                now,
+                now,
+            ),
+        )
+        .await
+        .map_err(|e| ClaimError::from_driver(e, &self.database))?;
+        Ok(conn.last_insert_id().unwrap_or(0))
+    }
+
+    /// Reads a request row back; panics if it does not exist (tests only look up ids they
+    /// inserted).
+    pub async fn read_request(&self, id: u64) -> Result<RequestRow, ClaimError> {
+        type Row = (
+            u64,
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            u64,
+            u64,
+            u64,
+        );
+        let mut conn = self.conn().await?;
+        let row: Option<Row> = conn
+            .exec_first(
+                "SELECT id, phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
+                 lastRequestEpoch, dateCreated, dateModified FROM herald_webhookrequest WHERE id = ?",
+                (id,),
+            )
+            .await
+            .map_err(|e| ClaimError::from_driver(e, &self.database))?;
+        let (
+            id,
+            phid,
+            webhook_phid,
+            object_phid,
+            status,
+            properties,
+            last_request_result,
+            last_request_epoch,
+            date_created,
+            date_modified,
+        ) = row.unwrap_or_else(|| panic!("no herald_webhookrequest row with id {id}"));
+        Ok(RequestRow {
+            id,
+            phid,
+            webhook_phid,
+            object_phid,
+            status,
+            properties,
+            last_request_result,
+            last_request_epoch,
+            date_created,
+            date_modified,
+        })
+    }
+
+    /// Drops the database and closes the pool.
+    pub async fn drop_database(mut self) {
+        self.dropped = true;
+        if let Ok(mut conn) = self.pool.get_conn().await {
+            let _ = conn
+                .query_drop(format!("DROP DATABASE IF EXISTS `{}`", self.database))
+                .await;
+        }
+        let _ = self.pool.clone().disconnect().await;
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        // A test failed before cleanup: drop the database on a private runtime so this works
+        // from inside or outside an async context.
+        let database = self.database.clone();
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(mut conn) = Conn::new(server_opts()).await {
+                    let _ = conn
+                        .query_drop(format!("DROP DATABASE IF EXISTS `{database}`"))
+                        .await;
+                    let _ = conn.disconnect().await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
