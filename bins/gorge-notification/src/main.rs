@@ -1,1 +1,185 @@
-fn main() {}
+//! gorge-notification: a drop-in replacement for Phorge's Aphlict notification server.
+//!
+//! Startup order: configuration (exit 2 on any invalid value), logging, the fingerprint, the
+//! hub and metrics, every listener bound (exit 1 if any bind fails), then serve until SIGTERM
+//! and drain. See docs/notification.md for the operator's view.
+
+mod admin;
+mod app;
+mod client;
+mod config;
+mod drain;
+mod metrics;
+mod peers;
+mod session;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use gorge_hub::{Hub, MonotonicClock};
+use gorge_service::config::exit_config_error;
+use gorge_service::logging::init_logging;
+use gorge_service::{bind_all, run, Handler, ListenerSpec, Probes, RunOptions, Shutdown};
+use prometheus_client::registry::Registry;
+use rand::RngCore;
+use slog::{error, info, o, warn};
+use tokio::sync::Notify;
+
+use crate::app::{App, ConnectionLimits};
+use crate::config::{Config, ServerKind, DEFAULT_HEALTH_PORT};
+use crate::metrics::Metrics;
+use crate::peers::PeerRelay;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
+/// (window + 3 s) the whole drain stays within window + 5 s.
+const REQUEST_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Parser)]
+#[command(
+    name = "gorge-notification",
+    version,
+    about = "Aphlict-compatible realtime notification server for Phorge"
+)]
+struct Cli {
+    /// Aphlict-format JSON configuration file (also GORGE_NOTIFICATION_CONFIG_FILE).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Validate the configuration, print the effective configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Probe GET /healthz on the local admin port; exit 0 if healthy (for container checks).
+    Healthcheck {
+        /// Admin port to probe (default: the configured admin port, else 22281).
+        #[arg(long)]
+        port: Option<u16>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::Healthcheck { port }) = cli.command {
+        let port = port.unwrap_or_else(|| {
+            config::load(cli.config.as_deref())
+                .ok()
+                .and_then(|c| c.admin_addr())
+                .map_or(DEFAULT_HEALTH_PORT, |a| a.port())
+        });
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        std::process::exit(gorge_service::healthcheck::healthcheck(addr));
+    }
+    let config = config::load(cli.config.as_deref()).unwrap_or_else(|e| exit_config_error(&e));
+    if cli.check_config {
+        let text = serde_json::to_string_pretty(&config::describe(&config))
+            .expect("configuration description serializes");
+        println!("{text}");
+        return;
+    }
+    let logging =
+        init_logging("gorge-notification", VERSION).unwrap_or_else(|e| exit_config_error(&e));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            error!(logging.logger, "NOTIFY_RUNTIME_FAILED"; "error" => %e);
+            std::process::exit(1)
+        });
+    let code = runtime.block_on(serve(config, &logging.logger));
+    drop(runtime);
+    drop(logging);
+    std::process::exit(code);
+}
+
+async fn serve(config: Config, log: &slog::Logger) -> i32 {
+    for ignored in &config.ignored {
+        warn!(log, "NOTIFY_CONFIG_IGNORED_KEY"; "key" => &ignored.key, "reason" => ignored.reason);
+    }
+    let fingerprint = phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let relay = PeerRelay::start(
+        config.peers.clone(),
+        fingerprint.clone(),
+        &mut registry,
+        log.new(o!("component" => "peers")),
+    );
+    let probes = Probes::new(registry, Probes::always_ready());
+    let app = Arc::new(App {
+        hub: Arc::new(Hub::new(config.hub.clone(), MonotonicClock::new())),
+        fingerprint: fingerprint.clone(),
+        metrics,
+        probes: probes.clone(),
+        relay,
+        limits: ConnectionLimits {
+            max_frame_bytes: config.max_frame_bytes,
+            max_admin_body_bytes: config.max_admin_body_bytes,
+            ping_interval: config.ping_interval,
+            idle_timeout: config.idle_timeout,
+        },
+        started: Instant::now(),
+        log: log.clone(),
+        session_ended: Notify::new(),
+    });
+
+    let specs = config
+        .servers
+        .iter()
+        .map(|server| ListenerSpec {
+            name: server.kind.to_string(),
+            addr: server.addr,
+            handler: handler(app.clone(), server.kind),
+        })
+        .collect();
+    let listeners = match bind_all(specs).await {
+        Ok(listeners) => listeners,
+        Err(e) => {
+            error!(log, "NOTIFY_BIND_FAILED"; "addr" => %e.addr, "error" => %e);
+            eprintln!("{e}");
+            return 1;
+        }
+    };
+    let addresses: Vec<String> = listeners
+        .iter()
+        .map(|l| format!("{}={}", l.name(), l.local_addr()))
+        .collect();
+    info!(log, "NOTIFY_STARTED";
+        "fingerprint" => &fingerprint, "listeners" => addresses.join(","),
+        "peers" => config.peers.static_peers.len());
+
+    let window = config.drain_window;
+    let drain_app = app.clone();
+    let options = RunOptions {
+        drain_deadline: config.drain_deadline().saturating_sub(REQUEST_GRACE),
+        request_grace: REQUEST_GRACE,
+        shutdown: Shutdown::new(),
+    };
+    let hook: gorge_service::DrainHook =
+        Box::new(move || Box::pin(drain::drain(drain_app, window)));
+    match run(listeners, probes, hook, options, log).await {
+        Ok(()) => 0,
+        Err(e) => {
+            error!(log, "NOTIFY_STOPPED"; "error" => %e);
+            1
+        }
+    }
+}
+
+fn handler(app: Arc<App>, kind: ServerKind) -> Handler {
+    Arc::new(move |request, _peer| {
+        let app = app.clone();
+        match kind {
+            ServerKind::Admin => Box::pin(admin::handle(app, request)),
+            ServerKind::Client => Box::pin(client::handle(app, request)),
+        }
+    })
+}

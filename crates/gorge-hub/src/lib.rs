@@ -1,1 +1,19 @@
-//! placeholder
+//! The notification hub: which sockets of which instance want which PHIDs, each socket's
+//! bounded outbound queue, the retained history, and the counters `/status/` reports.
+//!
+//! It knows nothing of HTTP or WebSocket framing so it tests in microseconds: the binary
+//! parses messages (with `phorge-wire`), calls [`Hub::publish`], and runs one writer per socket
+//! that drains that socket's [`Outbound`] queue. Publishing only pushes shared [`bytes::Bytes`]
+//! into queues under a short lock; it never waits on a socket.
+
+mod clock;
+mod history;
+mod hub;
+mod outbound;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use hub::{
+    ConnectError, Hub, HubStatus, InstanceNameTooLong, Limits, PublishOutcome, ReplayOutcome,
+    SocketHandle, SocketId, SubscribeOutcome,
+};
+pub use outbound::{Batch, CloseReason, Outbound};

@@ -1,0 +1,159 @@
+//! The admin port (spec §3): Phorge's PHP posts messages to `POST /` and reads `GET /status/`;
+//! the probes (`/healthz`, `/readyz`, `/metrics`) live here too.
+//!
+//! `PhabricatorNotificationClient` posts raw JSON labelled `application/x-www-form-urlencoded`
+//! (cURL's default) and only looks at the status code, so `Content-Type` is ignored entirely
+//! and success bodies are bare (no envelope); errors use the shared envelope.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use gorge_service::http::{
+    bytes_response, error_response, method_not_allowed, read_body_limited, BodyError, JSON,
+};
+use gorge_service::Response;
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+use percent_encoding::percent_decode_str;
+use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
+use slog::debug;
+
+use crate::app::App;
+
+/// Instance of an admin request: the `instance` query parameter, `default` when absent or
+/// empty.
+pub fn instance_from_query(query: Option<&str>) -> String {
+    let found = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode_form(key) == "instance").then(|| decode_form(value))
+        });
+    match found {
+        Some(name) if !name.is_empty() => name,
+        _ => "default".to_string(),
+    }
+}
+
+/// Decodes one `application/x-www-form-urlencoded` component (PHP encodes spaces as `+`).
+fn decode_form(text: &str) -> String {
+    percent_decode_str(&text.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Routes one admin request.
+pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+    let path = request.uri().path().to_string();
+    if let Some(response) = app.probes.handle(request.method(), &path).await {
+        return response;
+    }
+    match path.as_str() {
+        "/" if request.method() == Method::POST => post_message(&app, request).await,
+        "/" => method_not_allowed("POST"),
+        "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
+            status(&app, request.uri().query())
+        }
+        "/status/" => method_not_allowed("GET, HEAD"),
+        _ => error_response(StatusCode::NOT_FOUND, "no such path"),
+    }
+}
+
+fn status(app: &App, query: Option<&str>) -> Response {
+    let instance = instance_from_query(query);
+    let hub = app.hub.status(&instance);
+    let status = Status {
+        instance,
+        uptime: u64::try_from(app.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        clients_active: hub.clients_active,
+        clients_total: hub.clients_total,
+        messages_in: hub.messages_in,
+        messages_out: hub.messages_out,
+        version: aphlict::PROTOCOL_VERSION,
+        history_size: hub.history_size,
+        history_age: hub.history_age_ms,
+        server: Some(App::server_name()),
+    };
+    let (entries, bytes) = app.hub.history_totals();
+    app.metrics.set_history(entries, bytes);
+    bytes_response(StatusCode::OK, JSON, status.to_json())
+}
+
+async fn post_message(app: &App, request: Request<Incoming>) -> Response {
+    let instance = instance_from_query(request.uri().query());
+    let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            app.metrics
+                .rejected(&app.metrics.admin_rejected, "too_large");
+            return error_response(StatusCode::PAYLOAD_TOO_LARGE, "message body too large");
+        }
+        Err(BodyError::Read) => {
+            return error_response(StatusCode::BAD_REQUEST, "could not read the request body")
+        }
+    };
+    let accepted_at = Instant::now();
+    let message = match aphlict::parse_admin_message(&body, &app.fingerprint) {
+        Ok(AdminMessage::Accepted(message)) => message,
+        Ok(AdminMessage::AlreadySeen) => {
+            app.metrics.messages_duplicate.inc();
+            return receipt(app);
+        }
+        Err(err) => {
+            let reason = match err {
+                AdminMessageError::InvalidJson(_) => "bad_json",
+                AdminMessageError::NotAnObject => "not_object",
+            };
+            app.metrics.rejected(&app.metrics.admin_rejected, reason);
+            return error_response(StatusCode::BAD_REQUEST, &err.to_string());
+        }
+    };
+    let body = Bytes::from(message.body);
+    let outcome = match app
+        .hub
+        .publish(&instance, &message.subscribers, body.clone())
+    {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            app.metrics
+                .rejected(&app.metrics.admin_rejected, "instance_name");
+            return error_response(StatusCode::BAD_REQUEST, &err.to_string());
+        }
+    };
+    app.metrics
+        .fanout_seconds
+        .observe(accepted_at.elapsed().as_secs_f64());
+    let m = &app.metrics;
+    m.messages_in.inc();
+    m.messages_out.inc_by(outcome.queued as u64);
+    m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
+    m.slow_consumer_disconnects
+        .inc_by(outcome.slow_consumers as u64);
+    m.set_history(outcome.history_entries, outcome.history_bytes);
+    debug!(app.log, "NOTIFY_MESSAGE_ACCEPTED";
+        "instance" => &instance, "subscribers" => message.subscribers.len(),
+        "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers);
+    app.relay.relay(&instance, body, &message.touched);
+    receipt(app)
+}
+
+fn receipt(app: &App) -> Response {
+    bytes_response(StatusCode::OK, JSON, aphlict::receipt(&app.fingerprint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_comes_from_the_query() {
+        assert_eq!(instance_from_query(None), "default");
+        assert_eq!(instance_from_query(Some("")), "default");
+        assert_eq!(instance_from_query(Some("instance=")), "default");
+        assert_eq!(instance_from_query(Some("instance=acme")), "acme");
+        assert_eq!(instance_from_query(Some("x=1&instance=a%2Fb+c")), "a/b c");
+        assert_eq!(instance_from_query(Some("instancex=1")), "default");
+    }
+}

@@ -1,0 +1,43 @@
+//! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
+//! probes, the peer relay and the limits that apply per request or per socket.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gorge_hub::Hub;
+use gorge_service::Probes;
+use slog::Logger;
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+use crate::peers::PeerRelay;
+
+/// Per-request and per-socket limits (spec §6).
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    pub max_frame_bytes: usize,
+    pub max_admin_body_bytes: usize,
+    pub ping_interval: Duration,
+    pub idle_timeout: Duration,
+}
+
+pub struct App {
+    pub hub: Arc<Hub>,
+    /// Fixed for the life of the process; peers learn it from our receipts.
+    pub fingerprint: String,
+    pub metrics: Metrics,
+    pub probes: Arc<Probes>,
+    pub relay: Arc<PeerRelay>,
+    pub limits: ConnectionLimits,
+    pub started: Instant,
+    pub log: Logger,
+    /// Signalled whenever a socket session ends (drain waits on it).
+    pub session_ended: Notify,
+}
+
+impl App {
+    /// `"gorge-notification <version>"`, the extra `server` key of `/status/`.
+    pub fn server_name() -> String {
+        concat!("gorge-notification ", env!("CARGO_PKG_VERSION")).to_string()
+    }
+}

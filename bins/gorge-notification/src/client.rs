@@ -1,0 +1,152 @@
+//! The client port (spec §4): WebSocket upgrades on any path, and the exact Aphlict answer to
+//! everything else.
+//!
+//! Phorge's cluster status page probes this port with a plain HTTP request and treats `501`
+//! as healthy and anything else (even `200`) as broken, so a non-upgrade request must get
+//! exactly Aphlict's status and 24-byte body.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use gorge_hub::ConnectError;
+use gorge_service::http::{bytes_response, error_response};
+use gorge_service::Response;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{
+    HeaderMap, HeaderName, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY,
+    SEC_WEBSOCKET_VERSION, UPGRADE,
+};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use slog::debug;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::app::App;
+use crate::metrics::instance_class;
+use crate::session::{self, Registration};
+
+/// Aphlict's answer to any request that is not a WebSocket upgrade.
+pub const NOT_WEBSOCKET_BODY: &[u8] = b"HTTP/501 Use Websockets\n";
+
+/// Instance of a client socket: the text after the first `~` in the path, up to the next `/`;
+/// `default` when there is no `~` or the name is empty.
+pub fn instance_from_path(path: &str) -> &str {
+    let name = path
+        .split_once('~')
+        .map(|(_, rest)| rest.split('/').next().unwrap_or(""))
+        .unwrap_or("");
+    if name.is_empty() {
+        "default"
+    } else {
+        name
+    }
+}
+
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|value| {
+        value.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|part| part.trim().eq_ignore_ascii_case(token))
+        })
+    })
+}
+
+/// A WebSocket opening handshake (RFC 6455 §4.2.1). `Upgrade: h2c` and friends are not.
+fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
+    let headers = request.headers();
+    request.method() == Method::GET
+        && has_token(headers, CONNECTION, "upgrade")
+        && has_token(headers, UPGRADE, "websocket")
+        && headers.contains_key(SEC_WEBSOCKET_KEY)
+        && headers
+            .get(SEC_WEBSOCKET_VERSION)
+            .is_some_and(|v| v.as_bytes() == b"13")
+}
+
+/// Handles one request on the client port.
+pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+    if !is_websocket_upgrade(&request) {
+        return bytes_response(
+            StatusCode::NOT_IMPLEMENTED,
+            "text/plain",
+            Bytes::from_static(NOT_WEBSOCKET_BODY),
+        );
+    }
+    if app.probes.is_draining() {
+        app.metrics
+            .rejected(&app.metrics.sockets_rejected, "draining");
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
+    }
+    let instance = instance_from_path(request.uri().path()).to_string();
+    let handle = match app.hub.connect(&instance) {
+        Ok(handle) => handle,
+        Err(err) => {
+            let (status, reason) = match err {
+                ConnectError::TooManySockets => (StatusCode::SERVICE_UNAVAILABLE, "max_sockets"),
+                ConnectError::TooManyInstances => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "max_instances")
+                }
+                ConnectError::InstanceNameTooLong => (StatusCode::BAD_REQUEST, "instance_name"),
+            };
+            app.metrics.rejected(&app.metrics.sockets_rejected, reason);
+            return error_response(status, &err.to_string());
+        }
+    };
+    let class = instance_class(&instance);
+    app.metrics.sockets.get_or_create(&class).inc();
+    app.metrics.sockets_open.get_or_create(&class).inc();
+    let registration = Registration::new(app.clone(), handle, class);
+    debug!(app.log, "NOTIFY_CLIENT_CONNECTED"; "instance" => &instance);
+
+    let key = request
+        .headers()
+        .get(SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()))
+        .unwrap_or_default();
+    // Taking the upgrade by value lets the request (headers and all) go now instead of
+    // living as long as the socket.
+    let upgrade = hyper::upgrade::on(request);
+    tokio::spawn(async move {
+        // The registration is dropped (socket unregistered) on every path out of here.
+        if let Ok(upgraded) = upgrade.await {
+            session::run(registration, TokioIo::new(upgraded)).await;
+        }
+    });
+    let mut response = hyper::Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.insert(
+        CONNECTION,
+        hyper::header::HeaderValue::from_static("Upgrade"),
+    );
+    headers.insert(
+        UPGRADE,
+        hyper::header::HeaderValue::from_static("websocket"),
+    );
+    if let Ok(value) = key.parse() {
+        headers.insert(SEC_WEBSOCKET_ACCEPT, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_from_the_path() {
+        assert_eq!(instance_from_path("/"), "default");
+        assert_eq!(instance_from_path("/~acme/"), "acme");
+        assert_eq!(instance_from_path("/~acme"), "acme");
+        assert_eq!(instance_from_path("/ws/~acme/x"), "acme");
+        assert_eq!(instance_from_path("/~/"), "default");
+        assert_eq!(instance_from_path("/x/y"), "default");
+        assert_eq!(instance_from_path("/~a~b/"), "a~b");
+    }
+
+    #[test]
+    fn not_websocket_body_is_24_bytes() {
+        assert_eq!(NOT_WEBSOCKET_BODY.len(), 24);
+    }
+}

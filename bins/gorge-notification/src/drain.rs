@@ -1,0 +1,94 @@
+//! Graceful drain on SIGTERM (spec §7): close every socket with 1001, spread over the drain
+//! window with jitter, while the peer relay flushes its queues.
+//!
+//! Browsers reconnect immediately after a close and then back off without jitter; closing
+//! thousands of sockets in the same second would move them all onto the remaining pods at
+//! once. Each socket gets its own slot of the window plus a random offset inside the slot.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use slog::info;
+use tokio::time::Instant;
+
+use gorge_hub::CloseReason;
+
+use crate::app::App;
+
+/// When each of `count` sockets is closed, as offsets into `window`: one slot per socket,
+/// a uniformly random point inside each slot, in increasing order.
+pub fn close_offsets(count: usize, window: Duration, rng: &mut impl Rng) -> Vec<Duration> {
+    if count == 0 {
+        return Vec::new();
+    }
+    let slot = window.as_secs_f64() / count as f64;
+    (0..count)
+        .map(|i| Duration::from_secs_f64(slot * (i as f64 + rng.random::<f64>())))
+        .collect()
+}
+
+/// Runs the drain; returns when every socket is closed or the window (plus a short grace for
+/// the last close handshakes) has passed. The caller bounds the whole drain again.
+pub async fn drain(app: Arc<App>, window: Duration) {
+    let started = Instant::now();
+    app.metrics.draining.set(1);
+    let mut sockets = app.hub.outbounds();
+    info!(app.log, "NOTIFY_DRAIN_STARTED";
+        "sockets" => sockets.len(), "window_ms" => window.as_millis() as u64);
+    let offsets = {
+        let mut rng = rand::rng();
+        sockets.shuffle(&mut rng);
+        close_offsets(sockets.len(), window, &mut rng)
+    };
+    let relay = app.relay.clone();
+    let peers = tokio::spawn(async move { relay.shutdown(window).await });
+    for (outbound, offset) in sockets.iter().zip(offsets) {
+        tokio::time::sleep_until(started + offset).await;
+        outbound.close(CloseReason::GoingAway);
+    }
+    // Sockets whose upgrade was already under way when the drain began were not in the
+    // snapshot above; they go at the end of the window.
+    for outbound in app.hub.outbounds() {
+        outbound.close(CloseReason::GoingAway);
+    }
+    // Sockets that are still closing get a moment for their close handshake.
+    let grace = started + window + Duration::from_secs(2);
+    loop {
+        let ended = app.session_ended.notified();
+        if app.hub.open_sockets() == 0 {
+            break;
+        }
+        if tokio::time::timeout_at(grace, ended).await.is_err() {
+            break;
+        }
+    }
+    let _ = peers.await;
+    info!(app.log, "NOTIFY_DRAIN_DONE";
+        "open_sockets" => app.hub.open_sockets(),
+        "elapsed_ms" => started.elapsed().as_millis() as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_cover_the_window_in_order() {
+        let mut rng = rand::rng();
+        let window = Duration::from_secs(10);
+        let offsets = close_offsets(200, window, &mut rng);
+        assert_eq!(offsets.len(), 200);
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
+        assert!(offsets.iter().all(|o| *o < window));
+        // One per 50 ms slot: the first is in the first slot, the last in the last.
+        assert!(offsets[0] < Duration::from_millis(50));
+        assert!(offsets[199] >= Duration::from_millis(9950));
+    }
+
+    #[test]
+    fn no_sockets_no_offsets() {
+        assert!(close_offsets(0, Duration::from_secs(1), &mut rand::rng()).is_empty());
+    }
+}

@@ -1,0 +1,185 @@
+//! Prometheus metrics of the notification service (spec §9), except the peer relay's own.
+//!
+//! Sockets are labelled by instance *class* (`default` or `named`), never by instance name:
+//! names come from browsers' URLs, and a label per name would let anyone grow the exposition.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub instance_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// The label value for an instance name.
+pub fn instance_class(instance: &str) -> ClassLabel {
+    ClassLabel {
+        instance_class: if instance == "default" {
+            "default"
+        } else {
+            "named"
+        },
+    }
+}
+
+/// Every metric of the service, cheap to clone (each is an `Arc` inside).
+#[derive(Clone)]
+pub struct Metrics {
+    pub sockets_open: Family<ClassLabel, Gauge>,
+    pub sockets: Family<ClassLabel, Counter>,
+    pub sockets_rejected: Family<ReasonLabel, Counter>,
+    pub sockets_closed: Family<ReasonLabel, Counter>,
+    pub messages_in: Counter,
+    pub messages_duplicate: Counter,
+    pub messages_out: Counter,
+    pub admin_rejected: Family<ReasonLabel, Counter>,
+    pub fanout_seconds: Histogram,
+    pub queue_dropped_frames: Counter,
+    pub slow_consumer_disconnects: Counter,
+    pub replayed_frames: Counter,
+    pub subscriptions_ignored: Counter,
+    pub commands_ignored: Counter,
+    pub oversized_frames: Counter,
+    pub history_entries: Gauge,
+    pub history_bytes: Gauge,
+    pub draining: Gauge,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let metrics = Metrics {
+            sockets_open: Family::default(),
+            sockets: Family::default(),
+            sockets_rejected: Family::default(),
+            sockets_closed: Family::default(),
+            messages_in: Counter::default(),
+            messages_duplicate: Counter::default(),
+            messages_out: Counter::default(),
+            admin_rejected: Family::default(),
+            // 10 µs .. ~0.65 s.
+            fanout_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 17)),
+            queue_dropped_frames: Counter::default(),
+            slow_consumer_disconnects: Counter::default(),
+            replayed_frames: Counter::default(),
+            subscriptions_ignored: Counter::default(),
+            commands_ignored: Counter::default(),
+            oversized_frames: Counter::default(),
+            history_entries: Gauge::default(),
+            history_bytes: Gauge::default(),
+            draining: Gauge::default(),
+        };
+        let m = metrics.clone();
+        registry.register(
+            "notify_sockets_open",
+            "Open WebSocket connections",
+            m.sockets_open,
+        );
+        registry.register(
+            "notify_sockets",
+            "WebSocket connections ever accepted",
+            m.sockets,
+        );
+        registry.register(
+            "notify_sockets_rejected",
+            "WebSocket upgrades refused (max_sockets, max_instances, instance_name, draining)",
+            m.sockets_rejected,
+        );
+        registry.register(
+            "notify_sockets_closed",
+            "WebSocket connections closed, by reason",
+            m.sockets_closed,
+        );
+        registry.register(
+            "notify_messages_in",
+            "Messages accepted on the admin port",
+            m.messages_in,
+        );
+        registry.register(
+            "notify_messages_duplicate",
+            "Messages that already carried our fingerprint in touched (ignored)",
+            m.messages_duplicate,
+        );
+        registry.register(
+            "notify_messages_out",
+            "Frames queued for live delivery (replay excluded)",
+            m.messages_out,
+        );
+        registry.register(
+            "notify_admin_rejected",
+            "Admin messages refused (bad_json, not_object, too_large, instance_name)",
+            m.admin_rejected,
+        );
+        registry.register(
+            "notify_fanout_seconds",
+            "Time from an accepted POST to its last frame queued",
+            m.fanout_seconds,
+        );
+        registry.register(
+            "notify_queue_dropped_frames",
+            "Frames dropped because a socket's outbound queue was full",
+            m.queue_dropped_frames,
+        );
+        registry.register(
+            "notify_slow_consumer_disconnects",
+            "Sockets closed with 1008 because their outbound queue overflowed",
+            m.slow_consumer_disconnects,
+        );
+        registry.register(
+            "notify_replayed_frames",
+            "Frames queued by replay",
+            m.replayed_frames,
+        );
+        registry.register(
+            "notify_subscriptions_ignored",
+            "PHIDs ignored by the per-socket or per-PHID subscription limit",
+            m.subscriptions_ignored,
+        );
+        registry.register(
+            "notify_commands_ignored",
+            "Client frames ignored as malformed, wrongly typed or unknown",
+            m.commands_ignored,
+        );
+        registry.register(
+            "notify_oversized_frames",
+            "Client frames over the frame limit (socket closed with 1009)",
+            m.oversized_frames,
+        );
+        registry.register(
+            "notify_history_entries",
+            "Retained history entries",
+            m.history_entries,
+        );
+        registry.register(
+            "notify_history_bytes",
+            "Retained history message bytes",
+            m.history_bytes,
+        );
+        registry.register(
+            "notify_draining",
+            "1 while draining after SIGTERM",
+            m.draining,
+        );
+        metrics
+    }
+
+    /// Sets the history gauges.
+    pub fn set_history(&self, entries: usize, bytes: usize) {
+        self.history_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.history_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    pub fn rejected(&self, family: &Family<ReasonLabel, Counter>, reason: &'static str) {
+        family.get_or_create(&ReasonLabel { reason }).inc();
+    }
+}

@@ -1,0 +1,580 @@
+//! Tests of the peer relay against tiny scripted HTTP servers on ephemeral loopback ports.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prometheus_client::registry::Registry;
+use slog::{o, Drain, Logger};
+
+use super::PeerRelay;
+use crate::config::{PeerConfig, PeerUrl};
+
+const OWN: &str = "ownFingerprint23";
+const PEER: &str = "peerFingerprint4";
+/// Long enough that no test depends on it expiring unless it means to.
+const FLUSH: Duration = Duration::from_secs(30);
+
+/// A request as the scripted server saw it.
+#[derive(Debug)]
+struct Recorded {
+    request_line: String,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+/// How the scripted server answers one request.
+enum Reply {
+    Receipt(String),
+    Status(u16),
+    Redirect(String),
+    /// Waits for a signal on the server's release channel, then sends the default receipt.
+    Held,
+    /// Never answers; the connection stays open until the server thread ends.
+    Silent,
+}
+
+struct ScriptedServer {
+    port: u16,
+    requests: Receiver<Recorded>,
+    release: Sender<()>,
+}
+
+impl ScriptedServer {
+    /// Answers requests in order with `script`, then with receipts of its own fingerprint.
+    fn start(script: Vec<Reply>) -> ScriptedServer {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        // Distinct per server, as real peers' fingerprints are.
+        let default_fingerprint = format!("peer{}", STARTED.fetch_add(1, Ordering::Relaxed));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (recorded, requests) = channel();
+        let (release, released) = channel::<()>();
+        std::thread::spawn(move || {
+            let mut script = VecDeque::from(script);
+            let mut silent = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let Some(request) = read_request(&stream) else {
+                    continue;
+                };
+                if recorded.send(request).is_err() {
+                    return;
+                }
+                let reply = script
+                    .pop_front()
+                    .unwrap_or_else(|| Reply::Receipt(default_fingerprint.clone()));
+                match reply {
+                    Reply::Receipt(fingerprint) => respond_receipt(stream, &fingerprint),
+                    Reply::Status(status) => respond(stream, status, "", "{}"),
+                    Reply::Redirect(location) => {
+                        respond(stream, 302, &format!("Location: {location}\r\n"), "")
+                    }
+                    Reply::Held => {
+                        if released.recv().is_ok() {
+                            respond_receipt(stream, &default_fingerprint);
+                        }
+                    }
+                    Reply::Silent => silent.push(stream),
+                }
+            }
+        });
+        ScriptedServer {
+            port,
+            requests,
+            release,
+        }
+    }
+
+    fn url(&self) -> PeerUrl {
+        peer_url(self.port)
+    }
+
+    fn next(&self) -> Recorded {
+        self.requests
+            .recv_timeout(FLUSH)
+            .expect("the peer received no request")
+    }
+
+    fn next_body(&self) -> String {
+        String::from_utf8(self.next().body).unwrap()
+    }
+
+    fn assert_no_more_requests(&self) {
+        if let Ok(extra) = self.requests.try_recv() {
+            panic!("unexpected request: {extra:?}");
+        }
+    }
+}
+
+fn read_request(stream: &TcpStream) -> Option<Recorded> {
+    let mut reader = BufReader::new(stream);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line).ok()?;
+    let mut content_length = 0usize;
+    let mut content_type = None;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => content_length = value.trim().parse().ok()?,
+            "content-type" => content_type = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; content_length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Recorded {
+        request_line: request_line.trim_end().to_owned(),
+        content_type,
+        body,
+    })
+}
+
+fn respond(mut stream: TcpStream, status: u16, headers: &str, body: &str) {
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} Scripted\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn respond_receipt(stream: TcpStream, fingerprint: &str) {
+    respond(
+        stream,
+        200,
+        "",
+        &format!("{{\"fingerprint\":\"{fingerprint}\"}}"),
+    );
+}
+
+fn peer_url(port: u16) -> PeerUrl {
+    PeerUrl {
+        protocol: "http".into(),
+        host: "127.0.0.1".to_owned(),
+        port,
+    }
+}
+
+fn config(static_peers: Vec<PeerUrl>) -> PeerConfig {
+    PeerConfig {
+        static_peers,
+        dns: None,
+        dns_refresh: Duration::from_secs(10),
+        queue_capacity: 16,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+/// A logger that keeps the event names, to count state-change lines.
+#[derive(Clone, Default)]
+struct CapturedEvents(Arc<Mutex<Vec<String>>>);
+
+impl Drain for CapturedEvents {
+    type Ok = ();
+    type Err = slog::Never;
+    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        self.0.lock().unwrap().push(record.msg().to_string());
+        Ok(())
+    }
+}
+
+impl CapturedEvents {
+    fn logger(&self) -> Logger {
+        Logger::root(self.clone().fuse(), o!())
+    }
+
+    fn named(&self, prefix: &str) -> Vec<String> {
+        let events = self.0.lock().unwrap();
+        events
+            .iter()
+            .filter(|event| event.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+struct Harness {
+    relay: Arc<PeerRelay>,
+    registry: Registry,
+    events: CapturedEvents,
+}
+
+impl Harness {
+    fn start(cfg: PeerConfig) -> Harness {
+        let mut registry = Registry::default();
+        let events = CapturedEvents::default();
+        let relay = PeerRelay::start(cfg, OWN.to_owned(), &mut registry, events.logger());
+        Harness {
+            relay,
+            registry,
+            events,
+        }
+    }
+
+    fn relay_origin(&self, instance: &str, body: &str) {
+        self.relay.relay(
+            instance,
+            Bytes::copy_from_slice(body.as_bytes()),
+            &[OWN.to_owned()],
+        );
+    }
+
+    /// The value of one sample, `None` when the series is not exported.
+    fn metric(&self, series: &str) -> Option<i64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.parse().ok()
+        })
+    }
+
+    fn relays(&self, port: u16, result: &str) -> Option<i64> {
+        self.metric(&format!(
+            "notify_peer_relays_total{{peer=\"127.0.0.1:{port}\",result=\"{result}\"}}"
+        ))
+    }
+
+    /// Waits for a condition that a worker thread makes true; the bound only turns a hang
+    /// into a failure.
+    async fn wait_for(&self, what: &str, condition: impl Fn(&Harness) -> bool) {
+        let give_up = Instant::now() + FLUSH;
+        while !condition(self) {
+            assert!(Instant::now() < give_up, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() {
+    let a = ScriptedServer::start(vec![]);
+    let b = ScriptedServer::start(vec![]);
+    let harness = Harness::start(config(vec![a.url(), b.url()]));
+    assert_eq!(harness.metric("notify_peers_known"), Some(2));
+    let body = r#"{"title":"100% done","n":12345678901234567890,"touched":["ownFingerprint23"]}"#;
+    harness.relay_origin("acme corp/x&y~", body);
+    for server in [&a, &b] {
+        let request = server.next();
+        assert_eq!(
+            request.request_line,
+            "POST /?instance=acme%20corp%2Fx%26y~ HTTP/1.1"
+        );
+        assert_eq!(request.content_type.as_deref(), Some("application/json"));
+        assert_eq!(request.body, body.as_bytes());
+    }
+    harness.relay.shutdown(FLUSH).await;
+    for server in [&a, &b] {
+        server.assert_no_more_requests();
+        assert_eq!(harness.relays(server.port, "ok"), Some(1));
+        assert_eq!(harness.relays(server.port, "failed"), Some(0));
+        assert_eq!(
+            harness.metric(&format!(
+                "notify_peer_up{{peer=\"127.0.0.1:{}\"}}",
+                server.port
+            )),
+            Some(1)
+        );
+    }
+    assert_eq!(harness.events.named("NOTIFY_PEER_UP").len(), 2);
+    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_FLUSHED").len(), 1);
+    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 0);
+}
+
+#[tokio::test]
+async fn one_server_listed_under_two_addresses_is_reported() {
+    let twin = || ScriptedServer::start(vec![Reply::Receipt("twinFingerprint".to_owned())]);
+    let (a, b) = (twin(), twin());
+    let harness = Harness::start(config(vec![a.url(), b.url()]));
+    harness.relay_origin("default", "{}");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 1);
+}
+
+#[tokio::test]
+async fn a_message_that_arrived_from_a_peer_is_not_relayed_again() {
+    let a = ScriptedServer::start(vec![]);
+    let harness = Harness::start(config(vec![a.url()]));
+    harness.relay.relay(
+        "default",
+        Bytes::from_static(b"{\"via\":\"peer\"}"),
+        &[PEER.to_owned(), OWN.to_owned()],
+    );
+    harness.relay_origin("default", "{\"via\":\"origin\"}");
+    // The queue is ordered: had the first been queued, it would arrive first.
+    assert_eq!(a.next_body(), "{\"via\":\"origin\"}");
+    harness.relay.shutdown(FLUSH).await;
+    a.assert_no_more_requests();
+}
+
+#[tokio::test]
+async fn a_peer_answering_with_our_fingerprint_is_us_and_never_sent_to_again() {
+    let us = ScriptedServer::start(vec![Reply::Receipt(OWN.to_owned())]);
+    let other = ScriptedServer::start(vec![]);
+    let harness = Harness::start(config(vec![us.url(), other.url()]));
+    harness.relay_origin("default", "{\"n\":1}");
+    assert_eq!(us.next_body(), "{\"n\":1}");
+    harness
+        .wait_for("self-detection", |h| {
+            h.metric("notify_peers_known") == Some(1)
+        })
+        .await;
+    harness.relay_origin("default", "{\"n\":2}");
+    assert_eq!(other.next_body(), "{\"n\":1}");
+    assert_eq!(other.next_body(), "{\"n\":2}");
+    harness.relay.shutdown(FLUSH).await;
+    us.assert_no_more_requests();
+    assert_eq!(
+        harness.relays(us.port, "ok"),
+        None,
+        "labels of self are gone"
+    );
+    assert_eq!(harness.events.named("NOTIFY_PEER_IS_SELF").len(), 1);
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_and_counts_without_blocking() {
+    let a = ScriptedServer::start(vec![Reply::Held]);
+    let mut cfg = config(vec![a.url()]);
+    cfg.queue_capacity = 2;
+    let harness = Harness::start(cfg);
+    harness.relay_origin("default", "{\"n\":1}");
+    // The worker now waits on the held request, so the queue is empty with room for two.
+    assert_eq!(a.next_body(), "{\"n\":1}");
+    for n in 2..=5 {
+        harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
+    }
+    assert_eq!(harness.relays(a.port, "dropped"), Some(2));
+    a.release.send(()).unwrap();
+    assert_eq!(a.next_body(), "{\"n\":2}");
+    assert_eq!(a.next_body(), "{\"n\":3}");
+    harness.relay.shutdown(FLUSH).await;
+    a.assert_no_more_requests();
+    assert_eq!(harness.relays(a.port, "ok"), Some(3));
+    assert_eq!(harness.relays(a.port, "dropped"), Some(2));
+}
+
+#[tokio::test]
+async fn failures_and_recovery_are_logged_once_per_state_change() {
+    let a = ScriptedServer::start(vec![
+        Reply::Status(503),
+        Reply::Status(500),
+        Reply::Status(503),
+        Reply::Receipt(PEER.to_owned()),
+        Reply::Receipt(PEER.to_owned()),
+        Reply::Status(503),
+    ]);
+    let harness = Harness::start(config(vec![a.url()]));
+    for n in 1..=6 {
+        harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
+    }
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.relays(a.port, "failed"), Some(4));
+    assert_eq!(harness.relays(a.port, "ok"), Some(2));
+    let transitions: Vec<String> = harness
+        .events
+        .named("NOTIFY_PEER_")
+        .into_iter()
+        .filter(|event| event.ends_with("_UP") || event.ends_with("_DOWN"))
+        .collect();
+    assert_eq!(
+        transitions,
+        ["NOTIFY_PEER_DOWN", "NOTIFY_PEER_UP", "NOTIFY_PEER_DOWN"]
+    );
+    assert_eq!(
+        harness.metric(&format!("notify_peer_up{{peer=\"127.0.0.1:{}\"}}", a.port)),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed() {
+    let target = ScriptedServer::start(vec![]);
+    let redirecting = ScriptedServer::start(vec![Reply::Redirect(format!(
+        "http://127.0.0.1:{}/",
+        target.port
+    ))]);
+    let harness = Harness::start(config(vec![redirecting.url()]));
+    harness.relay_origin("default", "{}");
+    harness.relay.shutdown(FLUSH).await;
+    redirecting.next();
+    target.assert_no_more_requests();
+    assert_eq!(harness.relays(redirecting.port, "failed"), Some(1));
+}
+
+#[tokio::test]
+async fn an_unresponsive_peer_times_out_and_never_holds_up_the_others() {
+    let stuck = ScriptedServer::start(vec![Reply::Silent]);
+    let healthy = ScriptedServer::start(vec![]);
+    let mut cfg = config(vec![stuck.url(), healthy.url()]);
+    cfg.timeout = Duration::from_millis(300);
+    let harness = Harness::start(cfg);
+    harness.relay_origin("default", "{\"n\":1}");
+    stuck.next();
+    // The stuck peer still holds message 1 while the healthy one receives both.
+    harness.relay_origin("default", "{\"n\":2}");
+    assert_eq!(healthy.next_body(), "{\"n\":1}");
+    assert_eq!(healthy.next_body(), "{\"n\":2}");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.relays(stuck.port, "failed"), Some(1));
+    assert_eq!(harness.relays(healthy.port, "ok"), Some(2));
+}
+
+#[tokio::test]
+async fn a_dead_peer_counts_failures() {
+    let port = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let harness = Harness::start(config(vec![peer_url(port)]));
+    harness.relay_origin("default", "{}");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.relays(port, "failed"), Some(1));
+    assert_eq!(harness.events.named("NOTIFY_PEER_DOWN").len(), 1);
+}
+
+#[tokio::test]
+async fn past_the_drain_deadline_queued_messages_are_dropped() {
+    let a = ScriptedServer::start(vec![Reply::Held]);
+    let harness = Harness::start(config(vec![a.url()]));
+    harness.relay_origin("default", "{\"n\":1}");
+    a.next();
+    for n in 2..=4 {
+        harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
+    }
+    harness.relay.shutdown(Duration::from_millis(1)).await;
+    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_DROPPED").len(), 1);
+    // Past the deadline, messages relayed later are dropped as well.
+    harness.relay_origin("default", "{\"n\":5}");
+    a.release.send(()).unwrap();
+    harness
+        .wait_for("the queued messages to be dropped", |h| {
+            h.relays(a.port, "dropped") == Some(4)
+        })
+        .await;
+    assert_eq!(harness.relays(a.port, "ok"), Some(1));
+    a.assert_no_more_requests();
+}
+
+#[tokio::test]
+async fn messages_accepted_during_the_drain_are_still_relayed() {
+    let a = ScriptedServer::start(vec![]);
+    let harness = Harness::start(config(vec![a.url()]));
+    harness.relay_origin("default", "{\"n\":1}");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.relays(a.port, "ok"), Some(1));
+    // The admin port still accepts posts until the load balancer has noticed /readyz.
+    harness.relay_origin("default", "{\"n\":2}");
+    assert_eq!(a.next_body(), "{\"n\":1}");
+    assert_eq!(a.next_body(), "{\"n\":2}");
+}
+
+#[tokio::test]
+async fn dns_discovery_adds_the_resolved_address() {
+    let a = ScriptedServer::start(vec![]);
+    let mut cfg = config(vec![]);
+    cfg.dns = Some(("127.0.0.1".to_owned(), a.port));
+    let harness = Harness::start(cfg);
+    harness
+        .wait_for("discovery", |h| h.metric("notify_peers_known") == Some(1))
+        .await;
+    harness.relay_origin("tenant", "{\"n\":1}");
+    let request = a.next();
+    assert_eq!(request.request_line, "POST /?instance=tenant HTTP/1.1");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.events.named("NOTIFY_PEERS_CHANGED").len(), 2);
+}
+
+mod plan {
+    use std::collections::{BTreeSet, HashSet};
+    use std::net::SocketAddr;
+
+    use super::super::discovery::{plan, DnsPlan, KnownPeer};
+
+    fn addrs(list: &[&str]) -> BTreeSet<SocketAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn vanished_dns_peers_are_removed_and_static_ones_kept() {
+        let known = [
+            KnownPeer {
+                address: "10.0.0.1:22281",
+                from_dns: true,
+            },
+            KnownPeer {
+                address: "10.0.0.2:22281",
+                from_dns: true,
+            },
+            KnownPeer {
+                address: "peer-x:22281",
+                from_dns: false,
+            },
+        ];
+        let got = plan(
+            &known,
+            &addrs(&["10.0.0.2:22281", "10.0.0.3:22281"]),
+            &HashSet::new(),
+            64,
+        );
+        assert_eq!(
+            got,
+            DnsPlan {
+                remove: vec!["10.0.0.1:22281".to_owned()],
+                add: vec!["10.0.0.3:22281".parse().unwrap()],
+                refused: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn the_cap_counts_refused_addresses_and_picks_in_address_order() {
+        let known = [KnownPeer {
+            address: "10.0.0.9:22281",
+            from_dns: true,
+        }];
+        let resolved = addrs(&[
+            "10.0.0.4:22281",
+            "10.0.0.9:22281",
+            "10.0.0.2:22281",
+            "10.0.0.3:22281",
+        ]);
+        let got = plan(&known, &resolved, &HashSet::new(), 3);
+        assert_eq!(got.remove, Vec::<String>::new());
+        assert_eq!(
+            got.add,
+            vec![
+                "10.0.0.2:22281".parse::<SocketAddr>().unwrap(),
+                "10.0.0.3:22281".parse().unwrap()
+            ]
+        );
+        assert_eq!(got.refused, 1);
+    }
+
+    #[test]
+    fn an_address_known_to_be_us_is_never_added() {
+        let us: HashSet<String> = ["[fd00::1]:22281".to_owned()].into();
+        let got = plan(
+            &[],
+            &addrs(&["[fd00::1]:22281", "[fd00::2]:22281"]),
+            &us,
+            64,
+        );
+        assert_eq!(
+            got.add,
+            vec!["[fd00::2]:22281".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(got.refused, 0);
+    }
+}

@@ -1,0 +1,367 @@
+//! The client port as browsers (and Phorge's cluster page) use it: the exact 501, delivery
+//! filtering, instances, replay, and robustness against bad frames.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{http, raw_http, Server, Ws};
+
+const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
+
+#[tokio::test]
+async fn non_upgrade_requests_get_the_exact_501() {
+    let server = Server::start(&[]);
+    for path in ["/", "/~acme/", "/x/y", "/healthz", "/status/"] {
+        for method in ["GET", "POST"] {
+            let r = http(server.client_port, method, path, &[], b"").await;
+            assert_eq!(r.status, 501, "{method} {path}");
+            assert_eq!(r.body, NOT_WEBSOCKET, "{method} {path}");
+            assert_eq!(r.body.len(), 24);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_h2c_upgrade_is_not_a_websocket_upgrade() {
+    let server = Server::start(&[]);
+    let request = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\
+                   Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+    let r = raw_http(server.client_port, request.as_bytes()).await;
+    assert_eq!(r.status, 501);
+    assert_eq!(r.body, NOT_WEBSOCKET);
+}
+
+#[tokio::test]
+async fn delivery_follows_subscriptions() {
+    let server = Server::start(&[]);
+    let mut a = server.ws("/").await;
+    let mut b = server.ws("/any/path").await;
+    a.subscribe(&["PHID-A", "PHID-C"]).await;
+    b.subscribe(&["PHID-B"]).await;
+
+    assert_eq!(
+        server
+            .post("", r#"{"n":1,"subscribers":["PHID-X","PHID-A","PHID-C"]}"#)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        server
+            .post("", r#"{"n":2,"subscribers":["PHID-X"]}"#)
+            .await
+            .status,
+        200
+    );
+    // Empty, missing or non-list subscribers reach nobody.
+    for body in [
+        r#"{"n":3,"subscribers":[]}"#,
+        r#"{"n":4}"#,
+        r#"{"n":5,"subscribers":"PHID-A"}"#,
+    ] {
+        assert_eq!(server.post("", body).await.status, 200);
+    }
+    let got_a = a.sync().await;
+    assert_eq!(got_a.len(), 1, "{got_a:?}");
+    assert!(got_a[0].starts_with(r#"{"n":1,"#));
+    assert_eq!(b.sync().await, Vec::<String>::new());
+
+    a.send(r#"{"command":"unsubscribe","data":["PHID-A"]}"#)
+        .await;
+    assert_eq!(a.sync().await, Vec::<String>::new());
+    server.post("", r#"{"n":6,"subscribers":["PHID-A"]}"#).await;
+    server.post("", r#"{"n":7,"subscribers":["PHID-C"]}"#).await;
+    let got_a = a.sync().await;
+    assert_eq!(got_a.len(), 1, "{got_a:?}");
+    assert!(got_a[0].starts_with(r#"{"n":7,"#));
+}
+
+#[tokio::test]
+async fn instances_are_isolated() {
+    let server = Server::start(&[]);
+    let mut a = server.ws("/~a/").await;
+    let mut b = server.ws("/ws/~b/").await;
+    let mut default = server.ws("/?instance=b").await;
+    for ws in [&mut a, &mut b, &mut default] {
+        ws.subscribe(&["P"]).await;
+    }
+    server
+        .post("?instance=b", r#"{"to":"b","subscribers":["P"]}"#)
+        .await;
+    server
+        .post("?instance=a", r#"{"to":"a","subscribers":["P"]}"#)
+        .await;
+    server
+        .post("", r#"{"to":"default","subscribers":["P"]}"#)
+        .await;
+    let only = |frames: Vec<String>| {
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        serde_json::from_str::<serde_json::Value>(&frames[0]).unwrap()["to"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(only(a.sync().await), "a");
+    assert_eq!(only(b.sync().await), "b");
+    // The client port ignores the query string: this socket is on "default".
+    assert_eq!(only(default.sync().await), "default");
+    assert_eq!(server.status("?instance=b").await["clients.active"], 1);
+}
+
+#[tokio::test]
+async fn replay_by_subscription_and_age_within_the_instance() {
+    let server = Server::start(&[]);
+    server
+        .post("", r#"{"m":"old-1","subscribers":["P1"]}"#)
+        .await;
+    server
+        .post("", r#"{"m":"old-2","subscribers":["P2"]}"#)
+        .await;
+    server
+        .post("?instance=other", r#"{"m":"other","subscribers":["P1"]}"#)
+        .await;
+    // Let the first messages age past a short replay window (real time is what ages them).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server
+        .post("", r#"{"m":"new-1","subscribers":["P1","P2"]}"#)
+        .await;
+
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&["P1"]).await;
+    ws.send(r#"{"command":"replay","data":{"age":200}}"#).await;
+    assert_eq!(messages(ws.sync().await), ["new-1"]);
+    ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
+        .await;
+    assert_eq!(messages(ws.sync().await), ["old-1", "new-1"]);
+    // Missing, zero, negative or too large ages mean 60 s.
+    for data in [
+        r#"null"#,
+        r#"{"age":0}"#,
+        r#"{"age":-1}"#,
+        r#"{"age":999999}"#,
+        r#"{"age":"x"}"#,
+    ] {
+        ws.send(&format!(r#"{{"command":"replay","data":{data}}}"#))
+            .await;
+        assert_eq!(messages(ws.sync().await), ["old-1", "new-1"], "{data}");
+    }
+
+    let mut other = server.ws("/~elsewhere/").await;
+    other.subscribe(&["P1", "P2"]).await;
+    other.send(r#"{"command":"replay"}"#).await;
+    assert_eq!(messages(other.sync().await), Vec::<String>::new());
+
+    // Replay does not count in messages.out.
+    assert_eq!(server.status("").await["messages.out"], 0);
+}
+
+fn messages(frames: Vec<String>) -> Vec<String> {
+    frames
+        .iter()
+        .map(|f| {
+            serde_json::from_str::<serde_json::Value>(f).unwrap()["m"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn bad_frames_are_ignored_and_the_socket_keeps_working() {
+    let server = Server::start(&[]);
+    let mut ws = server.ws("/").await;
+    for frame in [
+        "not json",
+        "{",
+        "[]",
+        r#"{"command":"subscribe","data":null}"#,
+        r#"{"command":"subscribe","data":"PHID-A"}"#,
+        r#"{"command":"dance","data":[]}"#,
+        r#"{"data":["PHID-A"]}"#,
+    ] {
+        ws.send(frame).await;
+        assert_eq!(ws.sync().await, Vec::<String>::new(), "{frame}");
+    }
+    ws.subscribe(&["PHID-A"]).await;
+    server.post("", r#"{"subscribers":["PHID-A"]}"#).await;
+    assert_eq!(ws.sync().await.len(), 1);
+    assert_eq!(
+        server.metric("notify_commands_ignored_total").await,
+        Some(7.0)
+    );
+}
+
+#[tokio::test]
+async fn subscriptions_over_the_limit_are_ignored_and_counted() {
+    let server = Server::start(&[]);
+    let mut ws = server.ws("/").await;
+    let phids: Vec<String> = (0..5000).map(|i| format!("P{i}")).collect();
+    let command = serde_json::json!({"command": "subscribe", "data": phids});
+    ws.send(&command.to_string()).await;
+    assert_eq!(ws.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server.metric("notify_subscriptions_ignored_total").await,
+        Some(904.0)
+    );
+    server.post("", r#"{"subscribers":["P4095"]}"#).await;
+    server.post("", r#"{"subscribers":["P4096"]}"#).await;
+    assert_eq!(ws.sync().await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_oversized_frame_closes_the_socket_with_1009() {
+    let server = Server::start(&[]);
+    let mut ws = server.ws("/").await;
+    let mut healthy = server.ws("/").await;
+    ws.send(&format!(
+        r#"{{"command":"ping","pad":"{}"}}"#,
+        "x".repeat(70 * 1024)
+    ))
+    .await;
+    let closed = ws.until_closed().await;
+    assert_eq!(closed.code, Some(1009));
+    assert!(closed.frames.is_empty());
+    assert_eq!(healthy.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server.metric("notify_oversized_frames_total").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn socket_limit_refuses_upgrades_with_503() {
+    let server = Server::start(&[("GORGE_NOTIFICATION_MAX_SOCKETS", "1")]);
+    let mut first = server.ws("/").await;
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
+        .await
+        .unwrap();
+    let url = format!("ws://127.0.0.1:{}/", server.client_port);
+    match tokio_tungstenite::client_async(url, stream).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503)
+        }
+        other => panic!("expected 503, got {other:?}"),
+    }
+    assert_eq!(first.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .metric(r#"notify_sockets_rejected_total{reason="max_sockets"}"#)
+            .await,
+        Some(1.0)
+    );
+    drop(first);
+    let _ = Ws::connect;
+}
+
+/// A connection that never answers protocol pings is reaped after the idle timeout; one that
+/// answers (every WebSocket client library does, as browsers do) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_are_reaped_and_answering_ones_stay() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = Server::start(&[
+        ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "1"),
+        ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "2"),
+    ]);
+    // The answering socket is polled all along, so its library answers the server's pings.
+    let mut live = server.ws("/").await;
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let keeper = tokio::spawn(async move {
+        use futures_util::StreamExt;
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return live,
+                frame = live.ws.next() => assert!(matches!(frame, Some(Ok(_))), "{frame:?}"),
+            }
+        }
+    });
+
+    // A raw connection that completes the handshake and then never reads or writes.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
+        .await
+        .unwrap();
+    silent
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // Reading until EOF only consumes what the server sent; TCP itself acks, not the app.
+    let mut received = Vec::new();
+    tokio::time::timeout(common::PATIENCE, silent.read_to_end(&mut received))
+        .await
+        .expect("reaped in time")
+        .unwrap();
+    assert!(received.starts_with(b"HTTP/1.1 101"));
+    // Server frames are unmasked: a ping is 0x89, the close frame 0x88 with code 1001.
+    let close = received.windows(4).any(|w| w == [0x88, 0x0e, 0x03, 0xe9]);
+    assert!(close, "no 1001 close frame in {received:?}");
+
+    stop.send(()).unwrap();
+    let mut live = keeper.await.unwrap();
+    assert_eq!(live.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .metric(r#"notify_sockets_closed_total{reason="idle"}"#)
+            .await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn instance_limits_are_enforced_and_counted() {
+    let server = Server::start(&[
+        ("GORGE_NOTIFICATION_MAX_INSTANCES", "1"),
+        ("GORGE_NOTIFICATION_MAX_INSTANCE_NAME_BYTES", "8"),
+    ]);
+    let mut busy = server.ws("/~first/").await;
+    let refused = |path: &'static str| {
+        let port = server.client_port;
+        async move {
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let url = format!("ws://127.0.0.1:{port}{path}");
+            match tokio_tungstenite::client_async(url, stream).await {
+                Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                    response.status().as_u16()
+                }
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+    };
+    assert_eq!(refused("/~second/").await, 503);
+    assert_eq!(refused("/~muchtoolong/").await, 400);
+    assert_eq!(busy.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .post("?instance=muchtoolong", r#"{"subscribers":["P"]}"#)
+            .await
+            .status,
+        400
+    );
+    assert_eq!(
+        server
+            .metric(r#"notify_sockets_rejected_total{reason="max_instances"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        server
+            .metric(r#"notify_sockets_rejected_total{reason="instance_name"}"#)
+            .await,
+        Some(1.0)
+    );
+    // Once "first" is idle it can be forgotten to make room.
+    drop(busy);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while server.status("?instance=first").await["clients.active"] != 0 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::task::yield_now().await;
+    }
+    let mut second = server.ws("/~second/").await;
+    assert_eq!(second.sync().await, Vec::<String>::new());
+}

@@ -1,0 +1,369 @@
+//! Spec test 6: real `gorge-notification` processes that list each other as peers deliver a
+//! message posted to any one of them exactly once to a subscribed WebSocket on each; when one
+//! peer hangs and is then killed, the others keep delivering to each other and their admin
+//! POSTs keep answering.
+//!
+//! "Exactly once" is proven by ordering, never by waiting: after each message every
+//! subscriber's next frame must be that message, and a final sweep of markers (one posted to
+//! each server) must be the next frames everywhere; a duplicate relayed the long way round
+//! would show up in between. The `touched` list of each frame pins the route (one hop).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{http, Ws, BIN, PATIENCE};
+use serde_json::Value;
+
+const INSTANCE: &str = "cluster";
+const PHID: &str = "PHID-USER-cluster";
+/// Far beyond `PATIENCE`: a server that waited on a hung peer would answer its admin POST
+/// only after this, and fail the test.
+const PEER_TIMEOUT_MS: &str = "60000";
+
+/// One server of the cluster. Its ports are chosen before it starts because every peer's
+/// configuration names them, which `common::Server` (ports picked at start) cannot do.
+struct Node {
+    child: Child,
+    admin_port: u16,
+    client_port: u16,
+    fingerprint: String,
+    /// Every JSON log line so far, collected by a reader thread.
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A started process whose `NOTIFY_STARTED` line has not been seen yet.
+struct Starting {
+    child: Child,
+    admin_port: u16,
+    client_port: u16,
+    logs: Arc<Mutex<Vec<String>>>,
+    started: mpsc::Receiver<String>,
+}
+
+impl Starting {
+    fn spawn(admin_port: u16, client_port: u16, peer_admin_ports: &[u16]) -> Starting {
+        let peers: Vec<String> = peer_admin_ports
+            .iter()
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect();
+        let mut child = Command::new(BIN)
+            .env_clear()
+            .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
+            .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
+            .env("GORGE_NOTIFICATION_CLIENT_PORT", client_port.to_string())
+            .env("GORGE_NOTIFICATION_PEERS", peers.join(","))
+            .env("GORGE_NOTIFICATION_PEER_TIMEOUT_MS", PEER_TIMEOUT_MS)
+            .env("GORGE_LOG_FORMAT", "json")
+            .env("GORGE_LOG_LEVEL", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn gorge-notification");
+        let stdout = child.stdout.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started) = mpsc::channel();
+        let collected = Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("NOTIFY_STARTED") {
+                    let _ = started_tx.send(line.clone());
+                }
+                collected.lock().unwrap().push(line);
+            }
+        });
+        Starting {
+            child,
+            admin_port,
+            client_port,
+            logs,
+            started,
+        }
+    }
+
+    /// `None` if the process exited (or hung) before serving, e.g. because a port picked
+    /// free was taken meanwhile.
+    fn wait(mut self) -> Option<Node> {
+        let Ok(line) = self.started.recv_timeout(PATIENCE) else {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            return None;
+        };
+        let started: Value = serde_json::from_str(&line).expect("JSON log line");
+        Some(Node {
+            child: self.child,
+            admin_port: self.admin_port,
+            client_port: self.client_port,
+            fingerprint: started["fingerprint"].as_str().unwrap().to_owned(),
+            logs: self.logs,
+        })
+    }
+}
+
+impl Node {
+    /// Posts a message and returns the fingerprint of the receipt. The bounded wait inside
+    /// `http` is the "an admin POST never waits on a peer" check.
+    async fn post(&self, body: &str) -> String {
+        let target = format!("/?instance={INSTANCE}");
+        // PHP's label; the server must ignore it.
+        let form = [("Content-Type", "application/x-www-form-urlencoded")];
+        let response = http(self.admin_port, "POST", &target, &form, body.as_bytes()).await;
+        assert_eq!(response.status, 200, "admin POST: {response:?}");
+        response.json()["fingerprint"].as_str().unwrap().to_owned()
+    }
+
+    async fn messages_in(&self) -> u64 {
+        let target = format!("/status/?instance={INSTANCE}");
+        let response = http(self.admin_port, "GET", &target, &[], b"").await;
+        assert_eq!(response.status, 200);
+        response.json()["messages.in"].as_u64().unwrap()
+    }
+
+    /// Polls `/metrics` until `condition` holds for it: relay workers update their metrics on
+    /// their own schedule, which nothing else orders against the test. The bound only turns
+    /// a hang into a failure.
+    async fn wait_for_metrics(&self, what: &str, condition: impl Fn(&str) -> bool) {
+        let give_up = Instant::now() + PATIENCE;
+        loop {
+            let response = http(self.admin_port, "GET", "/metrics", &[], b"").await;
+            if condition(&String::from_utf8(response.body).unwrap()) {
+                return;
+            }
+            assert!(Instant::now() < give_up, "never true: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until at least one `event` line about `peer` was logged (logging is
+    /// asynchronous), then returns all of them.
+    async fn wait_for_log(&self, event: &str, peer: &str) -> Vec<Value> {
+        let give_up = Instant::now() + PATIENCE;
+        loop {
+            let events: Vec<Value> = {
+                let logs = self.logs.lock().unwrap();
+                logs.iter()
+                    .filter(|line| line.contains(event))
+                    .map(|line| serde_json::from_str::<Value>(line).unwrap())
+                    .filter(|line| line["peer"] == peer)
+                    .collect()
+            };
+            if !events.is_empty() {
+                return events;
+            }
+            assert!(Instant::now() < give_up, "{event} was never logged");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+}
+
+/// The value of one sample in a `/metrics` text, 0 when absent.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            (series == name).then(|| value.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Ports for a whole cluster, taken from the kernel together so they are distinct.
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().unwrap().port())
+        .collect()
+}
+
+/// Starts `count` servers, each listing the others (and itself when `list_self`, as Phorge's
+/// cluster documentation allows), and one subscribed socket per server.
+async fn start_cluster(count: usize, list_self: bool) -> (Vec<Node>, Vec<Ws>) {
+    let nodes = (0..5)
+        .find_map(|_| try_start_cluster(count, list_self))
+        .expect("the cluster did not start");
+    let mut subscribers = Vec::new();
+    for node in &nodes {
+        let mut ws = Ws::connect(node.client_port, &format!("/~{INSTANCE}/")).await;
+        ws.subscribe(&[PHID]).await;
+        subscribers.push(ws);
+    }
+    (nodes, subscribers)
+}
+
+fn try_start_cluster(count: usize, list_self: bool) -> Option<Vec<Node>> {
+    let ports = free_ports(2 * count);
+    let (admin, client) = ports.split_at(count);
+    let starting: Vec<Starting> = (0..count)
+        .map(|i| {
+            let peers: Vec<u16> = (0..count)
+                .filter(|&j| list_self || j != i)
+                .map(|j| admin[j])
+                .collect();
+            Starting::spawn(admin[i], client[i], &peers)
+        })
+        .collect();
+    // Collected in full first so that every process is waited for (or killed) either way.
+    let nodes: Vec<Option<Node>> = starting.into_iter().map(Starting::wait).collect();
+    nodes.into_iter().collect()
+}
+
+/// A message as PHP would post it, with text and numbers that must pass through unchanged.
+fn message(key: &str) -> String {
+    format!(
+        r#"{{"type":"notification","key":"{key}","title":"build 100% done: a=1 & b=2 — ünïcødé","big":12345678901234567890,"subscribers":["{PHID}"]}}"#
+    )
+}
+
+/// Checks a delivered frame: every posted field intact, and `touched` naming the origin and,
+/// on any other server, exactly that server after it (one hop).
+fn assert_delivered(frame: &str, key: &str, origin: &Node, receiver: &Node) {
+    let posted: Value = serde_json::from_str(&message(key)).unwrap();
+    let frame: Value = serde_json::from_str(frame).unwrap();
+    let frame = frame.as_object().unwrap();
+    for (name, value) in posted.as_object().unwrap() {
+        assert_eq!(
+            frame.get(name),
+            Some(value),
+            "field {name} of message {key}"
+        );
+    }
+    let touched: Vec<&str> = frame["touched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|fp| fp.as_str().unwrap())
+        .collect();
+    let mut route = vec![origin.fingerprint.as_str()];
+    if receiver.fingerprint != origin.fingerprint {
+        route.push(&receiver.fingerprint);
+    }
+    assert_eq!(touched, route, "touched of {key}");
+}
+
+/// Posts one message to each server in turn; after each, every subscriber's next frame must
+/// be that message. `subscribers[i]` listens on `nodes[i]`.
+async fn post_to_each(nodes: &[Node], subscribers: &mut [Ws], round: &str) {
+    for (index, origin) in nodes.iter().enumerate() {
+        let key = format!("{round}{index}");
+        assert_eq!(origin.post(&message(&key)).await, origin.fingerprint);
+        for (receiver, subscriber) in nodes.iter().zip(subscribers.iter_mut()) {
+            let frame = subscriber.next_text().await;
+            assert_delivered(&frame, &key, origin, receiver);
+        }
+    }
+}
+
+/// Posts one marker to each server; every subscriber's next frames must be exactly those
+/// markers, so any duplicate still travelling would be caught here.
+async fn sweep(nodes: &[Node], subscribers: &mut [Ws], round: &str) {
+    let mut expected = BTreeSet::new();
+    for (index, node) in nodes.iter().enumerate() {
+        let key = format!("{round}-marker{index}");
+        node.post(&message(&key)).await;
+        expected.insert(key);
+    }
+    for subscriber in subscribers.iter_mut() {
+        let mut seen = BTreeSet::new();
+        for _ in 0..expected.len() {
+            let frame: Value = serde_json::from_str(&subscriber.next_text().await).unwrap();
+            seen.insert(frame["key"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(seen, expected, "frames after the {round} messages");
+    }
+}
+
+#[tokio::test]
+async fn three_peers_deliver_exactly_once_and_survive_losing_one() {
+    let (mut nodes, mut subscribers) = start_cluster(3, false).await;
+    let distinct: BTreeSet<&str> = nodes.iter().map(|n| n.fingerprint.as_str()).collect();
+    assert_eq!(distinct.len(), 3);
+
+    post_to_each(&nodes, &mut subscribers, "first").await;
+    sweep(&nodes, &mut subscribers, "first").await;
+    for node in &nodes {
+        // 3 messages and 3 markers, each accepted once; a second copy would count again.
+        assert_eq!(node.messages_in().await, 6);
+    }
+
+    // A hung peer: the kernel still accepts its connections but nobody answers, so a relay
+    // to it lasts until PEER_TIMEOUT_MS. The other two must not wait for it.
+    nodes[2].signal("STOP");
+    let hung_subscriber = subscribers.pop().unwrap();
+    post_to_each(&nodes[..2], &mut subscribers, "hung").await;
+
+    // Now dead for good.
+    let dead = nodes.pop().unwrap();
+    let dead_peer = format!("127.0.0.1:{}", dead.admin_port);
+    drop(dead);
+    drop(hung_subscriber);
+    post_to_each(&nodes, &mut subscribers, "dead").await;
+    sweep(&nodes, &mut subscribers, "last").await;
+
+    // Server 0 relayed five messages to the dead peer (first0, first-marker0, hung0, dead0,
+    // last-marker0). Each was tried once and counted, none retried or silently lost; at least
+    // the last three failed (the marker may have been in flight when the peer was stopped).
+    // The failures were logged as one state change.
+    let relays = |result: &str| {
+        format!("notify_peer_relays_total{{peer=\"{dead_peer}\",result=\"{result}\"}}")
+    };
+    let (ok, failed) = (relays("ok"), relays("failed"));
+    nodes[0]
+        .wait_for_metrics("every relay to the dead peer was tried", |metrics| {
+            sample(metrics, &ok) + sample(metrics, &failed) == 5.0
+        })
+        .await;
+    let metrics = http(nodes[0].admin_port, "GET", "/metrics", &[], b"").await;
+    let metrics = String::from_utf8(metrics.body).unwrap();
+    assert!(sample(&metrics, &failed) >= 3.0, "{metrics}");
+    assert_eq!(sample(&metrics, &relays("dropped")), 0.0);
+    let downs = nodes[0].wait_for_log("NOTIFY_PEER_DOWN", &dead_peer).await;
+    assert_eq!(downs.len(), 1, "{downs:?}");
+}
+
+#[tokio::test]
+async fn servers_that_list_themselves_too_deliver_exactly_once() {
+    let (nodes, mut subscribers) = start_cluster(2, true).await;
+    // The first relay to itself teaches each server that the address is its own.
+    post_to_each(&nodes, &mut subscribers, "first").await;
+    post_to_each(&nodes, &mut subscribers, "second").await;
+    sweep(&nodes, &mut subscribers, "last").await;
+    for node in &nodes {
+        // 4 messages and 2 markers; the copies a server sent itself were not accepted again.
+        assert_eq!(node.messages_in().await, 6);
+        // Its own address is no longer a peer.
+        node.wait_for_metrics("the server found itself", |metrics| {
+            sample(metrics, "notify_peers_known") == 1.0
+        })
+        .await;
+        let own_address = format!("127.0.0.1:{}", node.admin_port);
+        let found = node.wait_for_log("NOTIFY_PEER_IS_SELF", &own_address).await;
+        assert_eq!(found.len(), 1, "{found:?}");
+    }
+}

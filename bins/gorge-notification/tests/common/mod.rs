@@ -1,0 +1,340 @@
+//! Shared helpers of the integration tests: start the real binary on free loopback ports,
+//! speak raw HTTP/1.1 to it, and drive WebSocket clients that use `ping`/`pong` ordering as
+//! the synchronisation signal (a `pong` proves every earlier command took effect and every
+//! frame queued before it was written).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// Upper bound for any single wait; only reached when a test is failing.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gorge-notification");
+
+/// A running server process; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub client_port: u16,
+    pub admin_port: u16,
+    pub fingerprint: String,
+    /// Every log line so far (JSON), collected by a reader thread.
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Starts the binary with `env` on two free loopback ports and waits for NOTIFY_STARTED.
+    pub fn start(env: &[(&str, &str)]) -> Server {
+        // A port picked free can be taken before the server binds it; try a few times.
+        for _ in 0..5 {
+            if let Some(server) = Server::try_start(env) {
+                return server;
+            }
+        }
+        panic!("server did not start");
+    }
+
+    fn try_start(env: &[(&str, &str)]) -> Option<Server> {
+        let (client_port, admin_port) = (free_port(), free_port());
+        let mut command = Command::new(BIN);
+        command
+            .env_clear()
+            .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
+            .env("GORGE_NOTIFICATION_CLIENT_PORT", client_port.to_string())
+            .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
+            .env("GORGE_LOG_FORMAT", "json")
+            .env("GORGE_LOG_LEVEL", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn gorge-notification");
+        let stdout = child.stdout.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started_rx) = mpsc::channel();
+        let collected = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("NOTIFY_STARTED") {
+                    let _ = started_tx.send(line.clone());
+                }
+                collected.lock().unwrap().push(line);
+            }
+        });
+        match started_rx.recv_timeout(PATIENCE) {
+            Ok(line) => {
+                let v: Value = serde_json::from_str(&line).expect("JSON log line");
+                Some(Server {
+                    child,
+                    client_port,
+                    admin_port,
+                    fingerprint: v["fingerprint"].as_str().unwrap().to_string(),
+                    logs,
+                })
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                None
+            }
+        }
+    }
+
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    pub fn log_events(&self, event: &str) -> Vec<Value> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(event))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
+        http(
+            self.admin_port,
+            "POST",
+            &format!("/{query}"),
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            body.as_bytes(),
+        )
+        .await
+    }
+
+    pub async fn status(&self, query: &str) -> Value {
+        let r = http(
+            self.admin_port,
+            "GET",
+            &format!("/status/{query}"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    /// The value of one sample line of `/metrics`, e.g. `notify_sockets_open{instance_class="default"}`.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let r = http(self.admin_port, "GET", "/metrics", &[], b"").await;
+        let text = String::from_utf8(r.body).unwrap();
+        text.lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == sample).then(|| value.parse().unwrap())
+        })
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        Ws::connect(self.client_port, path).await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; reads the whole response.
+pub async fn http(
+    port: u16,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    let mut request = format!(
+        "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    raw_http(port, &[request.as_bytes(), body].concat()).await
+}
+
+/// Sends raw request bytes and parses the response (body by Content-Length).
+pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
+    let exchange = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // The server may answer (and close) before reading everything, e.g. a 413.
+        let _ = stream.write_all(request).await;
+        let mut raw = Vec::new();
+        let _ = stream.read_to_end(&mut raw).await;
+        raw
+    };
+    let raw = tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .expect("HTTP response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of headers");
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if let Some(len) = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+    {
+        body.truncate(len);
+    }
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A test WebSocket client.
+pub struct Ws {
+    pub ws: WebSocketStream<TcpStream>,
+}
+
+/// What a socket saw before the server closed it.
+#[derive(Debug)]
+pub struct Closed {
+    pub code: Option<u16>,
+    pub frames: Vec<String>,
+}
+
+impl Ws {
+    pub async fn connect(port: u16, path: &str) -> Ws {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let url = format!("ws://127.0.0.1:{port}{path}");
+        let (ws, response) =
+            tokio::time::timeout(PATIENCE, tokio_tungstenite::client_async(url, stream))
+                .await
+                .expect("handshake in time")
+                .expect("handshake");
+        assert_eq!(response.status(), 101);
+        Ws { ws }
+    }
+
+    pub async fn send(&mut self, text: &str) {
+        self.ws.send(Message::text(text)).await.unwrap();
+    }
+
+    /// The next text frame.
+    pub async fn next_text(&mut self) -> String {
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("a frame in time")
+                .expect("socket open")
+                .expect("no error");
+            match message {
+                Message::Text(text) => return text.to_string(),
+                Message::Close(frame) => panic!("closed: {frame:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `ping` and returns every text frame that arrived before the `pong`.
+    pub async fn sync(&mut self) -> Vec<String> {
+        self.send(r#"{"command":"ping"}"#).await;
+        let mut before = Vec::new();
+        loop {
+            let text = self.next_text().await;
+            if text == r#"{"type":"pong"}"# {
+                return before;
+            }
+            before.push(text);
+        }
+    }
+
+    /// Subscribes and waits until the subscription has taken effect.
+    pub async fn subscribe(&mut self, phids: &[&str]) {
+        let command = serde_json::json!({"command": "subscribe", "data": phids});
+        self.send(&command.to_string()).await;
+        assert_eq!(self.sync().await, Vec::<String>::new());
+    }
+
+    /// Reads until the server closes; returns the close code and text frames seen first.
+    pub async fn until_closed(&mut self) -> Closed {
+        let mut frames = Vec::new();
+        loop {
+            let next = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("close in time");
+            match next {
+                Some(Ok(Message::Text(text))) => frames.push(text.to_string()),
+                Some(Ok(Message::Close(frame))) => {
+                    return Closed {
+                        code: frame.map(|f: CloseFrame| u16::from(f.code)),
+                        frames,
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Closed { code: None, frames },
+            }
+        }
+    }
+}
