@@ -1,0 +1,131 @@
+//! The diagnostic HTTP API on the status port: `/api/webhook/stats`, `/api/webhook/hooks`
+//! (token-protected counts, never URIs or keys) and the shared probes
+//! (`/healthz`, `/readyz`, `/metrics`).
+
+use std::sync::Arc;
+
+use gorge_claim::ClaimStore;
+use gorge_service::http::{error_response, internal_error, json_response, method_not_allowed};
+use gorge_service::{Handler, Probes, Response, Secret};
+use hyper::{Method, Request, StatusCode};
+use percent_encoding::percent_decode_str;
+use serde_json::json;
+use slog::{warn, Logger};
+use subtle::ConstantTimeEq;
+
+/// Header carrying the service token (preferred over `?token=`).
+pub const TOKEN_HEADER: &str = "X-Service-Token";
+
+/// Everything the API handler needs.
+pub struct Api {
+    store: ClaimStore,
+    probes: Arc<Probes>,
+    token: Secret,
+    log: Logger,
+}
+
+impl Api {
+    pub fn new(store: ClaimStore, probes: Arc<Probes>, token: Secret, log: Logger) -> Arc<Api> {
+        Arc::new(Api {
+            store,
+            probes,
+            token,
+            log,
+        })
+    }
+
+    /// The handler for `gorge_service::server`.
+    pub fn handler(self: &Arc<Self>) -> Handler {
+        let api = Arc::clone(self);
+        Arc::new(move |request, _peer| {
+            let api = Arc::clone(&api);
+            Box::pin(async move { api.handle(&request).await })
+        })
+    }
+
+    pub async fn handle<B>(&self, request: &Request<B>) -> Response {
+        let path = request.uri().path();
+        if let Some(response) = self.probes.handle(request.method(), path).await {
+            return response;
+        }
+        let route = match path {
+            "/api/webhook/stats" => Route::Stats,
+            "/api/webhook/hooks" => Route::Hooks,
+            _ => return error_response(StatusCode::NOT_FOUND, "no such endpoint"),
+        };
+        if request.method() != Method::GET {
+            return method_not_allowed("GET");
+        }
+        if !self.authorized(request) {
+            return error_response(StatusCode::UNAUTHORIZED, "missing or invalid service token");
+        }
+        let answer = match route {
+            Route::Stats => self.store.stats().await.map(|stats| {
+                json!({"data": {
+                    "queuedCount": stats.queued,
+                    "sentCount": stats.sent,
+                    "failedCount": stats.failed,
+                    "activeWebhooks": stats.active_hooks,
+                }})
+            }),
+            Route::Hooks => self
+                .store
+                .hook_count()
+                .await
+                .map(|total| json!({"data": {"total": total}})),
+        };
+        match answer {
+            Ok(body) => json_response(StatusCode::OK, &body),
+            Err(err) => {
+                // Details go to the log only; the body is the fixed 500 envelope.
+                warn!(self.log, "WEBHOOK_API_DB_ERROR"; "path" => path, "error" => %err);
+                internal_error()
+            }
+        }
+    }
+
+    /// The header when present (even if wrong), else `?token=`; compared in constant time.
+    /// An empty configured token disables authentication.
+    fn authorized<B>(&self, request: &Request<B>) -> bool {
+        if self.token.is_empty() {
+            return true;
+        }
+        let presented = match request.headers().get(TOKEN_HEADER) {
+            Some(value) => value.as_bytes().to_vec(),
+            None => match query_token(request.uri().query()) {
+                Some(token) => token,
+                None => return false,
+            },
+        };
+        presented.ct_eq(self.token.expose().as_bytes()).into()
+    }
+}
+
+enum Route {
+    Stats,
+    Hooks,
+}
+
+/// The percent-decoded value of the first `token=` query parameter.
+fn query_token(query: Option<&str>) -> Option<Vec<u8>> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("token="))
+        .map(|raw| percent_decode_str(raw).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_token_is_decoded_and_only_the_token_key_counts() {
+        assert_eq!(
+            query_token(Some("a=1&token=s%20cret")),
+            Some(b"s cret".to_vec())
+        );
+        assert_eq!(query_token(Some("xtoken=1")), None);
+        assert_eq!(query_token(None), None);
+        assert_eq!(query_token(Some("token=")), Some(Vec::new()));
+    }
+}

@@ -1,0 +1,462 @@
+//! Configuration: defaults → optional TOML/JSON file → environment, validated into
+//! [`Settings`] once at startup.
+//!
+//! Every bad value is a [`ConfigError`] naming the variable and the value (exit code 2):
+//! a webhook service that silently falls back to a default poll interval or blacklist is
+//! worse than one that refuses to start.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Format, Json, Serialized, Toml};
+use figment::Figment;
+use gorge_service::config::{env_layer, env_value, extract, mask_secret};
+use gorge_service::{ConfigError, Secret};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{OutboundPolicy, PHORGE_DEFAULT_BLACKLIST};
+
+/// The status/diagnostic port (the release-matrix check greps for this constant).
+pub const DEFAULT_HEALTH_PORT: u16 = 8160;
+
+/// Prefix of the service's own environment variables.
+pub const ENV_PREFIX: &str = "GORGE_WEBHOOK_";
+/// Shared by both services, hence no service prefix.
+pub const LISTEN_ADDR_VAR: &str = "GORGE_LISTEN_ADDR";
+pub const SERVICE_TOKEN_VAR: &str = "GORGE_SERVICE_TOKEN";
+
+/// A lease shorter than the delivery timeout plus this margin would let another process
+/// claim a row whose POST is still running.
+pub const LEASE_MARGIN_SEC: u64 = 5;
+
+/// Upper bound on `max_concurrent`: each delivery holds a database connection for its hook
+/// lock, so the pool (and the server's `max_connections`) must stay sane.
+pub const MAX_CONCURRENT_LIMIT: u64 = 256;
+
+/// How long surplus idle database connections are kept.
+const POOL_IDLE_TTL: Duration = Duration::from_secs(60);
+
+/// Settings exactly as layered, before validation. Keys are the environment variable names
+/// without the prefix, lower-cased.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RawSettings {
+    mysql_host: String,
+    mysql_port: u16,
+    mysql_user: String,
+    #[serde(serialize_with = "serialize_secret")]
+    mysql_pass: Secret,
+    namespace: String,
+    poll_interval_ms: i64,
+    max_concurrent: u64,
+    delivery_timeout: u64,
+    claim_lease_sec: u64,
+    retry_backoff_sec: u64,
+    error_backoff_sec: u64,
+    error_threshold: u64,
+    outbound_blacklist: String,
+    listen_addr: String,
+    #[serde(serialize_with = "serialize_secret")]
+    service_token: Secret,
+}
+
+// Only ever used to seed figment with defaults, which are empty secrets.
+fn serialize_secret<S: serde::Serializer>(secret: &Secret, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(secret.expose())
+}
+
+impl Default for RawSettings {
+    fn default() -> Self {
+        RawSettings {
+            mysql_host: "127.0.0.1".into(),
+            mysql_port: 3306,
+            mysql_user: "phorge".into(),
+            mysql_pass: Secret::default(),
+            namespace: "phabricator".into(),
+            poll_interval_ms: 1000,
+            max_concurrent: 8,
+            delivery_timeout: 15,
+            claim_lease_sec: 30,
+            retry_backoff_sec: 60,
+            error_backoff_sec: 300,
+            error_threshold: 10,
+            outbound_blacklist: PHORGE_DEFAULT_BLACKLIST.into(),
+            listen_addr: format!("0.0.0.0:{DEFAULT_HEALTH_PORT}"),
+            service_token: Secret::default(),
+        }
+    }
+}
+
+/// Validated, effective settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mysql_host: String,
+    pub mysql_port: u16,
+    pub mysql_user: String,
+    pub mysql_pass: Secret,
+    pub namespace: String,
+    pub poll_interval: Duration,
+    pub max_concurrent: usize,
+    pub delivery_timeout: Duration,
+    /// As configured; see [`Settings::lease_sec`] for the effective value.
+    pub configured_lease_sec: u64,
+    /// Effective lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
+    pub lease_sec: u64,
+    pub retry_backoff_sec: u64,
+    pub breaker_window_sec: u64,
+    pub breaker_threshold: u64,
+    pub outbound_policy: OutboundPolicy,
+    /// Whether the blacklist is Phorge's default (for `--check-config`).
+    pub outbound_blacklist_is_default: bool,
+    pub listen_addr: SocketAddr,
+    pub service_token: Secret,
+}
+
+impl Settings {
+    /// Layers defaults, the optional file and the environment, then validates.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(RawSettings::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::new("--config", path.display(), "no such file"));
+            }
+            let is_json = path
+                .extension()
+                .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
+            figment = if is_json {
+                figment.merge(Json::file(path))
+            } else {
+                figment.merge(Toml::file(path))
+            };
+        }
+        figment = figment.merge(env_layer(ENV_PREFIX));
+        let mut raw: RawSettings = extract(&figment, ENV_PREFIX)?;
+        // The two shared variables have no service prefix.
+        if let Some(addr) = env_value(LISTEN_ADDR_VAR) {
+            raw.listen_addr = addr;
+        }
+        if let Some(token) = env_value(SERVICE_TOKEN_VAR) {
+            raw.service_token = Secret::new(token);
+        }
+        Settings::validate(raw)
+    }
+
+    fn validate(raw: RawSettings) -> Result<Settings, ConfigError> {
+        let var = |key: &str| format!("{ENV_PREFIX}{}", key.to_uppercase());
+        if raw.poll_interval_ms <= 0 {
+            return Err(ConfigError::new(
+                var("poll_interval_ms"),
+                raw.poll_interval_ms,
+                "must be greater than 0",
+            ));
+        }
+        if raw.max_concurrent == 0 || raw.max_concurrent > MAX_CONCURRENT_LIMIT {
+            return Err(ConfigError::new(
+                var("max_concurrent"),
+                raw.max_concurrent,
+                format!("must be between 1 and {MAX_CONCURRENT_LIMIT}"),
+            ));
+        }
+        if raw.delivery_timeout == 0 {
+            return Err(ConfigError::new(
+                var("delivery_timeout"),
+                raw.delivery_timeout,
+                "must be at least 1 second",
+            ));
+        }
+        if raw.error_threshold == 0 {
+            return Err(ConfigError::new(
+                var("error_threshold"),
+                raw.error_threshold,
+                "must be at least 1",
+            ));
+        }
+        if raw.error_backoff_sec == 0 {
+            return Err(ConfigError::new(
+                var("error_backoff_sec"),
+                raw.error_backoff_sec,
+                "must be at least 1 second",
+            ));
+        }
+        // The namespace becomes part of a database name in every query.
+        if raw.namespace.is_empty()
+            || !raw
+                .namespace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(ConfigError::new(
+                var("namespace"),
+                &raw.namespace,
+                "expected letters, digits and underscores",
+            ));
+        }
+        if raw.mysql_host.trim().is_empty() {
+            return Err(ConfigError::new(
+                var("mysql_host"),
+                &raw.mysql_host,
+                "must not be empty",
+            ));
+        }
+        let outbound_policy = OutboundPolicy::parse(&raw.outbound_blacklist).map_err(|bad| {
+            ConfigError::new(var("outbound_blacklist"), bad, "not a CIDR or IP address")
+        })?;
+        let listen_addr: SocketAddr = raw
+            .listen_addr
+            .parse()
+            .map_err(|_| ConfigError::new(LISTEN_ADDR_VAR, &raw.listen_addr, "expected IP:PORT"))?;
+        let lease_sec = raw
+            .claim_lease_sec
+            .max(raw.delivery_timeout + LEASE_MARGIN_SEC);
+        Ok(Settings {
+            mysql_host: raw.mysql_host,
+            mysql_port: raw.mysql_port,
+            mysql_user: raw.mysql_user,
+            mysql_pass: raw.mysql_pass,
+            outbound_blacklist_is_default: raw.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST,
+            namespace: raw.namespace,
+            poll_interval: Duration::from_millis(raw.poll_interval_ms as u64),
+            max_concurrent: raw.max_concurrent as usize,
+            delivery_timeout: Duration::from_secs(raw.delivery_timeout),
+            configured_lease_sec: raw.claim_lease_sec,
+            lease_sec,
+            retry_backoff_sec: raw.retry_backoff_sec,
+            breaker_window_sec: raw.error_backoff_sec,
+            breaker_threshold: raw.error_threshold,
+            outbound_policy,
+            listen_addr,
+            service_token: raw.service_token,
+        })
+    }
+
+    /// `{namespace}_herald`.
+    pub fn database(&self) -> String {
+        format!("{}_herald", self.namespace)
+    }
+
+    /// Connection options for the MariaDB/MySQL server (the database is set by the store).
+    pub fn mysql_opts(&self) -> mysql_async::Opts {
+        // A delivery holds one connection for its hook lock and briefly needs another for
+        // the claim and the result write; add a few for polling and the API.
+        let max = self.max_concurrent * 2 + 4;
+        let constraints = mysql_async::PoolConstraints::new(self.max_concurrent + 2, max)
+            .unwrap_or(mysql_async::DEFAULT_POOL_CONSTRAINTS);
+        // With a zero idle TTL the pool keeps only `min` idle connections and closes every
+        // other one on return: a fresh connect and handshake per query under load.
+        let pool_opts = mysql_async::PoolOpts::default()
+            .with_constraints(constraints)
+            .with_inactive_connection_ttl(POOL_IDLE_TTL);
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname(self.mysql_host.clone())
+            .tcp_port(self.mysql_port)
+            .user(Some(self.mysql_user.clone()))
+            .pass((!self.mysql_pass.is_empty()).then(|| self.mysql_pass.expose().to_string()))
+            .pool_opts(pool_opts)
+            .into()
+    }
+
+    /// Effective values that differ from the configured ones, as `(key, configured,
+    /// effective, why)`; logged once at startup.
+    pub fn adjustments(&self) -> Vec<(&'static str, u64, u64, &'static str)> {
+        let mut out = Vec::new();
+        if self.lease_sec != self.configured_lease_sec {
+            out.push((
+                "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
+                self.configured_lease_sec,
+                self.lease_sec,
+                "raised to the delivery timeout + 5 s so a running POST is never re-claimed",
+            ));
+        }
+        out
+    }
+
+    /// Combinations that cannot take effect as written; logged as warnings at startup.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let poll_ms = self.poll_interval.as_millis() as u64;
+        if self.retry_backoff_sec * 1000 < poll_ms {
+            out.push(format!(
+                "GORGE_WEBHOOK_RETRY_BACKOFF_SEC={} is shorter than the poll interval ({poll_ms} ms): \
+                 an idle queue retries only once per poll",
+                self.retry_backoff_sec
+            ));
+        }
+        if self.breaker_window_sec * 1000 < poll_ms {
+            out.push(format!(
+                "GORGE_WEBHOOK_ERROR_BACKOFF_SEC={} is shorter than the poll interval ({poll_ms} ms): \
+                 the breaker window closes between polls",
+                self.breaker_window_sec
+            ));
+        }
+        out
+    }
+
+    /// `key = value` lines for `--check-config`, secrets masked.
+    pub fn describe(&self) -> String {
+        let lines = [
+            ("GORGE_WEBHOOK_MYSQL_HOST", self.mysql_host.clone()),
+            ("GORGE_WEBHOOK_MYSQL_PORT", self.mysql_port.to_string()),
+            ("GORGE_WEBHOOK_MYSQL_USER", self.mysql_user.clone()),
+            (
+                "GORGE_WEBHOOK_MYSQL_PASS",
+                mask_secret(self.mysql_pass.expose()).to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_NAMESPACE",
+                format!("{} (database {})", self.namespace, self.database()),
+            ),
+            (
+                "GORGE_WEBHOOK_POLL_INTERVAL_MS",
+                self.poll_interval.as_millis().to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_MAX_CONCURRENT",
+                self.max_concurrent.to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_DELIVERY_TIMEOUT",
+                self.delivery_timeout.as_secs().to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
+                if self.lease_sec == self.configured_lease_sec {
+                    self.lease_sec.to_string()
+                } else {
+                    format!(
+                        "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
+                        self.lease_sec, self.configured_lease_sec
+                    )
+                },
+            ),
+            (
+                "GORGE_WEBHOOK_RETRY_BACKOFF_SEC",
+                self.retry_backoff_sec.to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_ERROR_BACKOFF_SEC",
+                self.breaker_window_sec.to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_ERROR_THRESHOLD",
+                self.breaker_threshold.to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
+                format!(
+                    "{} networks{}",
+                    self.outbound_policy.len(),
+                    if self.outbound_blacklist_is_default {
+                        " (Phorge's default)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            (LISTEN_ADDR_VAR, self.listen_addr.to_string()),
+            (
+                SERVICE_TOKEN_VAR,
+                mask_secret(self.service_token.expose()).to_string(),
+            ),
+        ];
+        let mut out = String::new();
+        for (key, value) in lines {
+            out.push_str(&format!("{key} = {value}\n"));
+        }
+        for warning in self.warnings() {
+            out.push_str(&format!("warning: {warning}\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(edit: impl FnOnce(&mut RawSettings)) -> Result<Settings, ConfigError> {
+        let mut raw = RawSettings::default();
+        edit(&mut raw);
+        Settings::validate(raw)
+    }
+
+    #[test]
+    fn defaults_are_the_spec_values() {
+        let s = validate(|_| {}).unwrap();
+        assert_eq!(s.database(), "phabricator_herald");
+        assert_eq!(s.poll_interval, Duration::from_millis(1000));
+        assert_eq!(s.max_concurrent, 8);
+        assert_eq!(s.delivery_timeout, Duration::from_secs(15));
+        assert_eq!((s.configured_lease_sec, s.lease_sec), (30, 30));
+        assert_eq!(s.retry_backoff_sec, 60);
+        assert_eq!((s.breaker_window_sec, s.breaker_threshold), (300, 10));
+        assert_eq!(s.listen_addr, "0.0.0.0:8160".parse().unwrap());
+        assert_eq!(s.outbound_policy.len(), 29);
+        assert!(s.outbound_blacklist_is_default);
+        assert!(s.adjustments().is_empty());
+        assert!(s.warnings().is_empty());
+    }
+
+    #[test]
+    fn lease_is_raised_to_cover_the_timeout_and_reported() {
+        let s = validate(|r| {
+            r.claim_lease_sec = 10;
+            r.delivery_timeout = 20;
+        })
+        .unwrap();
+        assert_eq!(s.lease_sec, 25);
+        assert_eq!(s.adjustments().len(), 1);
+        assert!(s
+            .describe()
+            .contains("GORGE_WEBHOOK_CLAIM_LEASE_SEC = 25 (configured 10, raised to timeout + 5)"));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable_and_value() {
+        let err = validate(|r| r.poll_interval_ms = 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\": must be greater than 0"
+        );
+        let err = validate(|r| r.max_concurrent = 0).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_MAX_CONCURRENT");
+        let err = validate(|r| r.error_threshold = 0).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_ERROR_THRESHOLD");
+        let err = validate(|r| r.outbound_blacklist = "10.0.0.0/8 10.0.0.0/99".into()).unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.value.as_str()),
+            ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "10.0.0.0/99")
+        );
+        let err = validate(|r| r.listen_addr = "nowhere".into()).unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.value.as_str()),
+            ("GORGE_LISTEN_ADDR", "nowhere")
+        );
+        let err = validate(|r| r.namespace = "x; DROP".into()).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_NAMESPACE");
+    }
+
+    #[test]
+    fn describe_masks_secrets() {
+        let s = validate(|r| {
+            r.mysql_pass = Secret::new("hunter2");
+            r.service_token = Secret::new("tok");
+        })
+        .unwrap();
+        let text = s.describe();
+        assert!(
+            !text.contains("hunter2") && !text.contains("tok\n"),
+            "{text}"
+        );
+        assert!(text.contains("GORGE_WEBHOOK_MYSQL_PASS = ********"));
+        assert!(text.contains("GORGE_SERVICE_TOKEN = ********"));
+    }
+
+    #[test]
+    fn short_backoff_below_poll_interval_warns() {
+        let s = validate(|r| {
+            r.retry_backoff_sec = 0;
+        })
+        .unwrap();
+        assert_eq!(s.warnings().len(), 1);
+    }
+}

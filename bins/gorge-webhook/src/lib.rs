@@ -1,0 +1,26 @@
+//! gorge-webhook: delivers Phorge's Herald webhook requests from Phorge's own
+//! `herald_webhookrequest` table, byte-compatible with `HeraldWebhookWorker`.
+//!
+//! Where to start reading: [`dispatcher`] (the poll loop and the per-request steps), then
+//! [`delivery`] and [`policy`] (the POST and where it may go). The claim protocol itself
+//! lives in the `gorge-claim` crate, the request bytes in `phorge-wire`.
+//!
+//! - [`config`]: settings from defaults, file and environment, validated at startup;
+//! - [`policy`]: the outbound blacklist and the pinned-address resolver;
+//! - [`delivery`]: one signed POST with redirects and a whole-request timeout;
+//! - [`dispatcher`]: polling, claiming, the breaker, writing outcomes;
+//! - [`outcome`]: what an attempt writes back, in Phorge's values;
+//! - [`api`]: `/api/webhook/*` and the probes;
+//! - [`metrics`]: the Prometheus metrics;
+//! - [`clock`]: injectable time;
+//! - [`app`]: wiring and graceful shutdown.
+
+pub mod api;
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod delivery;
+pub mod dispatcher;
+pub mod metrics;
+pub mod outcome;
+pub mod policy;

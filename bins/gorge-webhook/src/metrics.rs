@@ -1,0 +1,271 @@
+//! The service's Prometheus metrics, registered once and shared by the dispatcher and API.
+//!
+//! The silent failures this service exists to prevent (double delivery, rows stuck past their
+//! lease, hooks hammered while broken) each have a counter here, so they can be seen.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels1 = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// Every metric the service exports. Cheap to clone (the metric handles are shared).
+#[derive(Clone)]
+pub struct Metrics {
+    claims: Family<Labels1, Counter>,
+    deliveries: Family<Labels2, Counter>,
+    pub attempt_seconds: Histogram,
+    skipped: Family<Labels1, Counter>,
+    pub results_taken_over: Counter,
+    pub policy_blocks: Counter,
+    pub poll_errors: Counter,
+    pub full_batches: Counter,
+    pub response_bodies_truncated: Counter,
+    pub breaker_open_hooks: Gauge,
+    pub in_flight: Gauge,
+    pub queue_depth: Gauge,
+    pub oldest_queued_age_seconds: Gauge,
+    db_pool: Family<Labels1, Gauge>,
+}
+
+/// Where a delivered (or not delivered) request ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// `sent`.
+    Sent,
+    /// Failed, stays `queued` for a retry (`retry=forever`).
+    Retry,
+    /// `failed` for good.
+    Failed,
+}
+
+impl DeliveryOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Sent => "sent",
+            DeliveryOutcome::Retry => "retry",
+            DeliveryOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// Why a candidate was passed over this round without being claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Another delivery of the same hook (this or another process) holds its lock.
+    HookBusy,
+    /// The hook's circuit breaker is open.
+    BreakerOpen,
+    /// The row is already being delivered by this process.
+    InFlight,
+}
+
+impl SkipReason {
+    fn label(self) -> &'static str {
+        match self {
+            SkipReason::HookBusy => "hook-busy",
+            SkipReason::BreakerOpen => "breaker-open",
+            SkipReason::InFlight => "in-flight",
+        }
+    }
+}
+
+/// The class of an HTTP status for the deliveries metric.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    }
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (prefix `gorge_webhook_`) in `registry`.
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let metrics = Metrics {
+            claims: Family::default(),
+            deliveries: Family::default(),
+            attempt_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 13)),
+            skipped: Family::default(),
+            results_taken_over: Counter::default(),
+            policy_blocks: Counter::default(),
+            poll_errors: Counter::default(),
+            full_batches: Counter::default(),
+            response_bodies_truncated: Counter::default(),
+            breaker_open_hooks: Gauge::default(),
+            in_flight: Gauge::default(),
+            queue_depth: Gauge::default(),
+            oldest_queued_age_seconds: Gauge::default(),
+            db_pool: Family::default(),
+        };
+        // Series that exist from the start, so dashboards see 0 rather than nothing.
+        for result in ["won", "lost"] {
+            let _ = metrics.claims.get_or_create(&[("result", result)]);
+        }
+        for state in ["open", "in_use", "waiting"] {
+            let _ = metrics.db_pool.get_or_create(&[("state", state)]);
+        }
+        let r = registry.sub_registry_with_prefix("gorge_webhook");
+        r.register(
+            "claims",
+            "Claim attempts by result (won, lost: another claimant got the row first)",
+            metrics.claims.clone(),
+        );
+        r.register(
+            "deliveries",
+            "Finished requests by outcome (sent, retry, failed) and class (2xx..5xx, timeout, transport, hook)",
+            metrics.deliveries.clone(),
+        );
+        r.register(
+            "attempt_duration_seconds",
+            "Duration of HTTP delivery attempts, redirects included",
+            metrics.attempt_seconds.clone(),
+        );
+        r.register(
+            "skipped",
+            "Candidates passed over this round by reason",
+            metrics.skipped.clone(),
+        );
+        r.register(
+            "results_taken_over",
+            "Result writes that found the row claimed by someone else after the lease expired",
+            metrics.results_taken_over.clone(),
+        );
+        r.register(
+            "policy_blocks",
+            "Requests or redirects refused by the outbound blacklist",
+            metrics.policy_blocks.clone(),
+        );
+        r.register(
+            "poll_errors",
+            "Database errors while polling or writing",
+            metrics.poll_errors.clone(),
+        );
+        r.register(
+            "full_batches",
+            "Polls that hit the candidate LIMIT (more work was waiting)",
+            metrics.full_batches.clone(),
+        );
+        r.register(
+            "response_bodies_truncated",
+            "Receiver responses longer than 64 KiB (the rest is not read)",
+            metrics.response_bodies_truncated.clone(),
+        );
+        r.register(
+            "breaker_open_hooks",
+            "Hooks whose circuit breaker is open",
+            metrics.breaker_open_hooks.clone(),
+        );
+        r.register(
+            "in_flight",
+            "Deliveries in progress in this process",
+            metrics.in_flight.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Queued requests (sampled every few seconds)",
+            metrics.queue_depth.clone(),
+        );
+        r.register(
+            "oldest_queued_age_seconds",
+            "Age of the oldest queued request, 0 when none (sampled every few seconds)",
+            metrics.oldest_queued_age_seconds.clone(),
+        );
+        r.register(
+            "db_pool_connections",
+            "Database pool connections by state (open, in_use, waiting)",
+            metrics.db_pool.clone(),
+        );
+        metrics
+    }
+
+    /// Metrics registered nowhere (tests of single components).
+    pub fn unregistered() -> Metrics {
+        Metrics::register(&mut Registry::default())
+    }
+
+    pub fn claim_won(&self) {
+        self.claims.get_or_create(&[("result", "won")]).inc();
+    }
+
+    pub fn claim_lost(&self) {
+        self.claims.get_or_create(&[("result", "lost")]).inc();
+    }
+
+    pub fn claims(&self, won: bool) -> u64 {
+        let result = if won { "won" } else { "lost" };
+        self.claims.get_or_create(&[("result", result)]).get()
+    }
+
+    pub fn delivered(&self, outcome: DeliveryOutcome, class: &'static str) {
+        self.deliveries
+            .get_or_create(&[("outcome", outcome.label()), ("class", class)])
+            .inc();
+    }
+
+    pub fn deliveries(&self, outcome: DeliveryOutcome, class: &'static str) -> u64 {
+        self.deliveries
+            .get_or_create(&[("outcome", outcome.label()), ("class", class)])
+            .get()
+    }
+
+    pub fn skip(&self, reason: SkipReason) {
+        self.skipped
+            .get_or_create(&[("reason", reason.label())])
+            .inc();
+    }
+
+    pub fn set_pool(&self, open: u64, in_use: u64, waiting: u64) {
+        for (state, value) in [("open", open), ("in_use", in_use), ("waiting", waiting)] {
+            self.db_pool
+                .get_or_create(&[("state", state)])
+                .set(value as i64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_the_documented_names() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.claim_won();
+        m.claim_lost();
+        m.claim_lost();
+        m.delivered(DeliveryOutcome::Sent, status_class(204));
+        m.skip(SkipReason::HookBusy);
+        m.set_pool(3, 1, 0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "gorge_webhook_claims_total{result=\"lost\"} 2",
+            "gorge_webhook_claims_total{result=\"won\"} 1",
+            "gorge_webhook_deliveries_total{outcome=\"sent\",class=\"2xx\"} 1",
+            "gorge_webhook_skipped_total{reason=\"hook-busy\"} 1",
+            "gorge_webhook_db_pool_connections{state=\"open\"} 3",
+            "gorge_webhook_breaker_open_hooks 0",
+            "gorge_webhook_policy_blocks_total 0",
+            "gorge_webhook_results_taken_over_total 0",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert!(text.contains("gorge_webhook_attempt_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(status_class(200), "2xx");
+        assert_eq!(status_class(302), "3xx");
+        assert_eq!(status_class(404), "4xx");
+        assert_eq!(status_class(503), "5xx");
+        assert_eq!(status_class(99), "other");
+    }
+}

@@ -1,0 +1,143 @@
+//! What a delivery attempt (or a refusal to attempt) writes back into the row, in Phorge's
+//! value domain only (webhook.md §4.8), and how it is counted.
+//!
+//! Pure functions: the dispatcher decides *whether* to write, this module decides *what*.
+
+use gorge_claim::RowOutcome;
+use phorge_wire::values::{ErrorType, HookErrorCode, RequestResult, RequestStatus, RetryMode};
+use phorge_wire::webhook::RequestProperties;
+
+use crate::delivery::DeliveryError;
+use crate::metrics::{status_class, DeliveryOutcome};
+
+/// The row update for an attempt, with the labels it is counted and logged under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub row: RowOutcome,
+    pub outcome: DeliveryOutcome,
+    /// The `class` label of the deliveries metric.
+    pub class: &'static str,
+    /// The `errorCode` written (the status, or the transport code), for the log line.
+    pub code: String,
+}
+
+/// The outcome of an HTTP attempt that ended at `epoch` with `result`.
+///
+/// 2xx → `sent`/`okay`/`http`/the status (the PHP worker records the status on success too).
+/// Anything else → `fail`; `retry=forever` stays `queued`, everything else becomes `failed`.
+pub fn after_attempt(
+    properties: &RequestProperties,
+    result: Result<u16, DeliveryError>,
+    epoch: u64,
+) -> Decision {
+    let (error_type, code, class) = match result {
+        Ok(status) => (ErrorType::Http, status.to_string(), status_class(status)),
+        Err(DeliveryError::Timeout) => (ErrorType::Timeout, "timeout".to_string(), "timeout"),
+        Err(err) => (ErrorType::Http, err.code().to_string(), "transport"),
+    };
+    let success = matches!(result, Ok(200..=299));
+    let retry = properties.retry == RetryMode::Forever;
+    let (status, outcome) = match (success, retry) {
+        (true, _) => (RequestStatus::Sent, DeliveryOutcome::Sent),
+        (false, true) => (RequestStatus::Queued, DeliveryOutcome::Retry),
+        (false, false) => (RequestStatus::Failed, DeliveryOutcome::Failed),
+    };
+    Decision {
+        row: RowOutcome {
+            status,
+            result: if success {
+                RequestResult::Okay
+            } else {
+                RequestResult::Fail
+            },
+            epoch,
+            properties: properties.rewritten(error_type, &code),
+        },
+        outcome,
+        class,
+        code,
+    }
+}
+
+/// A terminal failure decided before any request (`hook` type): `failed`, `none`, epoch 0.
+/// `properties` is the complete new column text.
+pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
+    Decision {
+        row: RowOutcome {
+            status: RequestStatus::Failed,
+            result: RequestResult::None,
+            epoch: 0,
+            properties,
+        },
+        outcome: DeliveryOutcome::Failed,
+        class: "hook",
+        code: code.as_str().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(retry: &str) -> RequestProperties {
+        RequestProperties::parse(&format!(r#"{{"retry":"{retry}","x":1}}"#)).unwrap()
+    }
+
+    #[test]
+    fn success_is_sent_okay_with_the_status_code() {
+        let d = after_attempt(&props("never"), Ok(204), 7);
+        assert_eq!(d.row.status, RequestStatus::Sent);
+        assert_eq!(d.row.result, RequestResult::Okay);
+        assert_eq!(d.row.epoch, 7);
+        assert_eq!(
+            d.row.properties,
+            r#"{"retry":"never","x":1,"errorType":"http","errorCode":"204"}"#
+        );
+        assert_eq!((d.outcome, d.class), (DeliveryOutcome::Sent, "2xx"));
+    }
+
+    #[test]
+    fn failures_follow_the_retry_mode() {
+        let d = after_attempt(&props("forever"), Ok(503), 9);
+        assert_eq!(
+            (d.row.status, d.row.result, d.outcome, d.class),
+            (
+                RequestStatus::Queued,
+                RequestResult::Fail,
+                DeliveryOutcome::Retry,
+                "5xx"
+            )
+        );
+        let d = after_attempt(&props("never"), Ok(302), 9);
+        assert_eq!((d.row.status, d.class), (RequestStatus::Failed, "3xx"));
+        // An unknown retry mode never retries, as in the PHP worker.
+        let d = after_attempt(&props("sometimes"), Ok(500), 9);
+        assert_eq!(d.row.status, RequestStatus::Failed);
+    }
+
+    #[test]
+    fn timeouts_and_transport_errors_use_short_codes() {
+        let d = after_attempt(&props("never"), Err(DeliveryError::Timeout), 1);
+        assert!(d
+            .row
+            .properties
+            .ends_with(r#""errorType":"timeout","errorCode":"timeout"}"#));
+        assert_eq!(d.class, "timeout");
+        let d = after_attempt(&props("never"), Err(DeliveryError::Reset), 1);
+        assert!(d
+            .row
+            .properties
+            .ends_with(r#""errorType":"http","errorCode":"reset"}"#));
+        assert_eq!((d.class, d.code.as_str()), ("transport", "reset"));
+    }
+
+    #[test]
+    fn terminal_failures_write_no_epoch() {
+        let d = without_attempt(HookErrorCode::Disabled, "{}".into());
+        assert_eq!(
+            (d.row.status, d.row.result, d.row.epoch, d.class),
+            (RequestStatus::Failed, RequestResult::None, 0, "hook")
+        );
+        assert_eq!(d.code, "disabled");
+    }
+}

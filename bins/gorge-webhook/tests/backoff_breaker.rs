@@ -1,0 +1,218 @@
+//! Retry backoff and the per-hook circuit breaker with an injected clock (issue #3 test 7).
+
+mod common;
+
+use common::{CapturedLog, Harness, Receiver};
+use gorge_claim::testdb::{NewRequest, TestDb};
+use gorge_claim::ClaimTiming;
+use gorge_webhook::clock::ManualClock;
+
+const T0: u64 = 1_700_000_000;
+const FOREVER: &str = r#"{"retry":"forever","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+
+#[tokio::test]
+async fn a_backoff_below_the_lease_retries_after_the_backoff() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::start(500);
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    let id = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(FOREVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, _) = Harness {
+        timing: ClaimTiming {
+            lease_sec: 30,
+            retry_backoff_sec: 10,
+        },
+        ..Harness::default()
+    }
+    .build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 1);
+    let row = db.read_request(id).await.unwrap();
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.last_request_result.as_str(),
+            row.last_request_epoch
+        ),
+        ("queued", "fail", T0 + 1)
+    );
+
+    // Inside the backoff: not a candidate.
+    clock.set(T0 + 1 + 9);
+    assert_eq!(dispatcher.run_round().await.unwrap().fetched, 0);
+    assert_eq!(receiver.count(), 1);
+
+    // The backoff (10 s) has passed; the lease (30 s) has not, and must not matter.
+    clock.set(T0 + 1 + 10);
+    assert_eq!(dispatcher.run_round().await.unwrap().started, 1);
+    assert_eq!(receiver.count(), 2);
+    let row = db.read_request(id).await.unwrap();
+    assert_eq!(row.last_request_epoch, T0 + 11);
+
+    // A success ends the retries.
+    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    clock.set(T0 + 21);
+    dispatcher.run_round().await.unwrap();
+    let row = db.read_request(id).await.unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.last_request_epoch),
+        ("sent", T0 + 21)
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once_each() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::start(500);
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        db.insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    }
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    // Ten failures at T0 + 1 (one delivery per hook per round).
+    for _ in 0..10 {
+        assert_eq!(dispatcher.run_round().await.unwrap().started, 1);
+    }
+    assert_eq!(receiver.count(), 10);
+    assert_eq!(
+        log.count("WEBHOOK_BREAKER_OPEN"),
+        0,
+        "9 failures do not open it"
+    );
+
+    let next = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
+            T0 + 2,
+        )
+        .await
+        .unwrap();
+    clock.set(T0 + 2);
+    for _ in 0..3 {
+        dispatcher.run_round().await.unwrap();
+    }
+    assert_eq!(
+        receiver.count(),
+        10,
+        "the breaker holds the eleventh request back"
+    );
+    let row = db.read_request(next).await.unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.date_modified),
+        ("queued", T0 + 2),
+        "a skipped row is untouched"
+    );
+    assert_eq!(
+        log.count("WEBHOOK_BREAKER_OPEN"),
+        1,
+        "one line per state change"
+    );
+    assert_eq!(metrics.breaker_open_hooks.get(), 1);
+
+    // Still open one second before the failures leave the 300 s window.
+    clock.set(T0 + 1 + 299);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 10);
+
+    // The window slid past the failures: closed, delivered, logged once.
+    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    clock.set(T0 + 1 + 301);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 11);
+    let row = db.read_request(next).await.unwrap();
+    assert_eq!(row.status, "sent");
+    assert_eq!(log.count("WEBHOOK_BREAKER_OPEN"), 1);
+    assert_eq!(log.count("WEBHOOK_BREAKER_CLOSED"), 1);
+    assert_eq!(metrics.breaker_open_hooks.get(), 0);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
+    let db = TestDb::create().await.unwrap();
+    let broken = format!("PHID-HWBH-{}-a", db.namespace());
+    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let receiver = Receiver::with(|request, _| {
+        common::Reply::Status(if request.path == "/a" { 500 } else { 200 })
+    });
+    db.insert_hook(&broken, &receiver.url("/a"), "enabled", "k")
+        .await
+        .unwrap();
+    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    // One slot: the base batch is 4 candidates.
+    let (dispatcher, _) = Harness {
+        max_concurrent: 1,
+        breaker_threshold: 2,
+        ..Harness::default()
+    }
+    .build(&db, &clock, &log);
+    for _ in 0..2 {
+        db.insert_request(
+            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(NEVER),
+            T0,
+        )
+        .await
+        .unwrap();
+        dispatcher.run_round().await.unwrap();
+    }
+    assert_eq!(receiver.count(), 2);
+    // A backlog of the broken hook at the head of the queue, then one healthy row.
+    for _ in 0..40 {
+        db.insert_request(
+            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(FOREVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    }
+    let healthy_row = db
+        .insert_request(&NewRequest::new(&healthy, "PHID-TASK-y"), T0)
+        .await
+        .unwrap();
+
+    let shutdown = gorge_service::Shutdown::new();
+    let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "healthy row sent",
+        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+    )
+    .await;
+    shutdown.trigger();
+    running.await.unwrap();
+    assert_eq!(
+        receiver.count(),
+        3,
+        "the broken hook got nothing while its breaker was open"
+    );
+    assert_eq!(log.count("WEBHOOK_BREAKER_OPEN"), 1);
+    db.drop_database().await;
+}

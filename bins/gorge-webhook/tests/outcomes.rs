@@ -1,0 +1,474 @@
+//! What lands in the row (and on the wire) for every kind of outcome, driven in-process with
+//! an injected clock so `lastRequestEpoch` is exact. Issue #3 tests 5 (wire fidelity) and 6.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{CapturedLog, Harness, Receiver, Reply};
+use gorge_claim::testdb::{NewRequest, RequestRow, TestDb};
+use gorge_webhook::clock::ManualClock;
+use gorge_webhook::metrics::DeliveryOutcome;
+use gorge_webhook::policy::OutboundPolicy;
+use phorge_wire::webhook::{sign, RequestProperties, WebhookPayload};
+
+/// When the rows were inserted (`dateCreated`, the payload's `epoch`).
+const T0: u64 = 1_700_000_000;
+/// When the dispatcher runs: later than the insert, so the claim version `max(seen + 1,
+/// now)` is `NOW` and every written epoch is exactly `NOW`.
+const NOW: u64 = T0 + 10;
+const KEY: &str = "abcdefghijklmnopqrstuvwxyz012345";
+
+/// Properties with an unknown key, the object form of `transactionPHIDs` and a stale
+/// `errorCode`, in an order that must survive.
+const RICH: &str = r#"{"retry":"never","transactionPHIDs":{"12":"PHID-XACT-TASK-bbbbbbbbbbbbbbb","7":"PHID-XACT-TASK-aaaaaaaaaaaaaaa"},"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":true,"test":true,"custom":{"nested":[1,2.5,"x"]},"errorCode":"old"}"#;
+
+fn rich_after(error_type: &str, code: &str) -> String {
+    format!(
+        r#"{{"retry":"never","transactionPHIDs":{{"12":"PHID-XACT-TASK-bbbbbbbbbbbbbbb","7":"PHID-XACT-TASK-aaaaaaaaaaaaaaa"}},"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":true,"test":true,"custom":{{"nested":[1,2.5,"x"]}},"errorCode":"{code}","errorType":"{error_type}"}}"#
+    )
+}
+
+fn with_retry(retry: &str) -> String {
+    format!(
+        r#"{{"retry":"{retry}","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":[],"silent":false,"secure":false,"test":false}}"#
+    )
+}
+
+fn with_retry_after(retry: &str, error_type: &str, code: &str) -> String {
+    format!(
+        r#"{{"retry":"{retry}","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":[],"silent":false,"secure":false,"test":false,"errorType":"{error_type}","errorCode":"{code}"}}"#
+    )
+}
+
+struct Case {
+    db: TestDb,
+    /// Unique per test: MySQL named locks (the per-hook lock) are server-wide, so tests
+    /// running in parallel must not share a hook PHID.
+    hook: String,
+    clock: ManualClock,
+    log: CapturedLog,
+}
+
+impl Case {
+    async fn new() -> Case {
+        let db = TestDb::create().await.unwrap();
+        Case {
+            hook: format!("PHID-HWBH-{}", db.namespace()),
+            db,
+            clock: ManualClock::new(NOW),
+            log: CapturedLog::default(),
+        }
+    }
+
+    async fn request(&self, properties: &str) -> u64 {
+        let request =
+            NewRequest::new(&self.hook, "PHID-TASK-outcomeobject00000").with_properties(properties);
+        self.db.insert_request(&request, T0).await.unwrap()
+    }
+
+    async fn row(&self, id: u64) -> RequestRow {
+        self.db.read_request(id).await.unwrap()
+    }
+
+    async fn finish(self) {
+        self.db.drop_database().await;
+    }
+}
+
+fn assert_row(row: &RequestRow, status: &str, result: &str, epoch: u64, properties: &str) {
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.last_request_result.as_str(),
+            row.last_request_epoch,
+            row.properties.as_str()
+        ),
+        (status, result, epoch, properties),
+        "row {}",
+        row.id
+    );
+}
+
+#[tokio::test]
+async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(200);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
+        .await
+        .unwrap();
+    let id = case.request(RICH).await;
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    let round = dispatcher.run_round().await.unwrap();
+    assert_eq!(round.started, 1);
+
+    let row = case.row(id).await;
+    assert_row(&row, "sent", "okay", NOW, &rich_after("http", "200"));
+    assert_eq!(
+        row.date_modified, NOW,
+        "result marker: dateModified = lastRequestEpoch"
+    );
+    assert_eq!(receiver.count(), 1);
+    assert_eq!(metrics.claims(true), 1);
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Sent, "2xx"), 1);
+    assert_eq!(case.log.count("WEBHOOK_DELIVERED"), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn wire_bytes_signature_and_headers_are_phorges() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(200);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook?x=1"), "firehose", KEY)
+        .await
+        .unwrap();
+    case.request(RICH).await;
+    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+
+    let got = receiver.requests();
+    assert_eq!(got.len(), 1, "{:?}", case.log.events());
+    let request = &got[0];
+    // The exact bytes, pinned independently of the encoder: object values of
+    // transactionPHIDs in order, epoch = dateCreated, flags from properties, one newline.
+    let expected = "{\n  \"object\": {\n    \"type\": \"TASK\",\n    \"phid\": \"PHID-TASK-outcomeobject00000\"\n  },\n  \"triggers\": [\n    {\n      \"phid\": \"PHID-HRUL-aaaaaaaaaaaaaaaaaaaa\"\n    }\n  ],\n  \"action\": {\n    \"test\": true,\n    \"silent\": false,\n    \"secure\": true,\n    \"epoch\": 1700000000\n  },\n  \"transactions\": [\n    {\n      \"phid\": \"PHID-XACT-TASK-bbbbbbbbbbbbbbb\"\n    },\n    {\n      \"phid\": \"PHID-XACT-TASK-aaaaaaaaaaaaaaa\"\n    }\n  ]\n}\n";
+    assert_eq!(String::from_utf8(request.body.clone()).unwrap(), expected);
+    let payload = WebhookPayload::from_properties(
+        "PHID-TASK-outcomeobject00000",
+        &RequestProperties::parse(RICH).unwrap(),
+        T0,
+    );
+    assert_eq!(request.body, payload.encode_body());
+    assert_eq!(
+        request.header("x-phabricator-webhook-signature"),
+        Some(sign(KEY.as_bytes(), expected.as_bytes()).as_str())
+    );
+    assert_eq!(request.header("content-type"), Some("application/json"));
+    assert_eq!(
+        request.header("user-agent"),
+        Some(format!("gorge-webhook/{}", env!("CARGO_PKG_VERSION")).as_str())
+    );
+    assert_eq!(
+        request.header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    assert_eq!(
+        (request.method.as_str(), request.path.as_str()),
+        ("POST", "/hook?x=1")
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn http_500_stays_queued_with_forever_and_fails_with_never() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(500);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
+        .await
+        .unwrap();
+    let forever = case.request(&with_retry("forever")).await;
+    let never = case.request(&with_retry("never")).await;
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    // One hook: one delivery per round.
+    dispatcher.run_round().await.unwrap();
+    dispatcher.run_round().await.unwrap();
+
+    assert_row(
+        &case.row(forever).await,
+        "queued",
+        "fail",
+        NOW,
+        &with_retry_after("forever", "http", "500"),
+    );
+    assert_row(
+        &case.row(never).await,
+        "failed",
+        "fail",
+        NOW,
+        &with_retry_after("never", "http", "500"),
+    );
+    assert_eq!(receiver.count(), 2);
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Retry, "5xx"), 1);
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "5xx"), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn timeout_is_error_type_timeout() {
+    let case = Case::new().await;
+    let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/slow"), "enabled", KEY)
+        .await
+        .unwrap();
+    let id = case.request(&with_retry("never")).await;
+    let (dispatcher, _) = Harness {
+        timeout: Duration::from_secs(1),
+        ..Harness::default()
+    }
+    .build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    assert_row(
+        &case.row(id).await,
+        "failed",
+        "fail",
+        NOW,
+        &with_retry_after("never", "timeout", "timeout"),
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_short_stable_code() {
+    let case = Case::new().await;
+    let port = common::free_port();
+    case.db
+        .insert_hook(
+            &case.hook,
+            &format!("http://127.0.0.1:{port}/gone"),
+            "enabled",
+            KEY,
+        )
+        .await
+        .unwrap();
+    let id = case.request(&with_retry("forever")).await;
+    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    assert_row(
+        &case.row(id).await,
+        "queued",
+        "fail",
+        NOW,
+        &with_retry_after("forever", "http", "connection-refused"),
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn disabled_and_missing_hooks_fail_without_a_request() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(200);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook"), "disabled", KEY)
+        .await
+        .unwrap();
+    let disabled = case.request(RICH).await;
+    let missing = case
+        .db
+        .insert_request(
+            &NewRequest::new("PHID-HWBH-doesnotexist00000000", "PHID-TASK-x").with_properties(RICH),
+            T0,
+        )
+        .await
+        .unwrap();
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+
+    assert_row(
+        &case.row(disabled).await,
+        "failed",
+        "none",
+        0,
+        &rich_after("hook", "disabled"),
+    );
+    assert_row(
+        &case.row(missing).await,
+        "failed",
+        "none",
+        0,
+        &rich_after("hook", "not-found"),
+    );
+    assert_eq!(receiver.count(), 0);
+    assert_eq!(
+        metrics.claims(true),
+        2,
+        "terminal failures are written only after a claim"
+    );
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "hook"), 2);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn unparsable_properties_fail_with_invalid_properties() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(200);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
+        .await
+        .unwrap();
+    let garbage = case.request("{not json").await;
+    let bad_field = case
+        .request(r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1}"#)
+        .await;
+    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
+    // Rows of one hook are worked on one at a time in a process.
+    dispatcher.run_round().await.unwrap();
+    dispatcher.run_round().await.unwrap();
+
+    assert_row(
+        &case.row(garbage).await,
+        "failed",
+        "none",
+        0,
+        r#"{"errorType":"hook","errorCode":"invalid-properties"}"#,
+    );
+    assert_row(
+        &case.row(bad_field).await,
+        "failed",
+        "none",
+        0,
+        r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1,"errorType":"hook","errorCode":"invalid-properties"}"#,
+    );
+    assert_eq!(receiver.count(), 0);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn blocked_private_address_fails_with_hook_uri() {
+    let case = Case::new().await;
+    let receiver = Receiver::start(200);
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
+        .await
+        .unwrap();
+    let id = case.request(RICH).await;
+    let (dispatcher, metrics) = Harness {
+        policy: OutboundPolicy::phorge_default(),
+        ..Harness::default()
+    }
+    .build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+
+    assert_row(
+        &case.row(id).await,
+        "failed",
+        "none",
+        0,
+        &rich_after("hook", "uri"),
+    );
+    assert_eq!(
+        receiver.count(),
+        0,
+        "a blocked address is never connected to"
+    );
+    assert_eq!(metrics.policy_blocks.get(), 1);
+    assert_eq!(case.log.count("WEBHOOK_POLICY_BLOCKED"), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed() {
+    let case = Case::new().await;
+    let receiver = Receiver::with(|request, _| match request.path.as_str() {
+        "/to-private" => Reply::Redirect(302, "http://10.1.2.3/steal".into()),
+        "/to-307" => Reply::Redirect(307, "/final".into()),
+        "/to-303" => Reply::Redirect(303, "/final".into()),
+        _ => Reply::Status(204),
+    });
+    // Loopback is allowed here; 10.0.0.0/8 is not.
+    let policy = OutboundPolicy::parse("10.0.0.0/8").unwrap();
+    let mut ids = Vec::new();
+    for path in ["/to-private", "/to-307", "/to-303"] {
+        let phid = format!("{}{}", case.hook, path.replace('/', "-"));
+        case.db
+            .insert_hook(&phid, &receiver.url(path), "enabled", KEY)
+            .await
+            .unwrap();
+        let request = NewRequest::new(&phid, "PHID-TASK-redirected0000000").with_properties(RICH);
+        ids.push(case.db.insert_request(&request, T0).await.unwrap());
+    }
+    let (dispatcher, metrics) = Harness {
+        policy,
+        ..Harness::default()
+    }
+    .build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+
+    assert_row(
+        &case.row(ids[0]).await,
+        "failed",
+        "fail",
+        NOW,
+        &rich_after("http", "blocked-redirect"),
+    );
+    assert_row(
+        &case.row(ids[1]).await,
+        "sent",
+        "okay",
+        NOW,
+        &rich_after("http", "204"),
+    );
+    assert_row(
+        &case.row(ids[2]).await,
+        "sent",
+        "okay",
+        NOW,
+        &rich_after("http", "204"),
+    );
+    assert_eq!(metrics.policy_blocks.get(), 1);
+    let finals: Vec<(String, usize)> = receiver
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/final")
+        .map(|r| (r.method.clone(), r.body.len()))
+        .collect();
+    assert_eq!(finals.len(), 2);
+    // 307 re-POSTs the body; 303 continues as GET without one.
+    assert!(
+        finals.iter().any(|(m, len)| m == "POST" && *len > 0),
+        "{finals:?}"
+    );
+    assert!(finals.contains(&("GET".to_string(), 0)), "{finals:?}");
+    assert!(receiver
+        .requests()
+        .iter()
+        .all(|r| !r.path.contains("steal")));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn redirect_loops_stop_after_five_hops() {
+    let case = Case::new().await;
+    let receiver = Receiver::with(|_, _| Reply::Redirect(308, "/again".into()));
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/start"), "enabled", KEY)
+        .await
+        .unwrap();
+    let id = case.request(&with_retry("never")).await;
+    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    assert_row(
+        &case.row(id).await,
+        "failed",
+        "fail",
+        NOW,
+        &with_retry_after("never", "http", "too-many-redirects"),
+    );
+    assert_eq!(receiver.count(), 6, "the first request and five redirects");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
+    let case = Case::new().await;
+    let receiver = Receiver::with(|_, _| Reply::Sized(200, 200 * 1024));
+    case.db
+        .insert_hook(&case.hook, &receiver.url("/chatty"), "enabled", KEY)
+        .await
+        .unwrap();
+    let id = case.request(&with_retry("never")).await;
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    assert_row(
+        &case.row(id).await,
+        "sent",
+        "okay",
+        NOW,
+        &with_retry_after("never", "http", "200"),
+    );
+    assert_eq!(metrics.response_bodies_truncated.get(), 1);
+    case.finish().await;
+}

@@ -1,0 +1,474 @@
+//! The real binary: no duplicate while a POST is in flight (issue #3 test 2), starting before
+//! the database exists (test 8), the HTTP API, SIGTERM draining, configuration errors.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{admin_sql, create_schema, eventually, Receiver, Reply, Service};
+use gorge_claim::testdb::{NewRequest, TestDb};
+
+const NOW: u64 = 1_700_000_000;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn status_of(db: &TestDb, id: u64) -> String {
+    db.read_request(id).await.unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_post_while_the_receiver_holds_it_and_the_poller_ticks() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
+    db.insert_hook(&hook, &receiver.url("/slow"), "enabled", "k")
+        .await
+        .unwrap();
+    let id = db
+        .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
+        .await
+        .unwrap();
+    let _service = Service::start(db.namespace(), &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")]);
+
+    eventually(Duration::from_secs(30), "row sent", || async {
+        status_of(&db, id).await == "sent"
+    })
+    .await;
+    // ~30 polls happened while the POST was held; a few more now that it is done.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.count(), 1);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_before_the_database_exists_and_delivers_once_it_does() {
+    let namespace = format!("gtlate{}", std::process::id());
+    admin_sql(&format!("DROP DATABASE IF EXISTS `{namespace}_herald`")).await;
+    let service = Service::start(&namespace, &[]);
+
+    let (status, body) = service.get("/readyz", &[]);
+    assert_eq!(status, 503, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["status"], "unavailable");
+    let reason = body["reason"].as_str().unwrap();
+    assert!(reason.contains(&format!("{namespace}_herald")), "{reason}");
+    assert_eq!(service.get("/healthz", &[]).0, 200);
+
+    // Phorge runs `bin/storage upgrade` later; no restart.
+    create_schema(&namespace).await;
+    let receiver = Receiver::start(200);
+    let hook = format!("PHID-HWBH-{namespace}");
+    let pool = mysql_async::Pool::new(
+        mysql_async::OptsBuilder::from_opts(gorge_claim::testdb::server_opts())
+            .db_name(Some(format!("{namespace}_herald"))),
+    );
+    {
+        use mysql_async::prelude::Queryable;
+        let mut conn = pool.get_conn().await.unwrap();
+        conn.exec_drop(
+            "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) VALUES (?, 'h', ?, 'users', 'users', 'enabled', 'k', 0, 0)",
+            (&hook, receiver.url("/late")),
+        )
+        .await
+        .unwrap();
+        conn.exec_drop(
+            "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES ('PHID-HWBR-late', ?, 'PHID-TASK-late', 'queued', '{}', 'none', 0, ?, ?)",
+            (&hook, unix_now(), unix_now()),
+        )
+        .await
+        .unwrap();
+    }
+    eventually(Duration::from_secs(30), "ready", || async {
+        service.get("/readyz", &[]).0 == 200
+    })
+    .await;
+    let requests = receiver.wait_for(1, Duration::from_secs(30));
+    assert_eq!(requests[0].object_phid(), "PHID-TASK-late");
+    let _ = pool.disconnect().await;
+    admin_sql(&format!("DROP DATABASE IF EXISTS `{namespace}_herald`")).await;
+}
+
+/// Forwards every connection on `listener` to `target` (a stand-in for MariaDB coming up).
+fn forward(listener: std::net::TcpListener, target: String) {
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(&target) else {
+                continue;
+            };
+            let (mut client_read, mut server_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut server_read, mut client_write) = (server, client);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut client_read, &mut server_write);
+                let _ = server_write.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut server_read, &mut client_write);
+                let _ = client_write.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::start(200);
+    db.insert_hook(&hook, &receiver.url("/later"), "enabled", "k")
+        .await
+        .unwrap();
+    let id = db
+        .insert_request(&NewRequest::new(&hook, "PHID-TASK-later"), unix_now())
+        .await
+        .unwrap();
+    let port = common::free_port();
+    let port_text = port.to_string();
+    let mut service = Service::start(
+        db.namespace(),
+        &[
+            ("GORGE_WEBHOOK_MYSQL_HOST", "127.0.0.1"),
+            ("GORGE_WEBHOOK_MYSQL_PORT", port_text.as_str()),
+        ],
+    );
+    let (status, body) = service.get("/readyz", &[]);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with(r#"{"status":"unavailable","reason":""#),
+        "{body}"
+    );
+    assert_eq!(service.child.try_wait().unwrap(), None, "still running");
+
+    // The server "comes up" on the configured address.
+    let opts = gorge_claim::testdb::server_opts();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    forward(
+        listener,
+        format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
+    );
+    eventually(Duration::from_secs(60), "ready and delivered", || async {
+        service.get("/readyz", &[]).0 == 200 && status_of(&db, id).await == "sent"
+    })
+    .await;
+    assert_eq!(receiver.count(), 1);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_counts_with_token_in_header_or_query() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    db.insert_hook(&hook, "http://127.0.0.1:9/", "enabled", "k")
+        .await
+        .unwrap();
+    db.insert_hook(
+        &format!("{hook}-off"),
+        "http://127.0.0.1:9/",
+        "disabled",
+        "k",
+    )
+    .await
+    .unwrap();
+    // Rows the service will not touch: a future backoff keeps the queued one queued.
+    let mut conn = db.conn().await.unwrap();
+    {
+        use mysql_async::prelude::Queryable;
+        for (phid, status, epoch) in [
+            ("PHID-HWBR-a", "queued", u32::MAX as u64 - 1),
+            ("PHID-HWBR-b", "sent", NOW),
+            ("PHID-HWBR-c", "sent", NOW),
+            ("PHID-HWBR-d", "failed", NOW),
+        ] {
+            conn.exec_drop(
+                "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES (?, ?, 'PHID-TASK-x', ?, '{}', 'fail', ?, 1, ?)",
+                (phid, &hook, status, epoch, epoch),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    drop(conn);
+    let service = Service::start(db.namespace(), &[("GORGE_SERVICE_TOKEN", "s3cret/+")]);
+    let stats = r#"{"data":{"queuedCount":1,"sentCount":2,"failedCount":1,"activeWebhooks":1}}"#;
+
+    assert_eq!(
+        service.get("/api/webhook/stats", &[("X-Service-Token", "s3cret/+")]),
+        (200, stats.to_string())
+    );
+    assert_eq!(
+        service.get("/api/webhook/stats?token=s3cret%2F%2B", &[]),
+        (200, stats.to_string())
+    );
+    assert_eq!(
+        service.get("/api/webhook/hooks?token=s3cret%2F%2B", &[]),
+        (200, r#"{"data":{"total":2}}"#.to_string())
+    );
+    let unauthorized = (
+        401,
+        r#"{"error":{"code":"ERR_UNAUTHORIZED","message":"missing or invalid service token"}}"#
+            .to_string(),
+    );
+    assert_eq!(service.get("/api/webhook/stats", &[]), unauthorized);
+    assert_eq!(
+        service.get("/api/webhook/stats", &[("X-Service-Token", "wrong")]),
+        unauthorized
+    );
+    // The header wins when both are present, even when the query is right.
+    assert_eq!(
+        service.get(
+            "/api/webhook/stats?token=s3cret%2F%2B",
+            &[("X-Service-Token", "wrong")]
+        ),
+        unauthorized
+    );
+    let (status, body) = service.get("/api/webhook/nope", &[("X-Service-Token", "s3cret/+")]);
+    assert_eq!(status, 404);
+    assert!(body.contains("ERR_NOT_FOUND"), "{body}");
+    let (status, metrics) = service.get("/metrics", &[]);
+    assert_eq!(status, 200);
+    for name in [
+        "gorge_webhook_claims_total",
+        "gorge_webhook_attempt_duration_seconds",
+        "gorge_webhook_breaker_open_hooks",
+        "gorge_webhook_policy_blocks_total",
+        "gorge_webhook_queue_depth",
+        "gorge_webhook_oldest_queued_age_seconds",
+    ] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+    assert_eq!(
+        service.get("/readyz", &[]),
+        (200, r#"{"status":"ok"}"#.to_string())
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_answers_405_and_hides_database_errors() {
+    let namespace = format!("gtmissing{}", std::process::id());
+    let service = Service::start(&namespace, &[]);
+    let (status, body) = service.get("/api/webhook/stats", &[]);
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            500,
+            r#"{"error":{"code":"ERR_INTERNAL","message":"internal error"}}"#
+        )
+    );
+    let mut stream = std::net::TcpStream::connect(service.status_addr).unwrap();
+    use std::io::{Read, Write};
+    stream
+        .write_all(b"POST /api/webhook/stats HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 405"), "{response}");
+    assert!(response.contains("ERR_METHOD_NOT_ALLOWED"), "{response}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_inflight_delivery_write_its_result() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::with(|_, _| Reply::Hold(200));
+    db.insert_hook(&hook, &receiver.url("/held"), "enabled", "k")
+        .await
+        .unwrap();
+    let id = db
+        .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
+        .await
+        .unwrap();
+    let mut service = Service::start(db.namespace(), &[]);
+    let waiting = receiver.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_for(1, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    service.terminate();
+    // Draining: readiness is off while the POST is still held.
+    eventually(Duration::from_secs(10), "readyz draining", || async {
+        service.get("/readyz", &[]).0 == 503
+    })
+    .await;
+    assert_eq!(status_of(&db, id).await, "queued");
+    receiver.release();
+    let code = tokio::task::spawn_blocking(move || service.wait_exit(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        status_of(&db, id).await,
+        "sent",
+        "result written before the pool closed"
+    );
+    db.drop_database().await;
+}
+
+fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gorge-webhook"));
+    command
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn invalid_configuration_exits_2_with_one_line_naming_the_variable() {
+    for (key, value, needle) in [
+        (
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS",
+            "0",
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\"",
+        ),
+        (
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS",
+            "-5",
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS=\"-5\"",
+        ),
+        (
+            "GORGE_WEBHOOK_MAX_CONCURRENT",
+            "0",
+            "GORGE_WEBHOOK_MAX_CONCURRENT=\"0\"",
+        ),
+        (
+            "GORGE_WEBHOOK_MAX_CONCURRENT",
+            "lots",
+            "GORGE_WEBHOOK_MAX_CONCURRENT=\"lots\"",
+        ),
+        (
+            "GORGE_WEBHOOK_ERROR_THRESHOLD",
+            "0",
+            "GORGE_WEBHOOK_ERROR_THRESHOLD=\"0\"",
+        ),
+        (
+            "GORGE_WEBHOOK_MYSQL_PORT",
+            "99999",
+            "GORGE_WEBHOOK_MYSQL_PORT=\"99999\"",
+        ),
+        (
+            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
+            "10.0.0.0/8, nonsense",
+            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST=\"nonsense\"",
+        ),
+        ("GORGE_LISTEN_ADDR", "8160", "GORGE_LISTEN_ADDR=\"8160\""),
+    ] {
+        let (code, _, stderr) = run_binary(&[], &[(key, value)]);
+        assert_eq!(code, Some(2), "{key}={value}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with("invalid configuration: ") && stderr.contains(needle),
+            "{key}={value}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn check_config_prints_effective_values_with_secrets_masked() {
+    let (code, stdout, stderr) = run_binary(
+        &["--check-config"],
+        &[
+            ("GORGE_WEBHOOK_MYSQL_PASS", "hunter2"),
+            ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "10"),
+            ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "20"),
+            // Empty means default.
+            ("GORGE_WEBHOOK_POLL_INTERVAL_MS", ""),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    for line in [
+        "GORGE_WEBHOOK_MYSQL_PASS = ********",
+        "GORGE_WEBHOOK_CLAIM_LEASE_SEC = 25 (configured 10, raised to timeout + 5)",
+        "GORGE_WEBHOOK_POLL_INTERVAL_MS = 1000",
+        "GORGE_WEBHOOK_NAMESPACE = phabricator (database phabricator_herald)",
+        "GORGE_WEBHOOK_OUTBOUND_BLACKLIST = 29 networks (Phorge's default)",
+        "GORGE_LISTEN_ADDR = 0.0.0.0:8160",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "missing {line:?} in\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn config_file_is_layered_under_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("webhook.toml");
+    std::fs::write(&path, "poll_interval_ms = 250\nmax_concurrent = 3\n").unwrap();
+    let (code, stdout, stderr) = run_binary(
+        &["--config", path.to_str().unwrap(), "--check-config"],
+        &[("GORGE_WEBHOOK_MAX_CONCURRENT", "5")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("GORGE_WEBHOOK_POLL_INTERVAL_MS = 250\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("GORGE_WEBHOOK_MAX_CONCURRENT = 5\n"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_busy_listen_address_is_a_startup_failure() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, _, stderr) = run_binary(
+        &[],
+        &[
+            ("GORGE_LISTEN_ADDR", addr.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PORT", "1"),
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&addr), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_subcommand_probes_the_status_port() {
+    let namespace = format!("gthealth{}", std::process::id());
+    let service = Service::start(&namespace, &[]);
+    let port = service.status_addr.port().to_string();
+    let (code, _, stderr) = run_binary(&["healthcheck", "--port", &port], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // The port also comes from GORGE_LISTEN_ADDR when --port is absent.
+    let addr = service.status_addr.to_string();
+    let (code, _, _) = run_binary(&["healthcheck"], &[("GORGE_LISTEN_ADDR", addr.as_str())]);
+    assert_eq!(code, Some(0));
+    let closed = common::free_port().to_string();
+    let (code, _, _) = run_binary(&["healthcheck", "--port", &closed], &[]);
+    assert_eq!(code, Some(1));
+}
+
+#[test]
+fn version_and_help() {
+    let (code, stdout, _) = run_binary(&["--version"], &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        stdout.trim(),
+        format!("gorge-webhook {}", env!("CARGO_PKG_VERSION"))
+    );
+    let (code, stdout, _) = run_binary(&["--help"], &[]);
+    assert_eq!(code, Some(0));
+    for word in ["--config", "--check-config", "healthcheck"] {
+        assert!(stdout.contains(word), "{stdout}");
+    }
+}
