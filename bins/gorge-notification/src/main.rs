@@ -13,13 +13,12 @@ mod metrics;
 mod peers;
 mod session;
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use gorge_hub::{Hub, MonotonicClock};
+use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::logging::init_logging;
 use gorge_service::{bind_all, run, Handler, ListenerSpec, Probes, RunOptions, Shutdown};
@@ -43,43 +42,30 @@ const REQUEST_GRACE: Duration = Duration::from_secs(2);
 #[command(
     name = "gorge-notification",
     version,
-    about = "Aphlict-compatible realtime notification server for Phorge"
+    about = "Aphlict-compatible realtime notification server for Phorge",
+    after_help = "--config takes an Aphlict-format JSON file (or set GORGE_NOTIFICATION_CONFIG_FILE). \
+                  Settings and defaults: docs/notification.md"
 )]
 struct Cli {
-    /// Aphlict-format JSON configuration file (also GORGE_NOTIFICATION_CONFIG_FILE).
-    #[arg(long, value_name = "PATH")]
-    config: Option<PathBuf>,
-    /// Validate the configuration, print the effective configuration and exit.
-    #[arg(long)]
-    check_config: bool,
+    #[command(flatten)]
+    common: CommonArgs,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Probe GET /healthz on the local admin port; exit 0 if healthy (for container checks).
-    Healthcheck {
-        /// Admin port to probe (default: the configured admin port, else 22281).
-        #[arg(long)]
-        port: Option<u16>,
-    },
-}
-
 fn main() {
     let cli = Cli::parse();
+    let config_path = cli.common.config.as_deref();
     if let Some(Command::Healthcheck { port }) = cli.command {
-        let port = port.unwrap_or_else(|| {
-            config::load(cli.config.as_deref())
+        exit_healthcheck(port.unwrap_or_else(|| {
+            config::load(config_path)
                 .ok()
                 .and_then(|c| c.admin_addr())
                 .map_or(DEFAULT_HEALTH_PORT, |a| a.port())
-        });
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        std::process::exit(gorge_service::healthcheck::healthcheck(addr));
+        }));
     }
-    let config = config::load(cli.config.as_deref()).unwrap_or_else(|e| exit_config_error(&e));
-    if cli.check_config {
+    let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
+    if cli.common.check_config {
         let text = serde_json::to_string_pretty(&config::describe(&config))
             .expect("configuration description serializes");
         println!("{text}");
@@ -87,17 +73,7 @@ fn main() {
     }
     let logging =
         init_logging("gorge-notification", VERSION).unwrap_or_else(|e| exit_config_error(&e));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| {
-            error!(logging.logger, "NOTIFY_RUNTIME_FAILED"; "error" => %e);
-            std::process::exit(1)
-        });
-    let code = runtime.block_on(serve(config, &logging.logger));
-    drop(runtime);
-    drop(logging);
-    std::process::exit(code);
+    run_to_exit(logging, |log| async move { serve(config, &log).await });
 }
 
 async fn serve(config: Config, log: &slog::Logger) -> i32 {

@@ -1,5 +1,6 @@
 //! The service mechanism both gorge binaries share, and nothing domain-specific.
 //!
+//! - [`cli`]: the shared command line and the runtime `main` ends in;
 //! - [`config`]: figment layering helpers, one-line validation errors, exit code 2, secrets;
 //! - [`logging`]: slog JSON or text, level from the environment, asynchronous drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
@@ -10,6 +11,7 @@
 //!
 //! Where to start reading: [`shutdown::run`], which ties the others together.
 
+pub mod cli;
 pub mod config;
 pub mod healthcheck;
 pub mod http;

@@ -1,0 +1,63 @@
+//! The command line every service binary shares — `--config PATH`, `--check-config` and the
+//! `healthcheck` subcommand — and the last step of `main`: run the service on a tokio runtime,
+//! flush the logs, exit with the service's code.
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use slog::Logger;
+
+use crate::logging::Logging;
+
+/// Flatten into a binary's `clap::Parser` with `#[command(flatten)]`.
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    /// Configuration file, layered between the built-in defaults and the environment.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Validate the configuration, print the effective values (secrets masked) and exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+/// Use as the binary's `#[command(subcommand)] command: Option<Command>`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Probe GET /healthz on 127.0.0.1 and exit 0 when healthy (images carry no curl).
+    Healthcheck {
+        /// Port to probe (default: the configured health port).
+        #[arg(long)]
+        port: Option<u16>,
+    },
+}
+
+/// Probes `127.0.0.1:port/healthz` and exits 0 (healthy) or 1.
+pub fn exit_healthcheck(port: u16) -> ! {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    std::process::exit(crate::healthcheck::healthcheck(addr))
+}
+
+/// Runs `service` on a multi-threaded runtime and exits with the code it returns, after the
+/// runtime has stopped and every buffered log line has been written.
+pub fn run_to_exit<F>(logging: Logging, service: impl FnOnce(Logger) -> F) -> !
+where
+    F: Future<Output = i32>,
+{
+    let code = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => {
+            let code = runtime.block_on(service(logging.logger.clone()));
+            drop(runtime);
+            code
+        }
+        Err(err) => {
+            eprintln!("cannot start the async runtime: {err}");
+            1
+        }
+    };
+    drop(logging);
+    std::process::exit(code)
+}
