@@ -3,14 +3,17 @@
 //!
 //! Every bad value is a [`ConfigError`] naming the variable and the value (exit code 2):
 //! a webhook service that silently falls back to a default poll interval or blacklist is
-//! worse than one that refuses to start.
+//! worse than one that refuses to start. So is an unknown key in the file (a typo would
+//! otherwise leave the default in place); unknown `GORGE_WEBHOOK_*` variables are ignored,
+//! because the environment is shared with others (Kubernetes service links).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use figment::providers::{Format, Json, Serialized, Toml};
-use figment::Figment;
+use figment::value::Value;
+use figment::{Figment, Provider};
 use gorge_service::config::{env_layer, env_value, extract, mask_secret};
 use gorge_service::{ConfigError, Secret};
 use serde::{Deserialize, Serialize};
@@ -63,6 +66,80 @@ struct RawSettings {
 // Only ever used to seed figment with defaults, which are empty secrets.
 fn serialize_secret<S: serde::Serializer>(secret: &Secret, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(secret.expose())
+}
+
+/// Refuses a file that does not parse or has a key [`RawSettings`] does not know, naming the
+/// file and the first such key (in sorted order), so that a typo stops startup instead of
+/// leaving the default in place.
+fn check_file_keys(file: &impl Provider, path: &Path) -> Result<(), ConfigError> {
+    let data = file
+        .data()
+        .map_err(|err| ConfigError::new("--config", path.display(), one_line(&err.to_string())))?;
+    let known = known_keys();
+    for (key, value) in data.values().flatten() {
+        if !known.iter().any(|k| k == key) {
+            let value = match value {
+                Value::String(_, s) => s.clone(),
+                other => serde_json::to_string(other).unwrap_or_default(),
+            };
+            let reason = match closest_key(key, &known) {
+                Some(near) => format!("unknown key (did you mean `{near}`?)"),
+                None => "unknown key".to_string(),
+            };
+            return Err(ConfigError::new(
+                format!("{key} (in {})", path.display()),
+                value,
+                reason,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The file keys: the fields of [`RawSettings`].
+fn known_keys() -> Vec<String> {
+    match serde_json::to_value(RawSettings::default()) {
+        Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A known key within two single-character edits of `key` (a typo), if any.
+fn closest_key<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(key, k), k.as_str()))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// A parser message on one line: source excerpts (`  |` lines) dropped, the rest joined.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.contains('|'))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl Default for RawSettings {
@@ -124,9 +201,13 @@ impl Settings {
                 .extension()
                 .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
             figment = if is_json {
-                figment.merge(Json::file(path))
+                let file = Json::file(path);
+                check_file_keys(&file, path)?;
+                figment.merge(file)
             } else {
-                figment.merge(Toml::file(path))
+                let file = Toml::file(path);
+                check_file_keys(&file, path)?;
+                figment.merge(file)
             };
         }
         figment = figment.merge(env_layer(ENV_PREFIX));
@@ -449,6 +530,38 @@ mod tests {
         );
         assert!(text.contains("GORGE_WEBHOOK_MYSQL_PASS = ********"));
         assert!(text.contains("GORGE_SERVICE_TOKEN = ********"));
+    }
+
+    #[test]
+    fn file_keys_are_the_settings_and_typos_get_a_hint() {
+        let mut keys = known_keys();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "claim_lease_sec",
+                "delivery_timeout",
+                "error_backoff_sec",
+                "error_threshold",
+                "listen_addr",
+                "max_concurrent",
+                "mysql_host",
+                "mysql_pass",
+                "mysql_port",
+                "mysql_user",
+                "namespace",
+                "outbound_blacklist",
+                "poll_interval_ms",
+                "retry_backoff_sec",
+                "service_token",
+            ]
+        );
+        assert_eq!(
+            closest_key("poll_intervall_ms", &keys),
+            Some("poll_interval_ms")
+        );
+        assert_eq!(closest_key("mysqlhost", &keys), Some("mysql_host"));
+        assert_eq!(closest_key("port", &keys), None);
     }
 
     #[test]

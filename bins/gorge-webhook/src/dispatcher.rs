@@ -4,15 +4,19 @@
 //!
 //! A SELECT only finds candidates; nothing is sent or written for a row until the claim's
 //! compare-and-set is won. Concurrency is one semaphore permit per row being worked on, so
-//! at most `max_concurrent` POSTs run at once; rows already being worked on in this process
-//! are skipped, and a hook with a delivery running here is skipped without a lock round trip.
+//! at most `max_concurrent` POSTs run at once. The candidate query leaves out the hooks this
+//! process would skip anyway (a delivery of the hook running here, its lock held elsewhere,
+//! its breaker open), so a backlog of such a hook never fills the batch and hides the rows
+//! of other hooks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gorge_claim::{Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, Hook, RowOutcome};
+use gorge_claim::{
+    Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, Hook, RowOutcome, MAX_EXCLUDED_HOOKS,
+};
 use gorge_service::Shutdown;
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, RequestProperties, WebhookPayload};
@@ -29,15 +33,10 @@ use crate::policy::{CheckedTarget, PolicyError};
 const DB_ERROR_BACKOFF_MIN: Duration = Duration::from_millis(500);
 const DB_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// Candidates fetched per poll, as a multiple of `max_concurrent`: rows of a hook that is
-/// busy are skipped, so a batch of exactly `max_concurrent` rows could leave slots idle.
+/// Candidates fetched per poll, as a multiple of `max_concurrent`: only one row per hook can
+/// start at a time, so a batch of exactly `max_concurrent` rows could leave slots idle when
+/// several of its rows belong to one hook.
 const BATCH_FACTOR: usize = 4;
-
-/// Upper bound of the candidate batch. When a full batch holds nothing that can start (all
-/// rows belong to hooks that are busy or whose breaker is open), the next poll doubles the
-/// batch up to this size, so a backlog of one broken hook at the head of the queue does not
-/// hide every other hook's rows. It shrinks back (halving) while rows start again.
-const MAX_BATCH: usize = 2048;
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
 /// Failures age out of the window one by one, so checking more often gains little.
@@ -67,8 +66,9 @@ struct LocalState {
     rows: HashSet<u64>,
     hooks: HashSet<String>,
     /// Hooks skipped for a reason that will not change at once (lock held by another
-    /// process, breaker open), and until when to leave them alone. Without this a backlog
-    /// makes the loop re-poll at once after each skip and spin on the same hooks.
+    /// process, breaker open), and until when to leave them alone (the candidate query
+    /// excludes them). Without this a backlog makes the loop re-poll at once after each skip
+    /// and spin on the same hooks.
     resting: HashMap<String, Instant>,
     open_breakers: HashSet<String>,
 }
@@ -80,8 +80,14 @@ pub struct Round {
     pub fetched: usize,
     /// Rows handed to a worker task.
     pub started: usize,
-    /// Rows skipped because this process is already working on them or on their hook.
+    /// Rows skipped because this process is already working on them or on their hook (rows
+    /// of one hook later in the same batch, or state that changed since the query).
     pub skipped_local: usize,
+    /// Hooks left out of the query because a delivery of theirs is running here.
+    pub excluded_busy: usize,
+    /// Hooks left out of the query because they are resting (lock held elsewhere, breaker
+    /// open).
+    pub excluded_resting: usize,
     /// The batch was full or the slots ran out: more work is probably waiting.
     pub more_waiting: bool,
 }
@@ -99,8 +105,6 @@ pub struct Dispatcher {
     finished: Notify,
     /// Set when the poll loop ends: rows not yet claimed are left alone.
     stopping: AtomicBool,
-    /// Candidates per poll (see [`MAX_BATCH`]).
-    batch: AtomicUsize,
 }
 
 /// How a row's processing ended, for logs and metrics.
@@ -128,18 +132,13 @@ impl Dispatcher {
             state: Mutex::new(LocalState::default()),
             finished: Notify::new(),
             stopping: AtomicBool::new(false),
-            batch: AtomicUsize::new(config.max_concurrent * BATCH_FACTOR),
             config,
         })
     }
 
-    fn base_batch(&self) -> usize {
-        self.config.max_concurrent * BATCH_FACTOR
-    }
-
-    /// The batch size the next poll uses.
+    /// Candidates per poll.
     pub fn batch_limit(&self) -> usize {
-        self.batch.load(Ordering::SeqCst)
+        self.config.max_concurrent * BATCH_FACTOR
     }
 
     /// Polls until `shutdown`, then waits for in-flight deliveries to write their results.
@@ -181,7 +180,8 @@ impl Dispatcher {
                         // Backlog: poll again as soon as a slot is free (top of the loop).
                         continue;
                     }
-                    let wake_on_finish = round.skipped_local > 0 || round.more_waiting;
+                    let wake_on_finish =
+                        round.skipped_local > 0 || round.excluded_busy > 0 || round.more_waiting;
                     tokio::select! {
                         _ = tokio::time::sleep(self.config.poll_interval) => {}
                         // A finished delivery frees its hook: rows skipped for it may go now.
@@ -224,24 +224,20 @@ impl Dispatcher {
     ) -> Result<Round, ClaimError> {
         let now = self.clock.now();
         let limit = self.batch_limit();
+        let (excluded, mut round) = self.hooks_to_exclude();
+        if excluded.len() > MAX_EXCLUDED_HOOKS {
+            self.metrics.exclusions_capped.inc();
+        }
         let candidates = self
             .store
-            .candidates(now, &self.config.timing, limit)
+            .candidates(now, &self.config.timing, limit, &excluded)
             .await?;
-        let mut round = Round {
-            fetched: candidates.len(),
-            more_waiting: candidates.len() >= limit,
-            ..Round::default()
-        };
+        round.fetched = candidates.len();
+        round.more_waiting = candidates.len() >= limit;
         if round.more_waiting {
             self.metrics.full_batches.inc();
         }
         let mut first = first;
-        {
-            let now = Instant::now();
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.resting.retain(|_, until| *until > now);
-        }
         for candidate in candidates {
             {
                 let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -278,13 +274,29 @@ impl Dispatcher {
             let this = Arc::clone(self);
             tokio::spawn(async move { this.work(candidate, permit).await });
         }
-        let next = if round.started == 0 && round.fetched >= limit {
-            (limit * 2).min(MAX_BATCH.max(self.base_batch()))
-        } else {
-            (limit / 2).max(self.base_batch())
-        };
-        self.batch.store(next, Ordering::SeqCst);
         Ok(round)
+    }
+
+    /// The hooks this round would skip, for the candidate query: hooks with a delivery
+    /// running here first (at most `max_concurrent`, and they free up soonest), then resting
+    /// ones. Forgets rests that are over. The store uses the first [`MAX_EXCLUDED_HOOKS`].
+    fn hooks_to_exclude(&self) -> (Vec<String>, Round) {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.resting.retain(|_, until| *until > now);
+        let mut excluded: Vec<String> = state.hooks.iter().cloned().collect();
+        // A hook can be both busy here and resting (a rest set while its delivery ends).
+        let resting = state
+            .resting
+            .keys()
+            .filter(|hook| !state.hooks.contains(*hook));
+        excluded.extend(resting.cloned());
+        let round = Round {
+            excluded_busy: state.hooks.len(),
+            excluded_resting: excluded.len() - state.hooks.len(),
+            ..Round::default()
+        };
+        (excluded, round)
     }
 
     async fn work(self: Arc<Self>, candidate: Candidate, permit: OwnedSemaphorePermit) {
@@ -587,7 +599,6 @@ impl Dispatcher {
     }
 }
 
-/// The host of a hook URI for logs: URIs may carry credentials in the path or query.
 /// One row being worked on: releases the row, its hook and the concurrency slot on drop.
 struct Slot<'a> {
     dispatcher: &'a Dispatcher,
@@ -614,6 +625,7 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// The host of a hook URI for logs: URIs may carry credentials in the path or query.
 fn uri_host(uri: &str) -> String {
     uri.parse::<ureq::http::Uri>()
         .ok()

@@ -23,6 +23,7 @@ pub struct Metrics {
     pub policy_blocks: Counter,
     pub poll_errors: Counter,
     pub full_batches: Counter,
+    pub exclusions_capped: Counter,
     pub response_bodies_truncated: Counter,
     pub breaker_open_hooks: Gauge,
     pub in_flight: Gauge,
@@ -96,6 +97,7 @@ impl Metrics {
             policy_blocks: Counter::default(),
             poll_errors: Counter::default(),
             full_batches: Counter::default(),
+            exclusions_capped: Counter::default(),
             response_bodies_truncated: Counter::default(),
             breaker_open_hooks: Gauge::default(),
             in_flight: Gauge::default(),
@@ -150,6 +152,11 @@ impl Metrics {
             "full_batches",
             "Polls that hit the candidate LIMIT (more work was waiting)",
             metrics.full_batches.clone(),
+        );
+        r.register(
+            "exclusions_capped",
+            "Polls that had more hooks to leave out of the candidate query than its cap (1024); the rest were not left out",
+            metrics.exclusions_capped.clone(),
         );
         r.register(
             "response_bodies_truncated",
@@ -254,6 +261,7 @@ mod tests {
             "gorge_webhook_breaker_open_hooks 0",
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",
+            "gorge_webhook_exclusions_capped_total 0",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -1,4 +1,5 @@
-//! Retry backoff and the per-hook circuit breaker with an injected clock (issue #3 test 7).
+//! Retry backoff and the per-hook circuit breaker with an injected clock (issue #3 test 7),
+//! and hooks that must be skipped never hiding the rows of other hooks.
 
 mod common;
 
@@ -167,7 +168,7 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
         .unwrap();
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();
-    // One slot: the base batch is 4 candidates.
+    // One slot: a batch is 4 candidates, a tenth of the broken backlog below.
     let (dispatcher, _) = Harness {
         max_concurrent: 1,
         breaker_threshold: 2,
@@ -214,5 +215,63 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
         "the broken hook got nothing while its breaker was open"
     );
     assert_eq!(log.count("WEBHOOK_BREAKER_OPEN"), 1);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
+    let db = TestDb::create().await.unwrap();
+    let slow = format!("PHID-HWBH-{}-a", db.namespace());
+    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let receiver = Receiver::with(|request, _| {
+        if request.path == "/slow" {
+            common::Reply::Hold(200)
+        } else {
+            common::Reply::Status(200)
+        }
+    });
+    db.insert_hook(&slow, &receiver.url("/slow"), "enabled", "k")
+        .await
+        .unwrap();
+    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+        .await
+        .unwrap();
+    // Two slots, a batch of 8: the slow hook's backlog alone fills it.
+    for _ in 0..20 {
+        db.insert_request(&NewRequest::new(&slow, "PHID-TASK-x"), T0)
+            .await
+            .unwrap();
+    }
+    let healthy_row = db
+        .insert_request(&NewRequest::new(&healthy, "PHID-TASK-y"), T0)
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, _) = Harness {
+        max_concurrent: 2,
+        ..Harness::default()
+    }
+    .build(&db, &clock, &log);
+
+    let shutdown = gorge_service::Shutdown::new();
+    let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
+    // The slow hook's first POST is held: the hook stays busy in this process until release.
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "healthy row sent while the slow hook is busy",
+        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+    )
+    .await;
+    let mut paths: Vec<String> = receiver.requests().into_iter().map(|r| r.path).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        ["/b", "/slow"],
+        "one slow POST held, and the healthy one"
+    );
+    receiver.release();
+    shutdown.trigger();
+    running.await.unwrap();
     db.drop_database().await;
 }

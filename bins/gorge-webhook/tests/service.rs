@@ -428,6 +428,75 @@ fn config_file_is_layered_under_the_environment() {
 }
 
 #[test]
+fn an_unknown_key_in_the_config_file_exits_2_naming_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("webhook.toml");
+    std::fs::write(&typo, "max_concurrent = 3\npoll_intervall_ms = 50\n").unwrap();
+    let (code, stdout, stderr) = run_binary(&["--config", typo.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr,
+        format!(
+            "invalid configuration: poll_intervall_ms (in {})=\"50\": unknown key (did you mean `poll_interval_ms`?)\n",
+            typo.display()
+        )
+    );
+    // JSON files too, and a file that does not parse is one line as well.
+    let json = dir.path().join("webhook.json");
+    std::fs::write(&json, r#"{"mysql": {"host": "db"}}"#).unwrap();
+    let (code, _, stderr) = run_binary(&["--config", json.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            concat!(
+                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": unknown key"#,
+                "\n"
+            ),
+            json.display()
+        )
+    );
+    std::fs::write(&typo, "poll_interval_ms = = 5\n").unwrap();
+    let (code, _, stderr) = run_binary(&["--config", typo.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "invalid configuration: --config=\"{}\": TOML parse error at line 1",
+            typo.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_environment_variables_with_our_prefix_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("webhook.toml");
+    std::fs::write(&path, "poll_interval_ms = 50\n").unwrap();
+    // What Kubernetes service links inject for a Service named `gorge-webhook`.
+    let (code, stdout, stderr) = run_binary(
+        &["--config", path.to_str().unwrap(), "--check-config"],
+        &[
+            ("GORGE_WEBHOOK_SERVICE_HOST", "10.96.0.12"),
+            ("GORGE_WEBHOOK_SERVICE_PORT", "8160"),
+            ("GORGE_WEBHOOK_SERVICE_PORT_STATUS", "8160"),
+            ("GORGE_WEBHOOK_PORT", "tcp://10.96.0.12:8160"),
+            ("GORGE_WEBHOOK_PORT_8160_TCP", "tcp://10.96.0.12:8160"),
+            ("GORGE_WEBHOOK_PORT_8160_TCP_PROTO", "tcp"),
+            ("GORGE_WEBHOOK_PORT_8160_TCP_PORT", "8160"),
+            ("GORGE_WEBHOOK_PORT_8160_TCP_ADDR", "10.96.0.12"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("GORGE_WEBHOOK_POLL_INTERVAL_MS = 50\n"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_busy_listen_address_is_a_startup_failure() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();

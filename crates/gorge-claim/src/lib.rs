@@ -3,8 +3,9 @@
 //! Phorge inserts one row per webhook call; this crate decides which process may deliver it,
 //! using only the columns Phorge already has (no DDL, no new values):
 //!
-//! - [`ClaimStore::candidates`] only *finds* rows; a row is ours only after
-//!   [`ClaimStore::claim`] won a compare-and-set on `dateModified`, used as a row version.
+//! - [`ClaimStore::candidates`] only *finds* rows (leaving out hooks the caller will skip
+//!   anyway); a row is ours only after [`ClaimStore::claim`] won a compare-and-set on
+//!   `dateModified`, used as a row version.
 //! - [`ClaimStore::write_outcome`] lands only while the row is still at our version, so a
 //!   row taken over after a lease expiry is never written twice.
 //! - A result write sets `dateModified = lastRequestEpoch`, the marker for "not in flight",
@@ -38,4 +39,5 @@ pub use lock::{hook_lock_name, HookLock};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use store::{
     Candidate, Claim, ClaimStore, ClaimTiming, Hook, PoolState, QueueDepth, RowOutcome, Stats,
+    MAX_EXCLUDED_HOOKS,
 };

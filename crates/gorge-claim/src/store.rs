@@ -4,7 +4,7 @@
 //! (plus `GET_LOCK`, see `lock.rs`). See the crate doc for the row states.
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, Value};
 use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
@@ -127,17 +127,34 @@ impl std::fmt::Debug for ClaimStore {
     }
 }
 
-/// The columns of [`CANDIDATES_SQL`], in order.
+/// The columns of the candidate query, in order.
 type CandidateRow = (u64, String, String, String, String, u64, u64, u64);
 
-const CANDIDATES_SQL: &str = "\
+/// The candidate query up to the optional hook exclusion; [`candidates_sql`] completes it.
+const CANDIDATES_SQL_HEAD: &str = "\
 SELECT id, phid, webhookPHID, objectPHID, properties, dateCreated, dateModified, lastRequestEpoch \
 FROM herald_webhookrequest \
 WHERE status = 'queued' AND ( \
   (dateModified = dateCreated AND lastRequestEpoch = 0) \
   OR (dateModified = lastRequestEpoch AND lastRequestEpoch <= ?) \
   OR (dateModified <> lastRequestEpoch AND dateModified <= ?) \
-) ORDER BY id ASC LIMIT ?";
+)";
+
+/// Most hooks one candidate query leaves out (see [`ClaimStore::candidates`]). A power of
+/// two, because exclusion lists are padded to powers of two.
+pub const MAX_EXCLUDED_HOOKS: usize = 1024;
+
+/// The candidate query with `excluded` placeholders in its `NOT IN` list (none: no list).
+fn candidates_sql(excluded: usize) -> String {
+    let mut sql = String::from(CANDIDATES_SQL_HEAD);
+    if excluded > 0 {
+        sql.push_str(" AND webhookPHID NOT IN (?");
+        sql.push_str(&", ?".repeat(excluded - 1));
+        sql.push(')');
+    }
+    sql.push_str(" ORDER BY id ASC LIMIT ?");
+    sql
+}
 
 const CLAIM_SQL: &str = "\
 UPDATE herald_webhookrequest SET dateModified = ? \
@@ -182,18 +199,42 @@ impl ClaimStore {
             .map_err(|e| self.err(e))
     }
 
-    /// Up to `limit` claimable rows, oldest id first.
+    /// Up to `limit` claimable rows, oldest id first, leaving out the rows of the hooks in
+    /// `exclude_hooks` (hooks the caller would skip anyway), so that their backlog cannot
+    /// fill the batch and hide the rows of other hooks.
+    ///
+    /// Only the first [`MAX_EXCLUDED_HOOKS`] entries are used: put the most important first.
+    /// A hook past the cap is simply not excluded; its rows may come back, which costs batch
+    /// room but is never wrong. The list is padded to a power of two (repeating its last
+    /// entry) so that the driver's prepared-statement cache sees a dozen query shapes, not a
+    /// thousand. The query stays a scan of the `key_status (status, id)` index; excluded
+    /// rows are still read by the server, only not returned.
     pub async fn candidates(
         &self,
         now: u64,
         timing: &ClaimTiming,
         limit: usize,
+        exclude_hooks: &[String],
     ) -> Result<Vec<Candidate>, ClaimError> {
         let backoff_cutoff = now.saturating_sub(timing.retry_backoff_sec);
         let lease_cutoff = now.saturating_sub(timing.lease_sec);
+        let excluded = &exclude_hooks[..exclude_hooks.len().min(MAX_EXCLUDED_HOOKS)];
+        let placeholders = if excluded.is_empty() {
+            0
+        } else {
+            excluded.len().next_power_of_two()
+        };
+        let mut params: Vec<Value> = Vec::with_capacity(placeholders + 3);
+        params.push(backoff_cutoff.into());
+        params.push(lease_cutoff.into());
+        params.extend(excluded.iter().map(|hook| Value::from(hook.as_str())));
+        if let Some(last) = excluded.last() {
+            params.resize(2 + placeholders, Value::from(last.as_str()));
+        }
+        params.push((limit as u64).into());
         let mut conn = self.conn().await?;
         let rows: Vec<CandidateRow> = conn
-            .exec(CANDIDATES_SQL, (backoff_cutoff, lease_cutoff, limit as u64))
+            .exec(candidates_sql(placeholders), params)
             .await
             .map_err(|e| self.err(e))?;
         Ok(rows
@@ -409,5 +450,19 @@ impl ClaimStore {
     pub async fn close(self) {
         // Errors here mean connections were already gone: nothing left to clean up.
         let _ = self.pool.disconnect().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::candidates_sql;
+
+    #[test]
+    fn exclusion_adds_one_placeholder_per_hook_before_the_limit() {
+        assert!(candidates_sql(0).ends_with(") ORDER BY id ASC LIMIT ?"));
+        assert!(!candidates_sql(0).contains("NOT IN"));
+        assert!(candidates_sql(1).ends_with(") AND webhookPHID NOT IN (?) ORDER BY id ASC LIMIT ?"));
+        assert!(candidates_sql(4)
+            .ends_with(") AND webhookPHID NOT IN (?, ?, ?, ?) ORDER BY id ASC LIMIT ?"));
     }
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use gorge_claim::testdb::{server_opts, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
-    Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, RequestResult, RequestStatus, RowOutcome,
+    Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
+    RowOutcome, MAX_EXCLUDED_HOOKS,
 };
 use mysql_async::prelude::Queryable;
 
@@ -39,7 +40,7 @@ fn as_candidate(row: &RequestRow) -> Candidate {
 
 async fn candidate_ids(store: &ClaimStore, now: u64, timing: &ClaimTiming) -> Vec<u64> {
     store
-        .candidates(now, timing, 100)
+        .candidates(now, timing, 100, &[])
         .await
         .expect("candidates")
         .iter()
@@ -121,7 +122,7 @@ async fn claim_in_the_insert_second_still_bumps_the_version() {
         lease_sec: 30,
         retry_backoff_sec: 60,
     };
-    let seen = store.candidates(T0, &timing, 10).await.unwrap();
+    let seen = store.candidates(T0, &timing, 10, &[]).await.unwrap();
     assert_eq!(seen.len(), 1);
     let claim = store
         .claim(&seen[0], T0)
@@ -166,7 +167,11 @@ async fn lease_and_backoff_are_independent() {
     // Fresh: a candidate at once.
     assert_eq!(candidate_ids(&store, T0, &timing).await, [id]);
 
-    let candidate = store.candidates(T0, &timing, 1).await.unwrap().remove(0);
+    let candidate = store
+        .candidates(T0, &timing, 1, &[])
+        .await
+        .unwrap()
+        .remove(0);
     let claim = store.claim(&candidate, T0).await.unwrap().unwrap();
     // In flight: invisible until the lease (counted from the claim version) expires.
     assert!(candidate_ids(&store, T0 + 1, &timing).await.is_empty());
@@ -219,7 +224,7 @@ async fn lease_and_backoff_are_independent() {
 
     // The retry is claimed and is protected by the lease again, not the backoff.
     let retry = store
-        .candidates(T0 + 12, &timing, 1)
+        .candidates(T0 + 12, &timing, 1, &[])
         .await
         .unwrap()
         .remove(0);
@@ -257,7 +262,11 @@ async fn backoff_longer_than_lease_is_not_cut_short() {
         lease_sec: 30,
         retry_backoff_sec: 60,
     };
-    let candidate = store.candidates(T0, &timing, 1).await.unwrap().remove(0);
+    let candidate = store
+        .candidates(T0, &timing, 1, &[])
+        .await
+        .unwrap()
+        .remove(0);
     let claim = store.claim(&candidate, T0 + 5).await.unwrap().unwrap();
     assert_eq!(claim.version, T0 + 5);
     // The clock went backwards between claim and result: the marker stays >= the version.
@@ -347,13 +356,82 @@ async fn candidates_are_bounded_and_oldest_first() {
         lease_sec: 30,
         retry_backoff_sec: 60,
     };
-    let first = store.candidates(T0 + 5, &timing, 3).await.unwrap();
+    let first = store.candidates(T0 + 5, &timing, 3, &[]).await.unwrap();
     assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), ids[..3]);
     assert_eq!(first[1].date_created, T0 + 1);
     assert_eq!(first[1].webhook_phid, hook);
     store.claim(&first[0], T0 + 5).await.unwrap().unwrap();
-    let next = store.candidates(T0 + 5, &timing, 3).await.unwrap();
+    let next = store.candidates(T0 + 5, &timing, 3, &[]).await.unwrap();
     assert_eq!(next.iter().map(|c| c.id).collect::<Vec<_>>(), ids[1..4]);
+    store.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn excluded_hooks_rows_neither_appear_nor_fill_the_batch() {
+    let db = fresh_db().await;
+    let store = db.store();
+    let (a, b, c) = (
+        hook_phid(&db, "a"),
+        hook_phid(&db, "b"),
+        hook_phid(&db, "c"),
+    );
+    let mut ids = Vec::new();
+    for hook in [&a, &a, &b, &a, &c, &b] {
+        ids.push(
+            db.insert_request(&NewRequest::new(hook, OBJECT), T0)
+                .await
+                .unwrap(),
+        );
+    }
+    let timing = ClaimTiming {
+        lease_sec: 30,
+        retry_backoff_sec: 60,
+    };
+    let ids_of = |candidates: Vec<Candidate>| candidates.iter().map(|c| c.id).collect::<Vec<_>>();
+    let owned = |hooks: &[&String]| hooks.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+
+    assert_eq!(
+        ids_of(store.candidates(T0, &timing, 100, &[]).await.unwrap()),
+        ids
+    );
+    // The LIMIT counts only rows that are returned: A's rows at the head take no room.
+    assert_eq!(
+        ids_of(
+            store
+                .candidates(T0, &timing, 2, &owned(&[&a]))
+                .await
+                .unwrap()
+        ),
+        [ids[2], ids[4]]
+    );
+    // Three entries (padded to four placeholders), one of them no hook at all.
+    let unknown = "PHID-HWBH-none".to_string();
+    assert_eq!(
+        ids_of(
+            store
+                .candidates(T0, &timing, 100, &owned(&[&a, &unknown, &b]))
+                .await
+                .unwrap()
+        ),
+        [ids[4]]
+    );
+    // The cap: an entry at position MAX_EXCLUDED_HOOKS is used, one past it is not.
+    let filler: Vec<String> = (1..MAX_EXCLUDED_HOOKS)
+        .map(|i| format!("PHID-HWBH-filler{i}"))
+        .collect();
+    let at_cap = [filler.clone(), owned(&[&c])].concat();
+    assert_eq!(at_cap.len(), MAX_EXCLUDED_HOOKS);
+    assert_eq!(
+        ids_of(store.candidates(T0, &timing, 100, &at_cap).await.unwrap()),
+        [ids[0], ids[1], ids[2], ids[3], ids[5]]
+    );
+    let past_cap = [filler, owned(&[&a, &c])].concat();
+    assert_eq!(
+        ids_of(store.candidates(T0, &timing, 100, &past_cap).await.unwrap()),
+        [ids[2], ids[4], ids[5]],
+        "A (the last entry inside the cap) is excluded, C (past it) is not"
+    );
     store.close().await;
     db.drop_database().await;
 }
