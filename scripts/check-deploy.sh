@@ -14,7 +14,7 @@ cd "${root}"
 say() { printf -- '--> %s\n' "$*"; }
 
 say "bash -n and shellcheck"
-scripts=(scripts/*.sh deploy/compose/*.sh .ci/run)
+scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/measure.sh .ci/run)
 for script in "${scripts[@]}"; do bash -n "${script}"; done
 shellcheck "${scripts[@]}"
 

@@ -1,1 +1,98 @@
-fn main() {}
+//! gorge-bench: load figures and fault drills for gorge-notification and gorge-webhook.
+//!
+//! Every subcommand talks only to loopback, stops by itself within `--timeout`, and ends
+//! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
+
+mod drill;
+mod herald_db;
+mod histogram;
+mod http1;
+mod notify;
+mod procs;
+mod receiver;
+mod server_metrics;
+mod summary;
+mod sys;
+mod webhook;
+mod ws_client;
+
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+#[command(name = "gorge-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// WebSocket fan-out load against an Aphlict-compatible server.
+    Notify(notify::NotifyArgs),
+    /// Drain a seeded herald_webhookrequest backlog with gorge-webhook processes.
+    Webhook(webhook::WebhookArgs),
+    /// Fault drills with a PASS/FAIL verdict.
+    Drill(drill::DrillArgs),
+}
+
+/// Longest share of `--timeout` kept back from the work for cleanup (stopping children,
+/// dropping the database, printing the summary).
+const CLEANUP_RESERVE: Duration = Duration::from_secs(15);
+
+/// When a subcommand must stop working so that its cleanup still ends within `--timeout`
+/// (the reserve is a fifth of the timeout, at most [`CLEANUP_RESERVE`]).
+pub fn work_deadline(timeout_s: u64) -> Instant {
+    let timeout = Duration::from_secs(timeout_s);
+    Instant::now() + timeout - CLEANUP_RESERVE.min(timeout / 5)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    // Two workers: the machine has two cores and the server under test needs them too.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            println!(
+                "{}",
+                summary::summary_line("start", json!({"ok": false, "error": e.to_string()}))
+            );
+            std::process::exit(1);
+        }
+    };
+    let (name, timeout) = match &cli.command {
+        Command::Notify(a) => ("notify", a.timeout),
+        Command::Webhook(a) => ("webhook", a.timeout),
+        Command::Drill(a) => ("drill", a.timeout),
+    };
+    // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
+    // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
+    let limit = Duration::from_secs(timeout);
+    let result = runtime.block_on(async move {
+        let work = async move {
+            match cli.command {
+                Command::Notify(a) => notify::run(a).await,
+                Command::Webhook(a) => webhook::run(a).await,
+                Command::Drill(a) => drill::run(a).await,
+            }
+        };
+        tokio::time::timeout(limit, work)
+            .await
+            .unwrap_or_else(|_| json!({"ok": false, "error": "timed out", "timeout_s": timeout}))
+    });
+    // A drill that restarts MariaDB must leave it running whatever happened above.
+    if name == "drill" {
+        drill::mariadb::ensure_running();
+    }
+    let line = summary::summary_line(name, result);
+    println!("{line}");
+    // Do not wait for stuck sockets or blocking tasks: the summary is out, the run is over.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    std::process::exit(if summary::is_ok(&line) { 0 } else { 1 });
+}

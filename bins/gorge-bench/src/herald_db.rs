@@ -1,0 +1,244 @@
+//! A throwaway `{namespace}_herald` database for one run (gorge-claim's test support builds
+//! it from Phorge's real schema), seeded in bulk the way Phorge inserts hooks and requests,
+//! read back for verdicts, dropped after.
+
+use gorge_claim::testdb::{self, TestDb};
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use serde_json::Value;
+
+/// Rows per multi-row INSERT while seeding (one statement per row would make seeding
+/// 20 000 rows take longer than draining them).
+const INSERT_CHUNK: usize = 1000;
+
+/// The MariaDB server the bench uses (`GORGE_TEST_MYSQL_URL`, as the tests do).
+pub fn mysql_url() -> String {
+    testdb::mysql_url()
+}
+
+/// Host and port of [`mysql_url`], for the services' environment.
+pub fn mysql_host_port() -> (String, u16) {
+    let url = mysql_url();
+    let authority = url
+        .trim_start_matches("mysql://")
+        .split('/')
+        .next()
+        .unwrap_or("")
+        .rsplit('@')
+        .next()
+        .unwrap_or("127.0.0.1:3306")
+        .to_string();
+    match authority.rsplit_once(':') {
+        Some((host, port)) => (host.to_string(), port.parse().unwrap_or(3306)),
+        None => (authority, 3306),
+    }
+}
+
+/// One hook to seed.
+pub struct HookSpec {
+    pub phid: String,
+    pub uri: String,
+    pub hmac_key: String,
+}
+
+/// One queued request to seed; `seq` is also woven into its PHIDs so the receiver can tell
+/// which row a POST belongs to.
+pub struct RequestSpec {
+    pub seq: usize,
+    pub hook_phid: String,
+    pub retry_forever: bool,
+}
+
+pub fn request_phid(seq: usize) -> String {
+    format!("PHID-HWBR-bench{seq:010}")
+}
+
+/// The transaction PHID of row `seq`; it is what identifies the row inside the POST body.
+pub fn transaction_phid(seq: usize) -> String {
+    format!("PHID-XACT-TASK-bench{seq:010}")
+}
+
+pub const TRANSACTION_MARKER: &str = "PHID-XACT-TASK-bench";
+
+/// One row as read back after a run.
+#[derive(Debug, Clone)]
+pub struct RowState {
+    pub seq: usize,
+    pub status: String,
+    pub last_result: String,
+    pub error_type: Option<String>,
+    pub error_code: Option<String>,
+}
+
+/// A fresh database from gorge-claim's test support (which also drops it if a run is cut
+/// short), plus the bulk seeding and read-back the bench needs.
+pub struct HeraldDb {
+    db: TestDb,
+    pub namespace: String,
+    pub database: String,
+}
+
+impl HeraldDb {
+    /// Creates a fresh `gt<random>_herald` database with Phorge's tables.
+    pub async fn create() -> Result<HeraldDb, String> {
+        let db = TestDb::create()
+            .await
+            .map_err(|e| format!("create database: {e}"))?;
+        Ok(HeraldDb {
+            namespace: db.namespace().to_string(),
+            database: db.database().to_string(),
+            db,
+        })
+    }
+
+    async fn conn(&self) -> Result<Conn, String> {
+        self.db.conn().await.map_err(|e| format!("mysql: {e}"))
+    }
+
+    pub async fn insert_hooks(&self, hooks: &[HookSpec]) -> Result<(), String> {
+        let mut conn = self.conn().await?;
+        for chunk in hooks.chunks(INSERT_CHUNK) {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|h| {
+                    format!(
+                        "('{}', 'bench hook', '{}', 'users', 'users', 'enabled', '{}', UNIX_TIMESTAMP(), UNIX_TIMESTAMP())",
+                        h.phid, h.uri, h.hmac_key
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO `{}`.herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) VALUES {}",
+                self.database,
+                values.join(",")
+            );
+            conn.query_drop(sql)
+                .await
+                .map_err(|e| format!("insert hooks: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Inserts rows as Lisk does (`dateCreated = dateModified = UNIX_TIMESTAMP()`), in
+    /// chunks; `after_chunk` runs right after each chunk is committed.
+    pub async fn insert_requests(
+        &self,
+        rows: &[RequestSpec],
+        mut after_chunk: impl FnMut(&[RequestSpec]),
+    ) -> Result<(), String> {
+        let mut conn = self.conn().await?;
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|r| {
+                    let properties = serde_json::json!({
+                        "retry": if r.retry_forever { "forever" } else { "never" },
+                        "transactionPHIDs": [transaction_phid(r.seq)],
+                        "triggerPHIDs": ["PHID-HRUL-bench0000000001"],
+                        "silent": false,
+                        "secure": false,
+                        "test": false,
+                    });
+                    format!(
+                        "('{}', '{}', 'PHID-TASK-bench{:010}', 'queued', '{}', 'none', 0, UNIX_TIMESTAMP(), UNIX_TIMESTAMP())",
+                        request_phid(r.seq),
+                        r.hook_phid,
+                        r.seq,
+                        properties
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO `{}`.herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES {}",
+                self.database,
+                values.join(",")
+            );
+            conn.query_drop(sql)
+                .await
+                .map_err(|e| format!("insert requests: {e}"))?;
+            after_chunk(chunk);
+        }
+        Ok(())
+    }
+
+    /// Rows still `queued`.
+    pub async fn queued(&self) -> Result<u64, String> {
+        let mut conn = self.conn().await?;
+        let sql = format!(
+            "SELECT COUNT(*) FROM `{}`.herald_webhookrequest WHERE status = 'queued'",
+            self.database
+        );
+        let count: Option<u64> = conn
+            .query_first(sql)
+            .await
+            .map_err(|e| format!("count: {e}"))?;
+        Ok(count.unwrap_or(0))
+    }
+
+    /// Every bench row as stored now. Retried a few times: after a MariaDB restart the
+    /// pool still holds dead connections, and a verdict must not read "no rows" from that.
+    pub async fn rows(&self) -> Result<Vec<RowState>, String> {
+        let mut attempt = 0;
+        loop {
+            match self.rows_once().await {
+                Ok(rows) => return Ok(rows),
+                Err(e) if attempt >= 4 => return Err(e),
+                Err(_) => attempt += 1,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn rows_once(&self) -> Result<Vec<RowState>, String> {
+        let mut conn = self.conn().await?;
+        let sql = format!(
+            "SELECT phid, status, lastRequestResult, properties FROM `{}`.herald_webhookrequest ORDER BY id",
+            self.database
+        );
+        let raw: Vec<(Vec<u8>, String, String, String)> =
+            conn.query(sql).await.map_err(|e| format!("rows: {e}"))?;
+        Ok(raw
+            .into_iter()
+            .filter_map(|(phid, status, last_result, properties)| {
+                let seq = String::from_utf8_lossy(&phid)
+                    .strip_prefix("PHID-HWBR-bench")?
+                    .parse()
+                    .ok()?;
+                let props: Value = serde_json::from_str(&properties).unwrap_or(Value::Null);
+                let text = |key: &str| props.get(key).and_then(Value::as_str).map(str::to_string);
+                Some(RowState {
+                    seq,
+                    status,
+                    last_result,
+                    error_type: text("errorType"),
+                    error_code: text("errorCode"),
+                })
+            })
+            .collect())
+    }
+
+    /// Drops the database and closes the pool.
+    pub async fn drop_database(self) {
+        let database = self.database.clone();
+        self.db.drop_database().await;
+        // The pooled connection used above can be dead after a server restart (and that
+        // error is swallowed), so make sure on a fresh connection.
+        if let Ok(mut conn) = Conn::new(testdb::server_opts()).await {
+            let _ = conn
+                .query_drop(format!("DROP DATABASE IF EXISTS `{database}`"))
+                .await;
+            let _ = conn.disconnect().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_identity_round_trips() {
+        assert_eq!(request_phid(42), "PHID-HWBR-bench0000000042");
+        assert!(transaction_phid(42).starts_with(TRANSACTION_MARKER));
+    }
+}

@@ -1,0 +1,119 @@
+//! Optional server-side figures from gorge-notification's `/metrics` on the admin port
+//! (Aphlict has none; then these stay empty): the hub's own fan-out time, which separates
+//! server time from the load generator's share of POST→frame on two shared cores, and the
+//! slow-consumer disconnects that confirm what happened to stuck sockets.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::http1;
+
+const FANOUT_BUCKET: &str = "notify_fanout_seconds_bucket";
+const SLOW_CONSUMERS: &str = "notify_slow_consumer_disconnects_total";
+
+/// Series name (with labels) → value, from Prometheus text format.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot(HashMap<String, f64>);
+
+pub async fn snapshot(admin: SocketAddr) -> Option<Snapshot> {
+    let response = http1::get_once(admin, "/metrics", Duration::from_secs(2))
+        .await
+        .ok()?;
+    if response.status != 200 {
+        return None;
+    }
+    Some(parse(&String::from_utf8_lossy(&response.body)))
+}
+
+fn parse(text: &str) -> Snapshot {
+    Snapshot(
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                Some((series.to_string(), value.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+/// What changed on the server between two snapshots.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Delta {
+    /// Upper bound (ms) of the histogram bucket holding the median / 99th percentile of
+    /// "POST accepted → last frame queued".
+    pub fanout_p50_le_ms: Option<f64>,
+    pub fanout_p99_le_ms: Option<f64>,
+    pub slow_consumer_disconnects: Option<f64>,
+}
+
+pub fn delta(before: &Snapshot, after: &Snapshot) -> Delta {
+    let change = |series: &str| {
+        after
+            .0
+            .get(series)
+            .map(|a| a - before.0.get(series).unwrap_or(&0.0))
+    };
+    let mut buckets: Vec<(f64, f64)> = after
+        .0
+        .keys()
+        .filter(|k| k.starts_with(FANOUT_BUCKET))
+        .filter_map(|k| {
+            let le = k.split("le=\"").nth(1)?.split('"').next()?;
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, change(k)?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    // Buckets are cumulative: the first whose count reaches the rank holds the quantile.
+    let quantile = |q: f64| -> Option<f64> {
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = (q * total).ceil();
+        buckets
+            .iter()
+            .find(|(_, count)| *count >= rank)
+            .map(|(bound, _)| bound * 1000.0)
+            .filter(|ms| ms.is_finite())
+    };
+    Delta {
+        fanout_p50_le_ms: quantile(0.50),
+        fanout_p99_le_ms: quantile(0.99),
+        slow_consumer_disconnects: change(SLOW_CONSUMERS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_deltas_give_quantile_bounds() {
+        let before = parse(
+            "# HELP x\nnotify_fanout_seconds_bucket{le=\"0.001\"} 5\nnotify_fanout_seconds_bucket{le=\"0.002\"} 5\nnotify_fanout_seconds_bucket{le=\"+Inf\"} 5\nnotify_slow_consumer_disconnects_total 1\n",
+        );
+        let after = parse(
+            "notify_fanout_seconds_bucket{le=\"0.001\"} 95\nnotify_fanout_seconds_bucket{le=\"0.002\"} 104\nnotify_fanout_seconds_bucket{le=\"+Inf\"} 105\nnotify_slow_consumer_disconnects_total 4\n",
+        );
+        let d = delta(&before, &after);
+        assert_eq!(d.fanout_p50_le_ms, Some(1.0));
+        assert_eq!(d.fanout_p99_le_ms, Some(2.0));
+        assert_eq!(d.slow_consumer_disconnects, Some(3.0));
+    }
+
+    #[test]
+    fn no_metrics_no_figures() {
+        let d = delta(&Snapshot::default(), &Snapshot::default());
+        assert_eq!(d.fanout_p99_le_ms, None);
+        assert_eq!(d.slow_consumer_disconnects, None);
+    }
+}

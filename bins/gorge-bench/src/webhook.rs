@@ -1,0 +1,485 @@
+//! `gorge-bench webhook`: drain a seeded backlog (or a trickle) with P gorge-webhook
+//! processes against a local receiver, and report throughput, latency and correctness.
+//!
+//! [`Rig`] (database + receiver + processes) is shared with the webhook drills.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::herald_db::{self, HeraldDb, HookSpec, RequestSpec};
+use crate::histogram::percentiles_of;
+use crate::notify::round3;
+use crate::procs::{self, Service};
+use crate::receiver::{Answer, Behaviour, Receiver};
+
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// gorge-webhook processes to run.
+    #[arg(long, default_value_t = 1)]
+    pub processes: usize,
+    #[arg(long, default_value_t = 100)]
+    pub hooks: usize,
+    /// Queued rows to seed (with --trickle: rows inserted one at a time).
+    #[arg(long, default_value_t = 20_000)]
+    pub rows: usize,
+    /// Receiver latency per request.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Fraction of requests answered 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Fraction of requests never answered (the sender's timeout ends them).
+    #[arg(long, default_value_t = 0.0)]
+    pub hang_rate: f64,
+    /// Whole-run limit in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// gorge-webhook binary (default: next to this executable).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// Insert into an idle queue one row at a time and measure insert→arrival.
+    #[arg(long)]
+    pub trickle: bool,
+    /// Pause between trickled rows.
+    #[arg(long, default_value_t = 100)]
+    pub trickle_interval_ms: u64,
+    /// GORGE_WEBHOOK_MAX_CONCURRENT (unset: the service default).
+    #[arg(long)]
+    pub max_concurrent: Option<u32>,
+    /// GORGE_WEBHOOK_POLL_INTERVAL_MS (unset: the service default).
+    #[arg(long)]
+    pub poll_interval_ms: Option<u64>,
+    /// GORGE_WEBHOOK_DELIVERY_TIMEOUT in seconds (unset: the service default).
+    #[arg(long)]
+    pub delivery_timeout: Option<u64>,
+    /// GORGE_WEBHOOK_RETRY_BACKOFF_SEC; short so that failed rows retry within the run.
+    #[arg(long, default_value_t = 1)]
+    pub retry_backoff_sec: u64,
+}
+
+/// Service settings the rig passes through to every process.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceSettings {
+    pub max_concurrent: Option<u32>,
+    pub poll_interval_ms: Option<u64>,
+    pub delivery_timeout: Option<u64>,
+    pub claim_lease_sec: Option<u64>,
+    pub retry_backoff_sec: Option<u64>,
+}
+
+/// A fresh database, a receiver, and the gorge-webhook processes draining into it.
+pub struct Rig {
+    pub db: HeraldDb,
+    pub receiver: Receiver,
+    pub hooks: Vec<HookSpec>,
+    pub processes: Vec<Service>,
+    binary: PathBuf,
+    settings: ServiceSettings,
+    /// When each row's INSERT committed, µs on the receiver's clock.
+    pub inserted_at_us: HashMap<usize, u64>,
+    /// The hook (index) of each row.
+    pub row_hook: HashMap<usize, usize>,
+    started: usize,
+}
+
+/// A blacklist that still blocks something (a documentation range) but not loopback,
+/// where the receiver lives. An empty value would mean "Phorge's default", which blocks it.
+const BENCH_BLACKLIST: &str = "192.0.2.0/24";
+
+fn hmac_key(hook: usize) -> String {
+    format!("benchkey{hook:06}{:018x}", rand::random::<u64>() >> 8)
+        .chars()
+        .take(32)
+        .collect()
+}
+
+pub fn hook_phid(hook: usize) -> String {
+    format!("PHID-HWBH-bench{hook:06}")
+}
+
+impl Rig {
+    /// Creates the database and receiver and seeds `hooks` hooks; `uri(receiver, n)` picks
+    /// each hook's URI (the route decides how the receiver behaves for it).
+    pub async fn new(
+        hooks: usize,
+        behaviour: Behaviour,
+        uri: impl Fn(&Receiver, usize) -> String,
+        binary: PathBuf,
+        settings: ServiceSettings,
+    ) -> Result<Rig, String> {
+        let keys: Vec<String> = (0..hooks).map(hmac_key).collect();
+        let receiver = Receiver::start(behaviour, &keys)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let db = HeraldDb::create().await?;
+        let hooks: Vec<HookSpec> = keys
+            .into_iter()
+            .enumerate()
+            .map(|(n, hmac_key)| HookSpec {
+                phid: hook_phid(n),
+                uri: uri(&receiver, n),
+                hmac_key,
+            })
+            .collect();
+        db.insert_hooks(&hooks).await?;
+        Ok(Rig {
+            db,
+            receiver,
+            hooks,
+            processes: Vec::new(),
+            binary,
+            settings,
+            inserted_at_us: HashMap::new(),
+            row_hook: HashMap::new(),
+            started: 0,
+        })
+    }
+
+    fn env(&self, listen: SocketAddr) -> Vec<(String, String)> {
+        let (host, port) = herald_db::mysql_host_port();
+        let mut env: Vec<(String, String)> = vec![
+            ("GORGE_WEBHOOK_MYSQL_HOST".into(), host),
+            ("GORGE_WEBHOOK_MYSQL_PORT".into(), port.to_string()),
+            ("GORGE_WEBHOOK_MYSQL_USER".into(), "root".into()),
+            ("GORGE_WEBHOOK_MYSQL_PASS".into(), String::new()),
+            ("GORGE_WEBHOOK_NAMESPACE".into(), self.db.namespace.clone()),
+            (
+                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST".into(),
+                BENCH_BLACKLIST.into(),
+            ),
+            ("GORGE_LISTEN_ADDR".into(), listen.to_string()),
+            ("GORGE_LOG_LEVEL".into(), "warn".into()),
+        ];
+        let s = &self.settings;
+        let optional = [
+            (
+                "GORGE_WEBHOOK_MAX_CONCURRENT",
+                s.max_concurrent.map(u64::from),
+            ),
+            ("GORGE_WEBHOOK_POLL_INTERVAL_MS", s.poll_interval_ms),
+            ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", s.delivery_timeout),
+            ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", s.claim_lease_sec),
+            ("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", s.retry_backoff_sec),
+        ];
+        for (key, value) in optional {
+            if let Some(value) = value {
+                env.push((key.into(), value.to_string()));
+            }
+        }
+        env
+    }
+
+    /// Starts one more process and waits until its /readyz answers 200.
+    pub async fn start_process(&mut self) -> Result<usize, String> {
+        let port = procs::free_port().map_err(|e| format!("free port: {e}"))?;
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let name = format!("gorge-webhook-{}", self.started);
+        self.started += 1;
+        let mut service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
+        service
+            .wait_ready("/readyz", Duration::from_secs(20))
+            .await?;
+        self.processes.push(service);
+        Ok(self.processes.len() - 1)
+    }
+
+    /// Inserts rows `seqs` spread round robin over the hooks (interleaved, as many
+    /// independent hooks firing would leave them).
+    pub async fn insert_rows(
+        &mut self,
+        seqs: std::ops::Range<usize>,
+        retry_forever: bool,
+    ) -> Result<(), String> {
+        let hooks = self.hooks.len();
+        let rows: Vec<(usize, usize)> = seqs.map(|seq| (seq, seq % hooks)).collect();
+        self.insert_rows_for(&rows, retry_forever).await
+    }
+
+    /// Inserts rows given as (sequence number, hook index), in that order.
+    pub async fn insert_rows_for(
+        &mut self,
+        rows: &[(usize, usize)],
+        retry_forever: bool,
+    ) -> Result<(), String> {
+        let rows: Vec<RequestSpec> = rows
+            .iter()
+            .map(|&(seq, hook)| {
+                self.row_hook.insert(seq, hook);
+                RequestSpec {
+                    seq,
+                    hook_phid: self.hooks[hook].phid.clone(),
+                    retry_forever,
+                }
+            })
+            .collect();
+        let state = self.receiver.state.clone();
+        let inserted = &mut self.inserted_at_us;
+        self.db
+            .insert_requests(&rows, |chunk| {
+                let now = state.now_us();
+                for row in chunk {
+                    inserted.insert(row.seq, now);
+                }
+            })
+            .await
+    }
+
+    /// Waits until no row is `queued` (true) or `until` passes (false). Database errors
+    /// (a restarting server) are waited out.
+    pub async fn wait_final(&self, until: Instant) -> bool {
+        loop {
+            if let Ok(0) = self.db.queued().await {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Number of processes that exited on their own.
+    pub fn exited(&mut self) -> usize {
+        self.processes
+            .iter_mut()
+            .map(|p| !p.alive())
+            .filter(|dead| *dead)
+            .count()
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL) and drops the database.
+    pub async fn teardown(mut self) {
+        for process in &mut self.processes {
+            // Short grace: the run is over, and --timeout bounds the whole run.
+            process.stop(Duration::from_secs(3)).await;
+        }
+        self.db.drop_database().await;
+    }
+
+    /// What the receiver saw, per row.
+    pub fn report(&self) -> DeliveryReport {
+        let arrivals = self.receiver.state.arrivals();
+        let mut per_row: HashMap<usize, RowArrivals> = HashMap::new();
+        let mut first_us = u64::MAX;
+        let mut last_ok_us = 0;
+        for a in &arrivals {
+            first_us = first_us.min(a.at_us);
+            let Some(seq) = a.seq else { continue };
+            let row = per_row.entry(seq).or_default();
+            row.attempts += 1;
+            if a.answer == Answer::Ok {
+                row.ok += 1;
+                row.first_ok_us.get_or_insert(a.at_us);
+                last_ok_us = last_ok_us.max(a.at_us);
+            }
+        }
+        let mut latencies: Vec<u64> = per_row
+            .iter()
+            .filter_map(|(seq, row)| {
+                let inserted = self.inserted_at_us.get(seq)?;
+                Some(row.first_ok_us?.saturating_sub(*inserted))
+            })
+            .collect();
+        let delivered = per_row.values().filter(|r| r.ok > 0).count() as u64;
+        let span_s = if last_ok_us > first_us {
+            (last_ok_us - first_us) as f64 / 1e6
+        } else {
+            0.0
+        };
+        DeliveryReport {
+            requests: arrivals.len() as u64,
+            delivered,
+            duplicates: per_row
+                .values()
+                .map(|r| u64::from(r.ok.saturating_sub(1)))
+                .sum(),
+            repeat_requests: per_row
+                .values()
+                .map(|r| u64::from(r.attempts.saturating_sub(1)))
+                .sum(),
+            duplicated_rows: per_row
+                .iter()
+                .filter(|(_, r)| r.ok > 1)
+                .map(|(seq, _)| *seq)
+                .collect(),
+            deliveries_per_s: if span_s > 0.0 {
+                delivered as f64 / span_s
+            } else {
+                0.0
+            },
+            latency: percentiles_of(&mut latencies),
+        }
+    }
+}
+
+#[derive(Default)]
+struct RowArrivals {
+    attempts: u32,
+    ok: u32,
+    first_ok_us: Option<u64>,
+}
+
+pub struct DeliveryReport {
+    pub requests: u64,
+    /// Rows that got at least one 2xx answer.
+    pub delivered: u64,
+    /// 2xx answers beyond the first, summed over rows: the receiver got the same POST twice.
+    pub duplicates: u64,
+    /// All requests beyond the first per row (retries after errors included).
+    pub repeat_requests: u64,
+    pub duplicated_rows: Vec<usize>,
+    pub deliveries_per_s: f64,
+    pub latency: crate::histogram::Percentiles,
+}
+
+pub async fn run(args: WebhookArgs) -> Value {
+    let deadline = crate::work_deadline(args.timeout);
+    let behaviour = Behaviour {
+        latency: Duration::from_millis(args.latency_ms),
+        error_rate: args.error_rate,
+        hang_rate: args.hang_rate,
+    };
+    let settings = ServiceSettings {
+        max_concurrent: args.max_concurrent,
+        poll_interval_ms: args.poll_interval_ms,
+        delivery_timeout: args.delivery_timeout,
+        claim_lease_sec: None,
+        retry_backoff_sec: Some(args.retry_backoff_sec),
+    };
+    let binary = args
+        .binary
+        .clone()
+        .unwrap_or_else(|| procs::sibling_binary("gorge-webhook"));
+    let mut rig = match Rig::new(
+        args.hooks.max(1),
+        behaviour,
+        |r, n| r.hook_uri(n),
+        binary,
+        settings,
+    )
+    .await
+    {
+        Ok(rig) => rig,
+        Err(e) => return json!({"ok": false, "error": e}),
+    };
+    let mariadb_pid = mariadb_pid();
+    let cpu = |pid: Option<u32>| pid.and_then(|p| crate::sys::cpu_seconds(p).ok());
+    let (mariadb_before, bench_before) = (cpu(mariadb_pid), cpu(Some(std::process::id())));
+    let outcome = drive(&mut rig, &args, deadline).await;
+    // Where the CPU went during the run (the processes started inside it, so their total
+    // is their share).
+    let webhook_cpu: f64 = rig.processes.iter().filter_map(|p| cpu(Some(p.pid))).sum();
+    let mariadb_cpu = cpu(mariadb_pid).zip(mariadb_before).map(|(a, b)| a - b);
+    let bench_cpu = cpu(Some(std::process::id()))
+        .zip(bench_before)
+        .map(|(a, b)| a - b);
+    let report = rig.report();
+    let rows = rig.db.rows().await.unwrap_or_default();
+    let exited = rig.exited();
+    let state = rig.receiver.state.clone();
+    rig.teardown().await;
+    let (wall_s, all_final) = match outcome {
+        Ok(v) => v,
+        Err(e) => return json!({"ok": false, "error": e}),
+    };
+    let count = |status: &str| rows.iter().filter(|r| r.status == status).count();
+    let not_final = count("queued");
+    let max_per_hook = state.max_concurrent_per_hook();
+    let bad_signatures = state
+        .bad_signatures
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let ok = all_final
+        && report.duplicates == 0
+        && max_per_hook <= 1
+        && bad_signatures == 0
+        && exited == 0;
+    json!({
+        "ok": ok,
+        "mode": if args.trickle { "trickle" } else { "backlog" },
+        "processes": args.processes,
+        "hooks": args.hooks,
+        "rows": args.rows,
+        "receiver_latency_ms": args.latency_ms,
+        "error_rate": args.error_rate,
+        "hang_rate": args.hang_rate,
+        "sent": count("sent"),
+        "failed": count("failed"),
+        "not_final": not_final,
+        "requests_seen": report.requests,
+        "delivered": report.delivered,
+        "deliveries_per_s": round3(report.deliveries_per_s),
+        "deliveries_per_s_per_process": round3(report.deliveries_per_s / args.processes.max(1) as f64),
+        "insert_to_delivery_ms": report.latency,
+        "duplicates": report.duplicates,
+        "repeat_requests": report.repeat_requests,
+        "max_concurrent_per_hook": max_per_hook,
+        "bad_signatures": bad_signatures,
+        "unparsed_bodies": state.unparsed.load(std::sync::atomic::Ordering::Relaxed),
+        "processes_exited": exited,
+        "wall_s": round3(wall_s),
+        "cpu_s": {
+            "webhook": round3(webhook_cpu),
+            "mariadb": mariadb_cpu.map(round3),
+            "bench": bench_cpu.map(round3),
+        },
+        "webhook_cpu_us_per_delivery": (report.delivered > 0)
+            .then(|| round3(webhook_cpu * 1e6 / report.delivered as f64)),
+    })
+}
+
+/// The local MariaDB server's process, for its share of the CPU.
+fn mariadb_pid() -> Option<u32> {
+    std::fs::read_to_string("/run/mysqld/mysqld.pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Seeds and runs; returns (seconds from first process start to all rows final, all final).
+async fn drive(
+    rig: &mut Rig,
+    args: &WebhookArgs,
+    deadline: Instant,
+) -> Result<(f64, bool), String> {
+    let wait_until = deadline;
+    if args.trickle {
+        for _ in 0..args.processes.max(1) {
+            rig.start_process().await?;
+        }
+        let started = Instant::now();
+        eprintln!(
+            "webhook: trickling {} rows every {} ms",
+            args.rows, args.trickle_interval_ms
+        );
+        for seq in 0..args.rows {
+            if Instant::now() >= wait_until {
+                break;
+            }
+            rig.insert_rows(seq..seq + 1, true).await?;
+            tokio::time::sleep(Duration::from_millis(args.trickle_interval_ms)).await;
+        }
+        let all_final = rig.wait_final(wait_until).await;
+        return Ok((started.elapsed().as_secs_f64(), all_final));
+    }
+    let seeding = Instant::now();
+    rig.insert_rows(0..args.rows, true).await?;
+    eprintln!(
+        "webhook: seeded {} rows over {} hooks in {:.1}s; starting {} process(es)",
+        args.rows,
+        args.hooks,
+        seeding.elapsed().as_secs_f64(),
+        args.processes
+    );
+    let started = Instant::now();
+    for _ in 0..args.processes.max(1) {
+        rig.start_process().await?;
+    }
+    let all_final = rig.wait_final(wait_until).await;
+    Ok((started.elapsed().as_secs_f64(), all_final))
+}
