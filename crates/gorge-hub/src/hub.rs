@@ -6,7 +6,6 @@
 //! Subscriptions are indexed per instance by PHID, so delivering to one PHID among 50 000
 //! sockets touches only the sockets that want it.
 
-use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -510,13 +509,10 @@ fn remove_from_index(
     phid: &str,
     id: SocketId,
 ) {
-    if let Some((key, _)) = by_phid.get_key_value(phid) {
-        let key = key.clone();
-        if let MapEntry::Occupied(mut sockets) = by_phid.entry(key) {
-            sockets.get_mut().remove(&id);
-            if sockets.get().is_empty() {
-                sockets.remove();
-            }
+    if let Some(sockets) = by_phid.get_mut(phid) {
+        sockets.remove(&id);
+        if sockets.is_empty() {
+            by_phid.remove(phid);
         }
     }
 }

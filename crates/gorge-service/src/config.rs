@@ -158,7 +158,7 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(mask_secret(&self.0))
+        fmt::Display::fmt(self, f)
     }
 }
 

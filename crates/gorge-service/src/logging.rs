@@ -23,7 +23,7 @@ pub enum LogFormat {
 /// until the process exits.
 pub struct Logging {
     pub logger: Logger,
-    _guard: Option<slog_async::AsyncGuard>,
+    _guard: slog_async::AsyncGuard,
 }
 
 /// Reads `GORGE_LOG_LEVEL` (default `info`) and `GORGE_LOG_FORMAT` (default `json`); an
@@ -70,23 +70,25 @@ pub fn build<W: io::Write + Send + 'static>(
     service: &'static str,
     version: &'static str,
 ) -> Logging {
-    let drain = match format {
-        LogFormat::Json => slog_json::Json::new(out)
-            .set_newlines(true)
-            .add_key_value(o!(
-                "ts" => slog::PushFnValue(|_, ser| ser.emit(timestamp())),
-                "level" => slog::FnValue(|record| record.level().as_short_str()),
-                "event" => slog::PushFnValue(|record, ser| ser.emit(record.msg())),
-            ))
-            .build()
-            .fuse(),
+    match format {
+        LogFormat::Json => {
+            let json = slog_json::Json::new(out)
+                .set_newlines(true)
+                .add_key_value(o!(
+                    "ts" => slog::PushFnValue(|_, ser| ser.emit(timestamp())),
+                    "level" => slog::FnValue(|record| record.level().as_short_str()),
+                    "event" => slog::PushFnValue(|record, ser| ser.emit(record.msg())),
+                ))
+                .build()
+                .fuse();
+            finish(json, level, service, version)
+        }
         LogFormat::Text => {
             let decorator = slog_term::PlainDecorator::new(out);
             let text = slog_term::FullFormat::new(decorator).build().fuse();
-            return finish(text, level, service, version);
+            finish(text, level, service, version)
         }
-    };
-    finish(drain, level, service, version)
+    }
 }
 
 fn finish<D>(drain: D, level: Level, service: &'static str, version: &'static str) -> Logging
@@ -100,7 +102,7 @@ where
     let drain = drain.filter_level(level).fuse();
     Logging {
         logger: Logger::root(drain, o!("service" => service, "version" => version)),
-        _guard: Some(guard),
+        _guard: guard,
     }
 }
 

@@ -7,7 +7,7 @@
 //! so every format here is pinned byte for byte by the tests below.
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Characters a server fingerprint is drawn from (Aphlict's alphabet: no `0 1 i l o I O`).
 pub const FINGERPRINT_ALPHABET: &[u8; 55] =
@@ -174,16 +174,12 @@ pub fn parse_admin_message(
         "touched".to_owned(),
         Value::Array(touched.iter().cloned().map(Value::String).collect()),
     );
-    let body = serialize_object(&object);
+    let body = serde_json::to_vec(&object).expect("a parsed JSON object serializes");
     Ok(AdminMessage::Accepted(StampedMessage {
         subscribers,
         touched,
         body,
     }))
-}
-
-fn serialize_object(object: &Map<String, Value>) -> Vec<u8> {
-    serde_json::to_vec(object).expect("a parsed JSON object serializes")
 }
 
 /// The string entries of a JSON list; anything that is not a list yields nothing.
@@ -221,15 +217,11 @@ pub fn parse_client_command(frame: &str) -> ClientCommand {
         return ClientCommand::Ignored;
     };
     let data = object.get("data");
+    // (Un)subscribe need `data` to be a list; any other shape is ignored, not an empty list.
+    let phids = || matches!(data, Some(Value::Array(_))).then(|| strings_of(data));
     match object.get("command").and_then(Value::as_str) {
-        Some("subscribe") => match data {
-            Some(Value::Array(_)) => ClientCommand::Subscribe(strings_of(data)),
-            _ => ClientCommand::Ignored,
-        },
-        Some("unsubscribe") => match data {
-            Some(Value::Array(_)) => ClientCommand::Unsubscribe(strings_of(data)),
-            _ => ClientCommand::Ignored,
-        },
+        Some("subscribe") => phids().map_or(ClientCommand::Ignored, ClientCommand::Subscribe),
+        Some("unsubscribe") => phids().map_or(ClientCommand::Ignored, ClientCommand::Unsubscribe),
         Some("replay") => ClientCommand::Replay {
             age_ms: replay_age(data),
         },
