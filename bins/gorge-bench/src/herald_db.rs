@@ -11,14 +11,10 @@ use serde_json::Value;
 /// 20 000 rows take longer than draining them).
 const INSERT_CHUNK: usize = 1000;
 
-/// The MariaDB server the bench uses (`GORGE_TEST_MYSQL_URL`, as the tests do).
-pub fn mysql_url() -> String {
-    testdb::mysql_url()
-}
-
-/// Host and port of [`mysql_url`], for the services' environment.
+/// Host and port of the MariaDB server the bench uses (`GORGE_TEST_MYSQL_URL`, as the
+/// tests do), for the services' environment.
 pub fn mysql_host_port() -> (String, u16) {
-    let url = mysql_url();
+    let url = testdb::mysql_url();
     let authority = url
         .trim_start_matches("mysql://")
         .split('/')

@@ -91,6 +91,36 @@ async fn open_subscribed(
     (opened, failed_attempts)
 }
 
+/// What each reading socket of the peers drill returns: its (server, generation) and end.
+type TaggedReaders = JoinSet<((usize, u8), ReaderEnd)>;
+
+/// Opens sockets `indices` on `server` (64 at a time, three attempts, within a minute) and
+/// spawns a reader for each, tagged `tag`; fails if any socket could not be subscribed.
+async fn spawn_readers(
+    server: &NotificationServer,
+    indices: std::ops::Range<usize>,
+    env: &DrillEnv,
+    deliveries: &Arc<Deliveries>,
+    stop_rx: &watch::Receiver<bool>,
+    readers: &mut TaggedReaders,
+    tag: (usize, u8),
+) -> Result<(), String> {
+    let until = env.within(Duration::from_secs(60));
+    let (opened, _) = open_subscribed(server, indices, 64, 3, until).await;
+    if !opened.failed.is_empty() {
+        return Err(format!(
+            "{} sockets failed: {:?}",
+            opened.failed.len(),
+            opened.first_error
+        ));
+    }
+    for (_, ws) in opened.sockets {
+        let (d, s) = (deliveries.clone(), stop_rx.clone());
+        readers.spawn(async move { (tag, read_frames(ws, d, s, true).await) });
+    }
+    Ok(())
+}
+
 pub async fn peers(env: &DrillEnv) -> Outcome {
     const SOCKETS_PER_SERVER: usize = 150;
     const PER_PHASE: usize = 200;
@@ -123,27 +153,21 @@ pub async fn peers(env: &DrillEnv) -> Outcome {
     let deliveries = Arc::new(Deliveries::new(Instant::now(), 3 * PER_PHASE));
     let (stop_tx, stop_rx) = watch::channel(false);
     // (server, generation) of every reading socket, in spawn order.
-    let mut readers: JoinSet<((usize, u8), ReaderEnd)> = JoinSet::new();
+    let mut readers: TaggedReaders = JoinSet::new();
     for (i, server) in servers.iter().enumerate() {
         let base = i * SOCKETS_PER_SERVER;
-        let (opened, _) = open_subscribed(
+        let indices = base..base + SOCKETS_PER_SERVER;
+        let spawned = spawn_readers(
             server,
-            base..base + SOCKETS_PER_SERVER,
-            64,
-            3,
-            env.within(Duration::from_secs(60)),
-        )
-        .await;
-        if !opened.failed.is_empty() {
-            return Outcome::failed_to_run(format!(
-                "server {i}: {} sockets failed: {:?}",
-                opened.failed.len(),
-                opened.first_error
-            ));
-        }
-        for (_, ws) in opened.sockets {
-            let (d, s) = (deliveries.clone(), stop_rx.clone());
-            readers.spawn(async move { ((i, 0), read_frames(ws, d, s, true).await) });
+            indices,
+            env,
+            &deliveries,
+            &stop_rx,
+            &mut readers,
+            (i, 0),
+        );
+        if let Err(e) = spawned.await {
+            return Outcome::failed_to_run(format!("server {i}: {e}"));
         }
     }
 
@@ -176,23 +200,18 @@ pub async fn peers(env: &DrillEnv) -> Outcome {
                 Err(e) => return Outcome::failed_to_run(format!("restart: {e}")),
             }
             let base = 3 * SOCKETS_PER_SERVER;
-            let (opened, _) = open_subscribed(
+            let indices = base..base + SOCKETS_PER_SERVER;
+            let spawned = spawn_readers(
                 &servers[2],
-                base..base + SOCKETS_PER_SERVER,
-                64,
-                3,
-                env.within(Duration::from_secs(60)),
-            )
-            .await;
-            if !opened.failed.is_empty() {
-                return Outcome::failed_to_run(format!(
-                    "restarted server: {} sockets failed",
-                    opened.failed.len()
-                ));
-            }
-            for (_, ws) in opened.sockets {
-                let (d, s) = (deliveries.clone(), stop_rx.clone());
-                readers.spawn(async move { ((2, 1), read_frames(ws, d, s, true).await) });
+                indices,
+                env,
+                &deliveries,
+                &stop_rx,
+                &mut readers,
+                (2, 1),
+            );
+            if let Err(e) = spawned.await {
+                return Outcome::failed_to_run(format!("restarted server: {e}"));
             }
             eprintln!("  restarted gorge-notification-2 and resubscribed its sockets");
         }

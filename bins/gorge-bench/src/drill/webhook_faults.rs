@@ -22,6 +22,23 @@ fn drill_settings() -> ServiceSettings {
     }
 }
 
+/// Starts a [`Rig`] of `hooks` hooks with the drill settings and the drill's binary.
+async fn drill_rig(
+    env: &DrillEnv,
+    hooks: usize,
+    behaviour: Behaviour,
+    uri: impl Fn(&Receiver, usize) -> String,
+) -> Result<Rig, String> {
+    Rig::new(
+        hooks,
+        behaviour,
+        uri,
+        env.webhook_binary.clone(),
+        drill_settings(),
+    )
+    .await
+}
+
 fn plain_behaviour(latency_ms: u64) -> Behaviour {
     Behaviour {
         latency: Duration::from_millis(latency_ms),
@@ -44,15 +61,7 @@ async fn wait_arrivals(receiver: &Receiver, count: usize, until: Instant) -> boo
 pub async fn kill9(env: &DrillEnv) -> Outcome {
     const ROWS: usize = 2000;
     const MAX_CONCURRENT: u64 = 8;
-    let mut rig = match Rig::new(
-        20,
-        plain_behaviour(30),
-        |r, n| r.hook_uri(n),
-        env.webhook_binary.clone(),
-        drill_settings(),
-    )
-    .await
-    {
+    let mut rig = match drill_rig(env, 20, plain_behaviour(30), |r, n| r.hook_uri(n)).await {
         Ok(rig) => rig,
         Err(e) => return Outcome::failed_to_run(e),
     };
@@ -135,7 +144,7 @@ pub async fn kill9(env: &DrillEnv) -> Outcome {
     }
 }
 
-/// Receiver fault classes, five hooks each, routed by URI.
+/// Receiver fault classes, `HOOKS_PER_FAULT` hooks each, routed by URI.
 const FAULTS: [&str; 5] = ["reset", "big-200", "big-500", "redirect-loop", "control"];
 const HOOKS_PER_FAULT: usize = 3;
 
@@ -169,15 +178,7 @@ pub async fn receiver_faults(env: &DrillEnv) -> Outcome {
     let hooks = FAULTS.len() * HOOKS_PER_FAULT;
     let class_of = |hook: usize| FAULTS[hook / HOOKS_PER_FAULT];
     let rows_total = hooks * ROWS_PER_HOOK;
-    let mut rig = match Rig::new(
-        hooks,
-        plain_behaviour(0),
-        fault_uri,
-        env.webhook_binary.clone(),
-        drill_settings(),
-    )
-    .await
-    {
+    let mut rig = match drill_rig(env, hooks, plain_behaviour(0), fault_uri).await {
         Ok(rig) => rig,
         Err(e) => return Outcome::failed_to_run(e),
     };
@@ -331,15 +332,7 @@ pub async fn receiver_faults(env: &DrillEnv) -> Outcome {
 
 pub async fn mariadb_restart(env: &DrillEnv) -> Outcome {
     const ROWS: usize = 3000;
-    let mut rig = match Rig::new(
-        20,
-        plain_behaviour(20),
-        |r, n| r.hook_uri(n),
-        env.webhook_binary.clone(),
-        drill_settings(),
-    )
-    .await
-    {
+    let mut rig = match drill_rig(env, 20, plain_behaviour(20), |r, n| r.hook_uri(n)).await {
         Ok(rig) => rig,
         Err(e) => return Outcome::failed_to_run(e),
     };
