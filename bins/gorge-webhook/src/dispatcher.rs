@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gorge_claim::{
@@ -136,6 +136,12 @@ impl Dispatcher {
         })
     }
 
+    /// The local state. Poisoning is ignored: it is plain sets and maps, and a worker that
+    /// panicked has its row and hook released by its `Slot` anyway.
+    fn local_state(&self) -> MutexGuard<'_, LocalState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Candidates per poll.
     pub fn batch_limit(&self) -> usize {
         self.config.max_concurrent * BATCH_FACTOR
@@ -208,7 +214,7 @@ impl Dispatcher {
     /// A round driven this way looks at every hook, including resting ones.
     pub async fn run_round(self: &Arc<Self>) -> Result<Round, ClaimError> {
         {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.local_state();
             state.resting.clear();
         }
         let round = self.poll_round(None).await?;
@@ -240,7 +246,7 @@ impl Dispatcher {
         let mut first = first;
         for candidate in candidates {
             {
-                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let state = self.local_state();
                 if state.rows.contains(&candidate.id) {
                     self.metrics.skip(SkipReason::InFlight);
                     round.skipped_local += 1;
@@ -266,7 +272,7 @@ impl Dispatcher {
                 },
             };
             {
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut state = self.local_state();
                 state.rows.insert(candidate.id);
                 state.hooks.insert(candidate.webhook_phid.clone());
             }
@@ -282,7 +288,7 @@ impl Dispatcher {
     /// ones. Forgets rests that are over. The store uses the first [`MAX_EXCLUDED_HOOKS`].
     fn hooks_to_exclude(&self) -> (Vec<String>, Round) {
         let now = Instant::now();
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.local_state();
         state.resting.retain(|_, until| *until > now);
         let mut excluded: Vec<String> = state.hooks.iter().cloned().collect();
         // A hook can be both busy here and resting (a rest set while its delivery ends).
@@ -451,7 +457,7 @@ impl Dispatcher {
     /// Leaves `hook` alone for `duration` (candidates of it are skipped without a query).
     fn rest(&self, hook: &str, duration: Duration) {
         let until = Instant::now() + duration;
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.local_state();
         state.resting.insert(hook.to_string(), until);
     }
 
@@ -459,7 +465,7 @@ impl Dispatcher {
     fn note_breaker(&self, hook: &str, failures: u64) -> bool {
         let open = failures >= self.config.breaker_threshold;
         let changed = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.local_state();
             let changed = if open {
                 state.open_breakers.insert(hook.to_string())
             } else {
@@ -485,7 +491,7 @@ impl Dispatcher {
     /// `WEBHOOK_BREAKER_CLOSED` line follow the window even when the hook has no rows left.
     pub async fn reevaluate_breakers(&self) -> Result<(), ClaimError> {
         let open: Vec<String> = {
-            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let state = self.local_state();
             state.open_breakers.iter().cloned().collect()
         };
         let since = self
@@ -610,11 +616,7 @@ struct Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         {
-            let mut state = self
-                .dispatcher
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut state = self.dispatcher.local_state();
             state.rows.remove(&self.row);
             state.hooks.remove(self.hook);
         }

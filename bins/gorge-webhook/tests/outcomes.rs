@@ -61,6 +61,14 @@ impl Case {
         }
     }
 
+    /// Inserts this case's hook, signing with [`KEY`].
+    async fn insert_hook(&self, uri: &str, status: &str) {
+        self.db
+            .insert_hook(&self.hook, uri, status, KEY)
+            .await
+            .unwrap();
+    }
+
     async fn request(&self, properties: &str) -> u64 {
         let request =
             NewRequest::new(&self.hook, "PHID-TASK-outcomeobject00000").with_properties(properties);
@@ -94,10 +102,7 @@ fn assert_row(row: &RequestRow, status: &str, result: &str, epoch: u64, properti
 async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook"), "enabled").await;
     let id = case.request(RICH).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
     let round = dispatcher.run_round().await.unwrap();
@@ -120,10 +125,8 @@ async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
 async fn wire_bytes_signature_and_headers_are_phorges() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook?x=1"), "firehose", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook?x=1"), "firehose")
+        .await;
     case.request(RICH).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -165,10 +168,7 @@ async fn wire_bytes_signature_and_headers_are_phorges() {
 async fn http_500_stays_queued_with_forever_and_fails_with_never() {
     let case = Case::new().await;
     let receiver = Receiver::start(500);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook"), "enabled").await;
     let forever = case.request(&with_retry("forever")).await;
     let never = case.request(&with_retry("never")).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
@@ -200,10 +200,7 @@ async fn http_500_stays_queued_with_forever_and_fails_with_never() {
 async fn timeout_is_error_type_timeout() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/slow"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/slow"), "enabled").await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, _) = Harness {
         timeout: Duration::from_secs(1),
@@ -225,15 +222,8 @@ async fn timeout_is_error_type_timeout() {
 async fn connection_refused_is_a_short_stable_code() {
     let case = Case::new().await;
     let port = common::free_port();
-    case.db
-        .insert_hook(
-            &case.hook,
-            &format!("http://127.0.0.1:{port}/gone"),
-            "enabled",
-            KEY,
-        )
-        .await
-        .unwrap();
+    case.insert_hook(&format!("http://127.0.0.1:{port}/gone"), "enabled")
+        .await;
     let id = case.request(&with_retry("forever")).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -251,10 +241,7 @@ async fn connection_refused_is_a_short_stable_code() {
 async fn disabled_and_missing_hooks_fail_without_a_request() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook"), "disabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook"), "disabled").await;
     let disabled = case.request(RICH).await;
     let missing = case
         .db
@@ -295,10 +282,7 @@ async fn disabled_and_missing_hooks_fail_without_a_request() {
 async fn unparsable_properties_fail_with_invalid_properties() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook"), "enabled").await;
     let garbage = case.request("{not json").await;
     let bad_field = case
         .request(r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1}"#)
@@ -330,10 +314,7 @@ async fn unparsable_properties_fail_with_invalid_properties() {
 async fn blocked_private_address_fails_with_hook_uri() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/hook"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/hook"), "enabled").await;
     let id = case.request(RICH).await;
     let (dispatcher, metrics) = Harness {
         policy: OutboundPolicy::phorge_default(),
@@ -433,10 +414,7 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
 async fn redirect_loops_stop_after_five_hops() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Redirect(308, "/again".into()));
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/start"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/start"), "enabled").await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -455,10 +433,7 @@ async fn redirect_loops_stop_after_five_hops() {
 async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Sized(200, 200 * 1024));
-    case.db
-        .insert_hook(&case.hook, &receiver.url("/chatty"), "enabled", KEY)
-        .await
-        .unwrap();
+    case.insert_hook(&receiver.url("/chatty"), "enabled").await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();

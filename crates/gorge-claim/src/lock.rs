@@ -64,35 +64,34 @@ impl HookLock {
 
     /// Releases the lock and returns the connection to the pool.
     pub async fn release(mut self) -> Result<(), ClaimError> {
-        let Some(mut conn) = self.conn.take() else {
+        let Some(conn) = self.conn.take() else {
             return Ok(());
         };
-        match conn.exec_drop("DO RELEASE_LOCK(?)", (&self.name,)).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                // The session may still hold the lock: end it so the server frees the lock.
-                let _ = conn.disconnect().await;
-                Err(ClaimError::Database(err))
-            }
-        }
+        release_on(conn, &self.name)
+            .await
+            .map_err(ClaimError::Database)
     }
+}
+
+/// `RELEASE_LOCK(name)` on `conn`, then back to the pool. On error the session may still
+/// hold the lock: it is ended so that the server frees the lock.
+async fn release_on(mut conn: Conn, name: &str) -> Result<(), mysql_async::Error> {
+    let released = conn.exec_drop("DO RELEASE_LOCK(?)", (name,)).await;
+    if released.is_err() {
+        let _ = conn.disconnect().await;
+    }
+    released
 }
 
 impl Drop for HookLock {
     fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
+        let Some(conn) = self.conn.take() else {
             return;
         };
         let name = std::mem::take(&mut self.name);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if conn
-                    .exec_drop("DO RELEASE_LOCK(?)", (&name,))
-                    .await
-                    .is_err()
-                {
-                    let _ = conn.disconnect().await;
-                }
+                let _ = release_on(conn, &name).await;
             });
         }
         // Without a runtime the connection returns to the pool, which resets it.

@@ -25,6 +25,19 @@ fn hook_phid(db: &TestDb, suffix: &str) -> String {
     format!("PHID-HWBH-{}{suffix}", db.namespace())
 }
 
+/// Lease and backoff for tests where neither expires.
+const TIMING: ClaimTiming = ClaimTiming {
+    lease_sec: 30,
+    retry_backoff_sec: 60,
+};
+
+/// Inserts a fresh request (default properties) of this database's hook at `T0`.
+async fn insert_fresh_request(db: &TestDb) -> u64 {
+    db.insert_request(&NewRequest::new(&hook_phid(db, ""), OBJECT), T0)
+        .await
+        .unwrap()
+}
+
 fn as_candidate(row: &RequestRow) -> Candidate {
     Candidate {
         id: row.id,
@@ -114,15 +127,8 @@ async fn exactly_one_of_two_racing_claims_wins_every_round() {
 async fn claim_in_the_insert_second_still_bumps_the_version() {
     let db = fresh_db().await;
     let store = db.store();
-    let id = db
-        .insert_request(&NewRequest::new(&hook_phid(&db, ""), OBJECT), T0)
-        .await
-        .unwrap();
-    let timing = ClaimTiming {
-        lease_sec: 30,
-        retry_backoff_sec: 60,
-    };
-    let seen = store.candidates(T0, &timing, 10, &[]).await.unwrap();
+    let id = insert_fresh_request(&db).await;
+    let seen = store.candidates(T0, &TIMING, 10, &[]).await.unwrap();
     assert_eq!(seen.len(), 1);
     let claim = store
         .claim(&seen[0], T0)
@@ -156,10 +162,7 @@ async fn claim_in_the_insert_second_still_bumps_the_version() {
 async fn lease_and_backoff_are_independent() {
     let db = fresh_db().await;
     let store = db.store();
-    let id = db
-        .insert_request(&NewRequest::new(&hook_phid(&db, ""), OBJECT), T0)
-        .await
-        .unwrap();
+    let id = insert_fresh_request(&db).await;
     let timing = ClaimTiming {
         lease_sec: 30,
         retry_backoff_sec: 10,
@@ -254,10 +257,7 @@ async fn lease_and_backoff_are_independent() {
 async fn backoff_longer_than_lease_is_not_cut_short() {
     let db = fresh_db().await;
     let store = db.store();
-    let id = db
-        .insert_request(&NewRequest::new(&hook_phid(&db, ""), OBJECT), T0)
-        .await
-        .unwrap();
+    let id = insert_fresh_request(&db).await;
     let timing = ClaimTiming {
         lease_sec: 30,
         retry_backoff_sec: 60,
@@ -293,10 +293,7 @@ async fn backoff_longer_than_lease_is_not_cut_short() {
 async fn terminal_outcome_without_request_keeps_epoch_zero() {
     let db = fresh_db().await;
     let store = db.store();
-    let id = db
-        .insert_request(&NewRequest::new(&hook_phid(&db, ""), OBJECT), T0)
-        .await
-        .unwrap();
+    let id = insert_fresh_request(&db).await;
     let row = db.read_request(id).await.unwrap();
     let claim = store
         .claim(&as_candidate(&row), T0 + 1)
@@ -352,16 +349,12 @@ async fn candidates_are_bounded_and_oldest_first() {
                 .unwrap(),
         );
     }
-    let timing = ClaimTiming {
-        lease_sec: 30,
-        retry_backoff_sec: 60,
-    };
-    let first = store.candidates(T0 + 5, &timing, 3, &[]).await.unwrap();
+    let first = store.candidates(T0 + 5, &TIMING, 3, &[]).await.unwrap();
     assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), ids[..3]);
     assert_eq!(first[1].date_created, T0 + 1);
     assert_eq!(first[1].webhook_phid, hook);
     store.claim(&first[0], T0 + 5).await.unwrap().unwrap();
-    let next = store.candidates(T0 + 5, &timing, 3, &[]).await.unwrap();
+    let next = store.candidates(T0 + 5, &TIMING, 3, &[]).await.unwrap();
     assert_eq!(next.iter().map(|c| c.id).collect::<Vec<_>>(), ids[1..4]);
     store.close().await;
     db.drop_database().await;
@@ -384,22 +377,18 @@ async fn excluded_hooks_rows_neither_appear_nor_fill_the_batch() {
                 .unwrap(),
         );
     }
-    let timing = ClaimTiming {
-        lease_sec: 30,
-        retry_backoff_sec: 60,
-    };
     let ids_of = |candidates: Vec<Candidate>| candidates.iter().map(|c| c.id).collect::<Vec<_>>();
     let owned = |hooks: &[&String]| hooks.iter().map(|h| h.to_string()).collect::<Vec<_>>();
 
     assert_eq!(
-        ids_of(store.candidates(T0, &timing, 100, &[]).await.unwrap()),
+        ids_of(store.candidates(T0, &TIMING, 100, &[]).await.unwrap()),
         ids
     );
     // The LIMIT counts only rows that are returned: A's rows at the head take no room.
     assert_eq!(
         ids_of(
             store
-                .candidates(T0, &timing, 2, &owned(&[&a]))
+                .candidates(T0, &TIMING, 2, &owned(&[&a]))
                 .await
                 .unwrap()
         ),
@@ -410,7 +399,7 @@ async fn excluded_hooks_rows_neither_appear_nor_fill_the_batch() {
     assert_eq!(
         ids_of(
             store
-                .candidates(T0, &timing, 100, &owned(&[&a, &unknown, &b]))
+                .candidates(T0, &TIMING, 100, &owned(&[&a, &unknown, &b]))
                 .await
                 .unwrap()
         ),
@@ -423,12 +412,12 @@ async fn excluded_hooks_rows_neither_appear_nor_fill_the_batch() {
     let at_cap = [filler.clone(), owned(&[&c])].concat();
     assert_eq!(at_cap.len(), MAX_EXCLUDED_HOOKS);
     assert_eq!(
-        ids_of(store.candidates(T0, &timing, 100, &at_cap).await.unwrap()),
+        ids_of(store.candidates(T0, &TIMING, 100, &at_cap).await.unwrap()),
         [ids[0], ids[1], ids[2], ids[3], ids[5]]
     );
     let past_cap = [filler, owned(&[&a, &c])].concat();
     assert_eq!(
-        ids_of(store.candidates(T0, &timing, 100, &past_cap).await.unwrap()),
+        ids_of(store.candidates(T0, &TIMING, 100, &past_cap).await.unwrap()),
         [ids[2], ids[4], ids[5]],
         "A (the last entry inside the cap) is excluded, C (past it) is not"
     );
