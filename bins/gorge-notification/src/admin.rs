@@ -86,8 +86,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
     let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
-            app.metrics
-                .rejected(&app.metrics.admin_rejected, "too_large");
+            app.metrics.reject_admin("too_large");
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "message body too large");
         }
         Err(BodyError::Read) => {
@@ -106,7 +105,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
                 AdminMessageError::InvalidJson(_) => "bad_json",
                 AdminMessageError::NotAnObject => "not_object",
             };
-            app.metrics.rejected(&app.metrics.admin_rejected, reason);
+            app.metrics.reject_admin(reason);
             return error_response(StatusCode::BAD_REQUEST, &err.to_string());
         }
     };
@@ -117,8 +116,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
     {
         Ok(outcome) => outcome,
         Err(err) => {
-            app.metrics
-                .rejected(&app.metrics.admin_rejected, "instance_name");
+            app.metrics.reject_admin("instance_name");
             return error_response(StatusCode::BAD_REQUEST, &err.to_string());
         }
     };

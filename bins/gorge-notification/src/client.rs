@@ -74,8 +74,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
         );
     }
     if app.probes.is_draining() {
-        app.metrics
-            .rejected(&app.metrics.sockets_rejected, "draining");
+        app.metrics.reject_socket("draining");
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
     }
     let instance = instance_from_path(request.uri().path()).to_string();
@@ -89,7 +88,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
                 }
                 ConnectError::InstanceNameTooLong => (StatusCode::BAD_REQUEST, "instance_name"),
             };
-            app.metrics.rejected(&app.metrics.sockets_rejected, reason);
+            app.metrics.reject_socket(reason);
             return error_response(status, &err.to_string());
         }
     };

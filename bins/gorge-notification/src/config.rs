@@ -18,7 +18,7 @@ use gorge_hub::Limits;
 use gorge_service::config::{env_layer, extract};
 use gorge_service::ConfigError;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Prefix of every environment variable of this service.
 pub const ENV_PREFIX: &str = "GORGE_NOTIFICATION_";
@@ -350,15 +350,13 @@ fn parse_cluster(value: &Value) -> Result<Vec<PeerUrl>, ConfigError> {
     let mut peers = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = |field: &str| format!("cluster[{i}].{field}");
-        let empty = Map::new();
-        let entry = item.as_object().unwrap_or(&empty);
-        if !item.is_object() {
+        let Some(entry) = item.as_object() else {
             return Err(ConfigError::new(
                 format!("cluster[{i}]"),
                 json_text(item),
                 "must be an object",
             ));
-        }
+        };
         let host = match entry.get("host") {
             Some(Value::String(h)) if !h.is_empty() => h.clone(),
             other => {
@@ -747,6 +745,11 @@ mod tests {
                 json!({"cluster": [{"host": "", "port": 1}]}),
                 "cluster[0].host",
                 "",
+            ),
+            (
+                json!({"cluster": ["peer-a:22281"]}),
+                "cluster[0]",
+                "peer-a:22281",
             ),
         ];
         for (file, key, value) in cases {

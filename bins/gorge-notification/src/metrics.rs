@@ -179,7 +179,17 @@ impl Metrics {
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
-    pub fn rejected(&self, family: &Family<ReasonLabel, Counter>, reason: &'static str) {
-        family.get_or_create(&ReasonLabel { reason }).inc();
+    /// Counts a refused WebSocket upgrade.
+    pub fn reject_socket(&self, reason: &'static str) {
+        self.sockets_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts a refused admin message.
+    pub fn reject_admin(&self, reason: &'static str) {
+        self.admin_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 }

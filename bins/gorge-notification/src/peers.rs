@@ -297,11 +297,16 @@ impl Shared {
 
     fn remove_peer(&self, set: &mut PeerSet, address: &str) {
         if let Some(index) = set.peers.iter().position(|p| p.link.address == address) {
-            let peer = set.peers.swap_remove(index);
-            peer.link.discard_remaining();
-            self.metrics.forget_peer(address);
-            self.metrics.known.set(set.peers.len() as i64);
+            self.take_peer(set, index).link.discard_remaining();
         }
+    }
+
+    /// Takes the peer at `index` out of the set and out of the metrics.
+    fn take_peer(&self, set: &mut PeerSet, index: usize) -> PeerHandle {
+        let peer = set.peers.swap_remove(index);
+        self.metrics.forget_peer(&peer.link.address);
+        self.metrics.known.set(set.peers.len() as i64);
+        peer
     }
 
     /// Records a peer's new fingerprint. Two addresses with the same fingerprint are one
@@ -333,9 +338,7 @@ impl Shared {
             .iter()
             .position(|peer| std::ptr::eq(Arc::as_ptr(&peer.link), link))
         {
-            set.peers.swap_remove(index);
-            self.metrics.forget_peer(&link.address);
-            self.metrics.known.set(set.peers.len() as i64);
+            self.take_peer(&mut set, index);
         }
         info!(self.log, "NOTIFY_PEER_IS_SELF"; "peer" => &link.address);
     }

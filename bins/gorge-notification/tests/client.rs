@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http, raw_http, Server, Ws};
+use common::{http, raw_http, Server};
 
 const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
@@ -234,16 +234,7 @@ async fn an_oversized_frame_closes_the_socket_with_1009() {
 async fn socket_limit_refuses_upgrades_with_503() {
     let server = Server::start(&[("GORGE_NOTIFICATION_MAX_SOCKETS", "1")]);
     let mut first = server.ws("/").await;
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
-        .await
-        .unwrap();
-    let url = format!("ws://127.0.0.1:{}/", server.client_port);
-    match tokio_tungstenite::client_async(url, stream).await {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            assert_eq!(response.status(), 503)
-        }
-        other => panic!("expected 503, got {other:?}"),
-    }
+    assert_eq!(server.refused_upgrade("/").await, 503);
     assert_eq!(first.sync().await, Vec::<String>::new());
     assert_eq!(
         server
@@ -252,7 +243,6 @@ async fn socket_limit_refuses_upgrades_with_503() {
         Some(1.0)
     );
     drop(first);
-    let _ = Ws::connect;
 }
 
 /// A connection that never answers protocol pings is reaped after the idle timeout; one that
@@ -318,23 +308,8 @@ async fn instance_limits_are_enforced_and_counted() {
         ("GORGE_NOTIFICATION_MAX_INSTANCE_NAME_BYTES", "8"),
     ]);
     let mut busy = server.ws("/~first/").await;
-    let refused = |path: &'static str| {
-        let port = server.client_port;
-        async move {
-            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            let url = format!("ws://127.0.0.1:{port}{path}");
-            match tokio_tungstenite::client_async(url, stream).await {
-                Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-                    response.status().as_u16()
-                }
-                other => panic!("expected a refusal, got {other:?}"),
-            }
-        }
-    };
-    assert_eq!(refused("/~second/").await, 503);
-    assert_eq!(refused("/~muchtoolong/").await, 400);
+    assert_eq!(server.refused_upgrade("/~second/").await, 503);
+    assert_eq!(server.refused_upgrade("/~muchtoolong/").await, 400);
     assert_eq!(busy.sync().await, Vec::<String>::new());
     assert_eq!(
         server

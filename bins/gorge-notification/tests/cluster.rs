@@ -11,14 +11,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{http, Ws, BIN, PATIENCE};
+use common::{collect_logs, http, Ws, BIN, PATIENCE};
 use serde_json::Value;
 
 const INSTANCE: &str = "cluster";
@@ -74,19 +73,7 @@ impl Starting {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn gorge-notification");
-        let stdout = child.stdout.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (started_tx, started) = mpsc::channel();
-        let collected = Arc::clone(&logs);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("NOTIFY_STARTED") {
-                    let _ = started_tx.send(line.clone());
-                }
-                collected.lock().unwrap().push(line);
-            }
-        });
+        let (logs, started) = collect_logs(child.stdout.take().unwrap());
         Starting {
             child,
             admin_port,

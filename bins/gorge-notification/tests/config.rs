@@ -61,37 +61,17 @@ fn ports_out_of_range_are_refused() {
 
 #[test]
 fn other_invalid_values_are_refused() {
-    // (environment, key and value the error must name)
-    let cases: &[(&[Var], &str, &str)] = &[
-        (
-            &[("GORGE_NOTIFICATION_PEERS", "ftp://peer:22281")],
-            "GORGE_NOTIFICATION_PEERS",
-            "ftp://peer:22281",
-        ),
-        (
-            &[("GORGE_NOTIFICATION_PEER_DNS", "headless")],
-            "GORGE_NOTIFICATION_PEER_DNS",
-            "headless",
-        ),
-        (
-            &[("GORGE_NOTIFICATION_LISTEN_ADDR", "somewhere")],
-            "GORGE_NOTIFICATION_LISTEN_ADDR",
-            "somewhere",
-        ),
-        (
-            &[("GORGE_NOTIFICATION_DRAIN_SECONDS", "soon")],
-            "GORGE_NOTIFICATION_DRAIN_SECONDS",
-            "soon",
-        ),
-        (
-            &[("GORGE_NOTIFICATION_QUEUE_FRAMES", "0")],
-            "GORGE_NOTIFICATION_QUEUE_FRAMES",
-            "0",
-        ),
-        (&[("GORGE_LOG_LEVEL", "loud")], "GORGE_LOG_LEVEL", "loud"),
+    // One variable each; the error must name the variable and its value.
+    let cases: &[Var] = &[
+        ("GORGE_NOTIFICATION_PEERS", "ftp://peer:22281"),
+        ("GORGE_NOTIFICATION_PEER_DNS", "headless"),
+        ("GORGE_NOTIFICATION_LISTEN_ADDR", "somewhere"),
+        ("GORGE_NOTIFICATION_DRAIN_SECONDS", "soon"),
+        ("GORGE_NOTIFICATION_QUEUE_FRAMES", "0"),
+        ("GORGE_LOG_LEVEL", "loud"),
     ];
-    for (env, key, value) in cases {
-        assert_config_error(&run(&[], env), key, value);
+    for &(key, value) in cases {
+        assert_config_error(&run(&[], &[(key, value)]), key, value);
     }
     let file = config_file(r#"{"servers":[{"type":"client","port":1}]}"#);
     assert_config_error(

@@ -40,16 +40,7 @@ async fn sigterm_drains_sockets_over_the_window_and_exits_0() {
         tokio::task::yield_now().await;
     }
     // New upgrades are refused while draining.
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
-        .await
-        .unwrap();
-    let url = format!("ws://127.0.0.1:{}/", server.client_port);
-    match tokio_tungstenite::client_async(url, stream).await {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            assert_eq!(response.status(), 503)
-        }
-        other => panic!("expected 503, got {other:?}"),
-    }
+    assert_eq!(server.refused_upgrade("/").await, 503);
 
     let mut closed_after = Vec::new();
     for result in join_all(closing).await {

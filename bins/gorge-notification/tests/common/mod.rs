@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,19 +71,7 @@ impl Server {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn gorge-notification");
-        let stdout = child.stdout.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (started_tx, started_rx) = mpsc::channel();
-        let collected = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("NOTIFY_STARTED") {
-                    let _ = started_tx.send(line.clone());
-                }
-                collected.lock().unwrap().push(line);
-            }
-        });
+        let (logs, started_rx) = collect_logs(child.stdout.take().unwrap());
         match started_rx.recv_timeout(PATIENCE) {
             Ok(line) => {
                 let v: Value = serde_json::from_str(&line).expect("JSON log line");
@@ -158,6 +146,41 @@ impl Server {
     pub async fn ws(&self, path: &str) -> Ws {
         Ws::connect(self.client_port, path).await
     }
+
+    /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
+    pub async fn refused_upgrade(&self, path: &str) -> u16 {
+        let port = self.client_port;
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let url = format!("ws://127.0.0.1:{port}{path}");
+        let handshake =
+            tokio::time::timeout(PATIENCE, tokio_tungstenite::client_async(url, stream))
+                .await
+                .expect("handshake answered in time");
+        match handshake {
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                response.status().as_u16()
+            }
+            other => panic!("expected a refused upgrade, got {other:?}"),
+        }
+    }
+}
+
+/// Collects a server's stdout lines on a reader thread; the receiver gets the
+/// `NOTIFY_STARTED` line once it is logged.
+pub fn collect_logs(stdout: ChildStdout) -> (Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let (started_tx, started_rx) = mpsc::channel();
+    let collected = Arc::clone(&logs);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("NOTIFY_STARTED") {
+                let _ = started_tx.send(line.clone());
+            }
+            collected.lock().unwrap().push(line);
+        }
+    });
+    (logs, started_rx)
 }
 
 impl Drop for Server {
