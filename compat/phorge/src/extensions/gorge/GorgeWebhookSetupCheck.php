@@ -38,7 +38,7 @@ final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
     }
 
     if (!$readiness['ready']) {
-      $this->raiseNotReady($readiness['reason']);
+      $this->raiseNotReady($uri, $readiness['reason']);
       return;
     }
 
@@ -115,7 +115,7 @@ final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
       ->addPhabricatorConfig(GorgeWebhookDelegation::URI_KEY);
   }
 
-  private function raiseNotReady($reason) {
+  private function raiseNotReady($uri, $reason) {
     $this->newIssue('gorge.webhook.not-ready')
       ->setName(pht('gorge-webhook Is Not Ready'))
       ->setSummary(
@@ -124,13 +124,14 @@ final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
           'webhook requests wait.'))
       ->setMessage(
         pht(
-          'Webhook delivery is handed over to gorge-webhook ("%s"), but the '.
-          'service is not ready: %s'.
+          'Webhook delivery is handed over to gorge-webhook at %s ("%s"), '.
+          'but the service is not ready: %s'.
           "\n\n".
           'Nothing is lost: requests stay queued and are delivered, oldest '.
           'first, once the service is ready. Until then no webhook is '.
           'sent. Check that gorge-webhook is running and can reach this '.
           'Phorge\'s database (its /readyz reason names the problem).',
+          $uri,
           GorgeWebhookDelegation::URI_KEY,
           $reason))
       ->addPhabricatorConfig(GorgeWebhookDelegation::URI_KEY);
