@@ -52,4 +52,94 @@ if ! command -v kubeconform >/dev/null 2>&1 && ! command -v kubernetes-validate 
 fi
 HELM="${helm_bin}" scripts/check-helm-chart.sh
 HELM="${helm_bin}" scripts/check-release-matrix.sh --self-test
+
+say "helm template: refusals name the value to set, derived values"
+chart=deploy/helm/gorge
+minimal="${chart}/ci/minimal-values.yaml"
+failures=0
+# expect_refusal MESSAGE ARGS...: `helm template ARGS` must fail, printing MESSAGE.
+expect_refusal() {
+    local want="$1" out
+    shift
+    if out="$("${helm_bin}" template gorge "${chart}" --namespace phorge "$@" 2>&1)"; then
+        echo "FAIL: rendered, expected a refusal containing: ${want} (args: $*)" >&2
+        failures=$((failures + 1))
+    elif [[ "${out}" != *"${want}"* ]]; then
+        echo "FAIL: refused without: ${want} (args: $*); got:" >&2
+        echo "${out}" >&2
+        failures=$((failures + 1))
+    else
+        echo "refused as expected: ${want}"
+    fi
+}
+# expect_rendered TEMPLATE LINE ARGS...: the rendered TEMPLATE must contain LINE (a whole
+# line, leading spaces ignored); LINE prefixed with ! must be absent.
+expect_rendered() {
+    local template="$1" line="$2" out
+    shift 2
+    out="$("${helm_bin}" template gorge "${chart}" --namespace phorge -f "${minimal}" \
+        --show-only "templates/${template}" "$@" 2>&1 | sed -E 's/^ +//')" || true
+    if [[ "${line}" == '!'* ]]; then
+        if grep -qxF -- "${line#!}" <<<"${out}"; then
+            echo "FAIL: ${template} has '${line#!}' (args: $*)" >&2
+            failures=$((failures + 1))
+        else
+            echo "rendered as expected: ${template} without '${line#!}' $*"
+        fi
+    elif ! grep -qxF -- "${line}" <<<"${out}"; then
+        echo "FAIL: ${template} lacks '${line}' (args: $*); got:" >&2
+        echo "${out}" >&2
+        failures=$((failures + 1))
+    else
+        echo "rendered as expected: ${template}: ${line} $*"
+    fi
+}
+# A default install would be broken: refused, naming the value to set.
+expect_refusal "webhook.mysql.host is empty: set it to Phorge's database server" \
+    --set 'notification.adminAllowedFrom[0].podSelector.matchLabels.app=phorge'
+expect_refusal "notification.adminAllowedFrom is empty" --set webhook.mysql.host=db
+# Chart-managed settings cannot be overridden through env.
+expect_refusal "notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS is set by the chart; use notification.drainSeconds instead" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS=60
+expect_refusal "notification.env.GORGE_NOTIFICATION_ADMIN_PORT is set by the chart; use notification.adminPort instead" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_ADMIN_PORT=9999
+expect_refusal "webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT is set by the chart; use webhook.deliveryTimeoutSeconds instead" \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT=60
+expect_refusal "webhook.env.GORGE_LISTEN_ADDR is set by the chart; use webhook.port instead" \
+    -f "${minimal}" --set webhook.env.GORGE_LISTEN_ADDR=0.0.0.0:9000
+# Grace periods too short for preStop + drain/delivery.
+expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + drainSeconds + 5 = 40" \
+    -f "${minimal}" --set notification.drainSeconds=30 --set notification.terminationGracePeriodSeconds=20
+expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = 80" \
+    -f "${minimal}" --set webhook.deliveryTimeoutSeconds=60 --set webhook.terminationGracePeriodSeconds=60
+# Sockets that do not fit the memory limit.
+expect_refusal "notification.maxSockets=100000 does not fit notification.resources.limits.memory=512Mi: at most 57344 sockets fit" \
+    -f "${minimal}" --set notification.maxSockets=100000
+expect_refusal "cannot read the memory quantity \"lots\"" \
+    -f "${minimal}" --set notification.resources.limits.memory=lots
+expect_refusal "notification.autoscaling.targetSocketsPerPod=60000 must stay below the 57344 sockets" \
+    -f "${minimal}" --set notification.autoscaling.enabled=true --set notification.autoscaling.targetSocketsPerPod=60000
+# Derived values: grace = preStop + drain + 15 / preStop + delivery timeout + 25; preStop
+# sleep; MAX_SOCKETS from the memory limit; PDB only above one replica; HPA replaces replicas.
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 30"
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 50" --set notification.drainSeconds=30
+expect_rendered notification-deployment.yaml 'command: ["/bin/sleep", "5"]'
+expect_rendered notification-deployment.yaml '!lifecycle:' --set notification.preStopSleepSeconds=0
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 45"
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 90" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_DELIVERY_TIMEOUT: "60"' --set webhook.deliveryTimeoutSeconds=60
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "57344"'
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "122880"' \
+    --set notification.resources.limits.memory=1Gi
+expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_MAX_SOCKETS: "57344"' \
+    --set notification.resources.limits=null
+expect_rendered webhook-pdb.yaml '!kind: PodDisruptionBudget'
+expect_rendered webhook-pdb.yaml 'kind: PodDisruptionBudget' --set webhook.replicaCount=2
+expect_rendered notification-pdb.yaml '!kind: PodDisruptionBudget' --set notification.replicaCount=1
+expect_rendered notification-deployment.yaml '!replicas: 2' --set notification.autoscaling.enabled=true
+expect_rendered notification-deployment.yaml 'topologyKey: kubernetes.io/hostname'
+if ((failures > 0)); then
+    echo "check-deploy: ${failures} chart case(s) failed" >&2
+    exit 1
+fi
 say "deploy checks passed"
