@@ -21,14 +21,16 @@ use gorge_hub::{Hub, MonotonicClock};
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::logging::init_logging;
-use gorge_service::{bind_all, run, Handler, ListenerSpec, Probes, RunOptions, Shutdown};
+use gorge_service::{
+    bind_all, run, ConfigError, Handler, ListenerSpec, Probes, RunOptions, Shutdown,
+};
 use prometheus_client::registry::Registry;
 use rand::RngCore;
 use slog::{error, info, o, warn};
 use tokio::sync::Notify;
 
 use crate::app::{App, ConnectionLimits};
-use crate::config::{Config, ServerKind, DEFAULT_HEALTH_PORT};
+use crate::config::{Config, ServerKind};
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
@@ -57,12 +59,11 @@ fn main() {
     let cli = Cli::parse();
     let config_path = cli.common.config.as_deref();
     if let Some(Command::Healthcheck { port }) = cli.command {
-        exit_healthcheck(port.unwrap_or_else(|| {
-            config::load(config_path)
-                .ok()
-                .and_then(|c| c.admin_addr())
-                .map_or(DEFAULT_HEALTH_PORT, |a| a.port())
-        }));
+        exit_healthcheck(port, || {
+            config::load(config_path)?.admin_addr().ok_or_else(|| {
+                ConfigError::new("servers", "", "no admin server: pass healthcheck --port")
+            })
+        });
     }
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
     if cli.common.check_config {
