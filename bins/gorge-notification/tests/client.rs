@@ -134,7 +134,8 @@ async fn replay_by_subscription_and_age_within_the_instance() {
     ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
         .await;
     assert_eq!(messages(ws.sync().await), ["old-1", "new-1"]);
-    // Missing, zero, negative or too large ages mean 60 s.
+    // Missing, zero, negative or too large ages mean 60 s. A fresh socket for each: replays
+    // are rate-limited per socket (a browser replays once per connection).
     for data in [
         r#"null"#,
         r#"{"age":0}"#,
@@ -142,10 +143,26 @@ async fn replay_by_subscription_and_age_within_the_instance() {
         r#"{"age":999999}"#,
         r#"{"age":"x"}"#,
     ] {
+        let mut ws = server.ws("/").await;
+        ws.subscribe(&["P1"]).await;
         ws.send(&format!(r#"{{"command":"replay","data":{data}}}"#))
             .await;
         assert_eq!(messages(ws.sync().await), ["old-1", "new-1"], "{data}");
     }
+    // The same socket asking again and again is refused beyond its burst, and counted.
+    for _ in 0..3 {
+        ws.send(r#"{"command":"replay"}"#).await;
+    }
+    assert_eq!(
+        messages(ws.sync().await),
+        ["old-1", "new-1", "old-1", "new-1"]
+    );
+    assert_eq!(
+        server
+            .metric("gorge_notification_replays_refused_total")
+            .await,
+        Some(1.0)
+    );
 
     let mut other = server.ws("/~elsewhere/").await;
     other.subscribe(&["P1", "P2"]).await;
@@ -326,10 +343,28 @@ async fn instance_limits_are_enforced_and_counted() {
     );
     assert_eq!(
         server
+            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        server
             .metric(r#"notify_sockets_rejected_total{reason="instance_name"}"#)
             .await,
         Some(1.0)
     );
+    // Once PHP has posted to an instance, its browsers are never kept out by anonymous ones.
+    assert_eq!(server.refused_upgrade("/~acme/").await, 503);
+    server
+        .post("?instance=acme", r#"{"m":"first","subscribers":["P"]}"#)
+        .await;
+    let mut acme = server.ws("/~acme/").await;
+    acme.subscribe(&["P"]).await;
+    acme.send(r#"{"command":"replay"}"#).await;
+    assert_eq!(messages(acme.sync().await), ["first"]);
+    // `default` always gets in.
+    let mut default = server.ws("/").await;
+    assert_eq!(default.sync().await, Vec::<String>::new());
     // Once "first" is idle it can be forgotten to make room.
     drop(busy);
     let deadline = std::time::Instant::now() + common::PATIENCE;
