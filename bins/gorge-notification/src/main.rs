@@ -117,7 +117,13 @@ async fn serve(config: Config, log: &slog::Logger) -> i32 {
         })
         .collect();
     let listeners = match bind_all(specs).await {
-        Ok(listeners) => listeners,
+        Ok(listeners) => listeners
+            .into_iter()
+            .map(|l| {
+                l.close_at_drain_start()
+                    .with_accept_error_counter(app.metrics.accept_errors.clone())
+            })
+            .collect::<Vec<_>>(),
         Err(e) => {
             error!(log, "NOTIFY_BIND_FAILED"; "addr" => %e.addr, "error" => %e);
             eprintln!("{e}");

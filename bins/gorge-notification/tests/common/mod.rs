@@ -55,8 +55,16 @@ impl Server {
         panic!("server did not start");
     }
 
+    /// Starts the binary on the given ports (once; `None` if it did not start).
+    pub fn start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
+        Server::try_start_on(client_port, admin_port, env)
+    }
+
     fn try_start(env: &[(&str, &str)]) -> Option<Server> {
-        let (client_port, admin_port) = (free_port(), free_port());
+        Server::try_start_on(free_port(), free_port(), env)
+    }
+
+    fn try_start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
         let mut command = Command::new(BIN);
         command
             .env_clear()
@@ -97,6 +105,25 @@ impl Server {
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// Waits until `event` has been logged; returns its first occurrence.
+    pub async fn wait_for_log(&self, event: &str) -> Value {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(first) = self.log_events(event).into_iter().next() {
+                return first;
+            }
+            assert!(std::time::Instant::now() < deadline, "{event} never logged");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Whether the admin port still accepts connections.
+    pub async fn admin_accepts(&self) -> bool {
+        TcpStream::connect(("127.0.0.1", self.admin_port))
+            .await
+            .is_ok()
     }
 
     pub fn log_events(&self, event: &str) -> Vec<Value> {
