@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{http, Server, PATIENCE};
+use common::{try_raw_http, Server, PATIENCE};
 use futures_util::future::join_all;
 use serde_json::Value;
 
@@ -31,8 +31,8 @@ async fn sigterm_drains_sockets_over_the_window_and_exits_0() {
 
     // Readiness turns 503 and then the listeners close (a new process may take the ports).
     let deadline = Instant::now() + PATIENCE;
-    while server.admin_accepts().await {
-        let r = http(server.admin_port, "GET", "/readyz", &[], b"").await;
+    let readyz = b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    while let Some(r) = try_raw_http(server.admin_port, readyz).await {
         if r.status == 503 {
             assert_eq!(r.body, br#"{"status":"draining"}"#);
         } else {

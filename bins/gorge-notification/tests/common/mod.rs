@@ -258,21 +258,24 @@ pub async fn http(
 
 /// Sends raw request bytes and parses the response (body by Content-Length).
 pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
+    try_raw_http(port, request).await.expect("an HTTP response")
+}
+
+/// [`raw_http`], or `None` when the connection is refused or closed without a response (a
+/// listener that is closing).
+pub async fn try_raw_http(port: u16, request: &[u8]) -> Option<HttpResponse> {
     let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
         // The server may answer (and close) before reading everything, e.g. a 413.
         let _ = stream.write_all(request).await;
         let mut raw = Vec::new();
         let _ = stream.read_to_end(&mut raw).await;
-        raw
+        Some(raw)
     };
     let raw = tokio::time::timeout(PATIENCE, exchange)
         .await
-        .expect("HTTP response");
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("end of headers");
+        .expect("HTTP response")?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8(raw[..split].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
     let status = lines
@@ -295,11 +298,11 @@ pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
     {
         body.truncate(len);
     }
-    HttpResponse {
+    Some(HttpResponse {
         status,
         headers,
         body,
-    }
+    })
 }
 
 /// A test WebSocket client.
