@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{http, raw_http, Server};
+use common::{http, raw_http, InProcess, Server};
 
 const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
@@ -109,9 +107,11 @@ async fn instances_are_isolated() {
     assert_eq!(server.status("?instance=b").await["clients.active"], 1);
 }
 
+/// In-process with the hub's manual clock: the old messages age past a short replay window
+/// because the test moves time, not because it sleeps.
 #[tokio::test]
 async fn replay_by_subscription_and_age_within_the_instance() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     server
         .post("", r#"{"m":"old-1","subscribers":["P1"]}"#)
         .await;
@@ -121,8 +121,7 @@ async fn replay_by_subscription_and_age_within_the_instance() {
     server
         .post("?instance=other", r#"{"m":"other","subscribers":["P1"]}"#)
         .await;
-    // Let the first messages age past a short replay window (real time is what ages them).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.clock.advance(300);
     server
         .post("", r#"{"m":"new-1","subscribers":["P1","P2"]}"#)
         .await;

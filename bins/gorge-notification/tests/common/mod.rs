@@ -64,8 +64,28 @@ impl Server {
         Server::try_start_on(free_port(), free_port(), env)
     }
 
+    /// Starts the binary through `sh -c "<shell>; exec BIN"` (e.g. `ulimit -n 64`).
+    pub fn start_in_shell(shell: &str, env: &[(&str, &str)]) -> Server {
+        for _ in 0..5 {
+            let mut command = Command::new("/bin/sh");
+            command.args(["-c", &format!("{shell}; exec \"$0\""), BIN]);
+            if let Some(server) = Server::spawn(command, free_port(), free_port(), env) {
+                return server;
+            }
+        }
+        panic!("server did not start");
+    }
+
     fn try_start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
-        let mut command = Command::new(BIN);
+        Server::spawn(Command::new(BIN), client_port, admin_port, env)
+    }
+
+    fn spawn(
+        mut command: Command,
+        client_port: u16,
+        admin_port: u16,
+        env: &[(&str, &str)],
+    ) -> Option<Server> {
         command
             .env_clear()
             .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
@@ -162,12 +182,7 @@ impl Server {
 
     /// The value of one sample line of `/metrics`, e.g. `notify_sockets_open{instance_class="default"}`.
     pub async fn metric(&self, sample: &str) -> Option<f64> {
-        let r = http(self.admin_port, "GET", "/metrics", &[], b"").await;
-        let text = String::from_utf8(r.body).unwrap();
-        text.lines().find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == sample).then(|| value.parse().unwrap())
-        })
+        metric(self.admin_port, sample).await
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
@@ -190,6 +205,105 @@ impl Server {
             other => panic!("expected a refused upgrade, got {other:?}"),
         }
     }
+}
+
+/// The whole service in this process, on free loopback ports, with the hub on a manual
+/// clock: tests move time instead of sleeping.
+pub struct InProcess {
+    pub client_port: u16,
+    pub admin_port: u16,
+    pub fingerprint: String,
+    pub clock: Arc<gorge_hub::ManualClock>,
+    shutdown: gorge_service::Shutdown,
+}
+
+impl InProcess {
+    /// Defaults (drain window 0), then `tweak`.
+    pub async fn start(tweak: impl FnOnce(&mut gorge_notification::config::Config)) -> Self {
+        InProcess::start_with(None, tweak).await
+    }
+
+    /// [`InProcess::start`] with a whole-request time limit other than the default.
+    pub async fn start_with(
+        request_timeout: Option<Duration>,
+        tweak: impl FnOnce(&mut gorge_notification::config::Config),
+    ) -> Self {
+        use gorge_notification::config::ServerKind;
+        let mut config = gorge_notification::config::load(None).expect("default configuration");
+        for server in &mut config.servers {
+            server.addr = "127.0.0.1:0".parse().unwrap();
+        }
+        config.drain_window = Duration::ZERO;
+        tweak(&mut config);
+        let clock = gorge_hub::ManualClock::new();
+        let log = slog::Logger::root(slog::Discard, slog::o!());
+        let mut server = gorge_notification::service::Server::bind(config, clock.clone(), &log)
+            .await
+            .expect("bind loopback ports");
+        if let Some(timeout) = request_timeout {
+            server = server.with_request_timeout(timeout);
+        }
+        let port = |kind| server.local_addr(kind).unwrap().port();
+        let (client_port, admin_port) = (port(ServerKind::Client), port(ServerKind::Admin));
+        let fingerprint = server.app().fingerprint.clone();
+        let shutdown = gorge_service::Shutdown::new();
+        tokio::spawn(server.run(shutdown.clone()));
+        InProcess {
+            client_port,
+            admin_port,
+            fingerprint,
+            clock,
+            shutdown,
+        }
+    }
+
+    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
+        http(
+            self.admin_port,
+            "POST",
+            &format!("/{query}"),
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            body.as_bytes(),
+        )
+        .await
+    }
+
+    pub async fn status(&self, query: &str) -> Value {
+        let r = http(
+            self.admin_port,
+            "GET",
+            &format!("/status/{query}"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        metric(self.admin_port, sample).await
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        Ws::connect(self.client_port, path).await
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+/// The value of one sample line of `/metrics` on `admin_port`.
+pub async fn metric(admin_port: u16, sample: &str) -> Option<f64> {
+    let r = http(admin_port, "GET", "/metrics", &[], b"").await;
+    let text = String::from_utf8(r.body).unwrap();
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().unwrap())
+    })
 }
 
 /// Collects a server's stdout lines on a reader thread; the receiver gets the
