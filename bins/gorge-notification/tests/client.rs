@@ -374,3 +374,38 @@ async fn instance_limits_are_enforced_and_counted() {
     let mut second = server.ws("/~second/").await;
     assert_eq!(second.sync().await, Vec::<String>::new());
 }
+
+/// Anonymous sockets flooding `replay` get one burst each; the rest is refused and counted,
+/// and PHP's POST is answered and delivered meanwhile.
+#[tokio::test]
+async fn replay_floods_are_refused_and_counted_while_posts_go_through() {
+    let server = InProcess::start(|_| {}).await;
+    for n in 0..300 {
+        let body = format!(r#"{{"m":"m{n}","subscribers":["P"]}}"#);
+        assert_eq!(server.post("", &body).await.status, 200);
+    }
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let mut ws = server.ws("/").await;
+        ws.subscribe(&["P"]).await;
+        for _ in 0..25 {
+            ws.send(r#"{"command":"replay"}"#).await;
+        }
+        attackers.push(ws);
+    }
+    let mut reader = server.ws("/").await;
+    reader.subscribe(&["Q"]).await;
+    let receipt = server.post("", r#"{"m":"live","subscribers":["Q"]}"#).await;
+    assert_eq!(receipt.status, 200);
+    assert_eq!(messages(reader.sync().await), ["live"]);
+    // Every attacker's commands have been handled once its pong arrives.
+    for ws in &mut attackers {
+        ws.sync().await;
+    }
+    assert_eq!(
+        server
+            .metric("gorge_notification_replays_refused_total")
+            .await,
+        Some(4.0 * 21.0)
+    );
+}

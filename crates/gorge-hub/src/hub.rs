@@ -64,7 +64,7 @@ impl Default for Limits {
             history_age_ms: 60_000,
             history_bytes: 16 << 20,
             subscriptions_per_socket: 4096,
-            subscription_bytes_per_socket: 1 << 20,
+            subscription_bytes_per_socket: 512 << 10,
             subscription_bytes_total: 256 << 20,
             phid_bytes: 512,
             instances: 1024,
@@ -401,6 +401,10 @@ impl Hub {
             instance.clients_active -= 1;
             let freed = instance.subscriptions.remove_socket(handle.id);
             state.subscription_bytes -= freed;
+        }
+        // Give the memory of a burst of sockets back once they are gone.
+        if state.sockets.capacity() > 64 && state.sockets.len() < state.sockets.capacity() / 4 {
+            state.sockets.shrink_to_fit();
         }
     }
 
