@@ -409,3 +409,19 @@ async fn replay_floods_are_refused_and_counted_while_posts_go_through() {
         Some(4.0 * 21.0)
     );
 }
+
+/// Numbers keep every digit; only the exponent marker is normalised (docs/notification.md).
+#[tokio::test]
+async fn numbers_keep_their_digits_and_exponents_are_normalised() {
+    let server = InProcess::start(|_| {}).await;
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&["P"]).await;
+    let body = r#"{"a":1e5,"b":1E-7,"c":2.50,"d":123456789012345678901234567890,"e":-0,"subscribers":["P"]}"#;
+    server.post("", body).await;
+    let frames = ws.sync().await;
+    let expected = format!(
+        r#"{{"a":1e+5,"b":1e-7,"c":2.50,"d":123456789012345678901234567890,"e":-0,"subscribers":["P"],"touched":["{}"]}}"#,
+        server.fingerprint
+    );
+    assert_eq!(frames, [expected]);
+}
