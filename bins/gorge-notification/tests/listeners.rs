@@ -99,3 +99,76 @@ async fn the_soft_file_limit_is_raised_to_the_hard_one() {
     assert_eq!(limit["soft"], "4000", "{limit}");
     assert_eq!(limit["hard"], "4000", "{limit}");
 }
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A drill, not a test (run with `--ignored --nocapture`): 200 sockets subscribing as much as
+/// they can with 512-byte PHIDs, then 16 messages of 1 MiB of subscribers replayed; prints
+/// the server's RSS at each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn drill_subscription_and_history_memory() {
+    let server = Server::start(&[]);
+    let pid = server.child.id();
+    println!("idle: rss/hwm KiB {:?}", rss_kib(pid));
+    let phid = |s: usize, i: usize| format!("PHID-{s:04}-{i:06}-{}", "x".repeat(490));
+    let mut sockets = Vec::new();
+    for s in 0..200 {
+        let mut ws = server.ws("/").await;
+        for batch in 0..8 {
+            let phids: Vec<String> = (0..120).map(|i| phid(s, batch * 120 + i)).collect();
+            let command = serde_json::json!({"command": "subscribe", "data": phids});
+            ws.send(&command.to_string()).await;
+        }
+        ws.sync().await;
+        sockets.push(ws);
+    }
+    println!(
+        "200 sockets subscribed: rss/hwm KiB {:?}, charged bytes {:?}, over limit {:?}",
+        rss_kib(pid),
+        server.metric("gorge_notification_subscription_bytes").await,
+        server
+            .metric("gorge_notification_subscriptions_over_limit_total")
+            .await
+    );
+    drop(sockets);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while server.status("").await["clients.active"] != 0 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("after close: rss/hwm KiB {:?}", rss_kib(pid));
+
+    let subscribers: Vec<String> = (0..45_000).map(|i| format!("PHID-USER-{i:010}")).collect();
+    let body = serde_json::json!({"subscribers": subscribers}).to_string();
+    for _ in 0..16 {
+        assert_eq!(server.post("", &body).await.status, 200);
+    }
+    println!(
+        "16 x {} KiB messages: rss/hwm KiB {:?}, history bytes {:?}",
+        body.len() / 1024,
+        rss_kib(pid),
+        server.metric("notify_history_bytes").await
+    );
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&["PHID-USER-0000044999"]).await;
+    let started = std::time::Instant::now();
+    ws.send(r#"{"command":"replay"}"#).await;
+    let replayed = ws.sync().await.len();
+    println!(
+        "replay of {replayed} frames took {:?}; rss/hwm KiB {:?}",
+        started.elapsed(),
+        rss_kib(pid)
+    );
+}
