@@ -425,3 +425,41 @@ async fn numbers_keep_their_digits_and_exponents_are_normalised() {
     );
     assert_eq!(frames, [expected]);
 }
+
+/// Issue 9 N2: 1 024 anonymous sockets on distinct `~names` fill the anonymous instance table,
+/// yet an instance PHP has posted to, and `default`, still get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squatting_sockets_cannot_keep_a_real_instance_out() {
+    // Both ends of every socket live in this process.
+    let _ = gorge_notification::fdlimit::raise_to_hard();
+    let server = InProcess::start(|_| {}).await;
+    let mut squatters = Vec::new();
+    for i in 0..1024 {
+        squatters.push(server.ws(&format!("/~squat{i}/")).await);
+    }
+    let port = server.client_port;
+    let refused = Server::refused_upgrade_on(port, "/~one-more/").await;
+    assert_eq!(refused, 503);
+    assert_eq!(Server::refused_upgrade_on(port, "/~acme/").await, 503);
+
+    server
+        .post("?instance=acme", r#"{"m":"hello","subscribers":["P"]}"#)
+        .await;
+    let mut acme = server.ws("/~acme/").await;
+    acme.subscribe(&["P"]).await;
+    acme.send(r#"{"command":"replay"}"#).await;
+    assert_eq!(messages(acme.sync().await), ["hello"]);
+    server
+        .post("?instance=acme", r#"{"m":"live","subscribers":["P"]}"#)
+        .await;
+    assert_eq!(messages(acme.sync().await), ["live"]);
+    let mut default = server.ws("/").await;
+    assert_eq!(default.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
+            .await,
+        Some(1024.0)
+    );
+    assert_eq!(squatters.len(), 1024);
+}

@@ -191,7 +191,11 @@ impl Server {
 
     /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
     pub async fn refused_upgrade(&self, path: &str) -> u16 {
-        let port = self.client_port;
+        Server::refused_upgrade_on(self.client_port, path).await
+    }
+
+    /// [`Server::refused_upgrade`] on any client port.
+    pub async fn refused_upgrade_on(port: u16, path: &str) -> u16 {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let url = format!("ws://127.0.0.1:{port}{path}");
         let handshake =
