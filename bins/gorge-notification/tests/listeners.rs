@@ -119,7 +119,13 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn drill_subscription_and_history_memory() {
-    let server = Server::start(&[]);
+    // e.g. GORGE_DRILL_ENV="MALLOC_ARENA_MAX=2" to compare allocator settings.
+    let extra = std::env::var("GORGE_DRILL_ENV").unwrap_or_default();
+    let env: Vec<(&str, &str)> = extra
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let server = Server::start(&env);
     let pid = server.child.id();
     println!("idle: rss/hwm KiB {:?}", rss_kib(pid));
     let phid = |s: usize, i: usize| format!("PHID-{s:04}-{i:06}-{}", "x".repeat(490));

@@ -69,10 +69,13 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// Everything this entry keeps alive: the body, the subscriber list and the entry itself
-    /// (the instance name is shared with the instance table and not charged).
+    /// Everything this entry keeps alive: the body, the subscriber list, the entry itself and
+    /// the instance name (shared with the instance table, but it outlives an evicted instance).
     pub fn cost(&self) -> usize {
-        self.body.len() + self.subscribers.heap_bytes() + std::mem::size_of::<Stored>()
+        self.body.len()
+            + self.subscribers.heap_bytes()
+            + self.instance.len()
+            + std::mem::size_of::<Stored>()
     }
 }
 
@@ -187,8 +190,8 @@ mod tests {
         }
     }
 
-    /// What an entry with no subscribers costs beyond its body.
-    const FIXED: usize = std::mem::size_of::<Stored>();
+    /// What an entry of instance "x" with no subscribers costs beyond its body.
+    const FIXED: usize = std::mem::size_of::<Stored>() + 1;
 
     /// Bodies of `instance` stamped at or after `since_ms`, oldest first, after expiry.
     fn since(h: &mut History, instance: &str, since_ms: u64, now_ms: u64) -> Vec<Vec<u8>> {
