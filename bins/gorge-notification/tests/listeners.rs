@@ -154,7 +154,11 @@ async fn drill_subscription_and_history_memory() {
         assert!(std::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("after close: rss/hwm KiB {:?}", rss_kib(pid));
+    println!(
+        "after close: rss/hwm KiB {:?}, charged bytes {:?}",
+        rss_kib(pid),
+        server.metric("gorge_notification_subscription_bytes").await
+    );
 
     let subscribers: Vec<String> = (0..45_000).map(|i| format!("PHID-USER-{i:010}")).collect();
     let body = serde_json::json!({"subscribers": subscribers}).to_string();
