@@ -139,9 +139,10 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 10);
 
-    // The window slid past the failures: closed, delivered, logged once.
+    // The window slid past the failures and the hook's rest (5 s of clock time after the
+    // last check) is over: closed, delivered, logged once.
     receiver.set_behaviour(|_, _| common::Reply::Status(200));
-    clock.set(T0 + 1 + 301);
+    clock.set(T0 + 1 + 299 + 5);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 11);
     let row = db.read_request(next).await.unwrap();

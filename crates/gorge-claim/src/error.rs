@@ -20,6 +20,11 @@ pub enum ClaimError {
     InvalidOutcome(&'static str),
     /// The server answered `NULL` where a value is required (e.g. `GET_LOCK` failed).
     UnexpectedNull(&'static str),
+    /// A statement (or the wait for a connection) did not finish within the query timeout;
+    /// its connection was closed.
+    Timeout(&'static str),
+    /// A row read from the server cannot be used as stored (e.g. bytes that are not UTF-8).
+    InvalidRow(&'static str),
 }
 
 impl ClaimError {
@@ -33,6 +38,13 @@ impl ClaimError {
             }
             _ => ClaimError::Database(err),
         }
+    }
+
+    /// True when the server rejected the statement itself (e.g. a value out of range),
+    /// as opposed to a lost connection, a timeout or a missing database: repeating it for
+    /// the same row will fail the same way.
+    pub fn is_statement_error(&self) -> bool {
+        matches!(self, ClaimError::Database(mysql_async::Error::Server(_)))
     }
 
     /// True when the failure is the missing `{namespace}_herald` database.
@@ -51,6 +63,8 @@ impl fmt::Display for ClaimError {
             ClaimError::Database(err) => write!(f, "database error: {err}"),
             ClaimError::InvalidOutcome(why) => write!(f, "invalid outcome: {why}"),
             ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
+            ClaimError::Timeout(what) => write!(f, "database timeout: {what}"),
+            ClaimError::InvalidRow(why) => write!(f, "invalid row: {why}"),
         }
     }
 }
