@@ -126,9 +126,6 @@ impl Dispatcher {
             match self.poll_round(Some(permit)).await {
                 Err(err) => {
                     self.metrics.poll_errors.inc();
-                    if matches!(err, ClaimError::Timeout(_)) {
-                        self.metrics.db_timeouts.inc();
-                    }
                     warn!(self.log, "WEBHOOK_POLL_ERROR";
                         "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
                     db_ok = Some(false);

@@ -62,7 +62,12 @@ impl Dispatcher {
         let batch = self
             .store
             .batch(now, &self.config.timing, limit, &excluded)
-            .await?;
+            .await
+            .inspect_err(|err| {
+                if matches!(err, ClaimError::Timeout(_)) {
+                    self.metrics.db_timeouts.inc();
+                }
+            })?;
         round.fetched = batch.fetched;
         round.more_waiting = batch.fetched >= limit;
         if round.more_waiting {
