@@ -245,3 +245,30 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
     admin_sql(&format!("DROP USER '{user}'@'%'")).await;
     db.drop_database().await;
 }
+
+/// W3: readiness follows progress, not just a ping. A dispatcher that completed no poll
+/// round and wrote no result for longer than the stall limit is not ready, even though a
+/// fresh connection still answers.
+#[tokio::test]
+async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
+    let db = TestDb::create().await.unwrap();
+    let clock = ManualClock::new(T0);
+    let log = CapturedLog::default();
+    let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
+    let slot: Arc<std::sync::OnceLock<Arc<gorge_webhook::dispatcher::Dispatcher>>> = Arc::default();
+    let _ = slot.set(Arc::clone(&dispatcher));
+    let ready = gorge_webhook::app::readiness(
+        db.store(),
+        Arc::default(),
+        Arc::clone(&slot),
+        Duration::from_secs(45),
+    );
+    assert_eq!(ready().await, Ok(()));
+    clock.advance(46);
+    let reason = ready().await.unwrap_err();
+    assert!(reason.contains("no poll round"), "{reason}");
+    // One completed round is progress again.
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(ready().await, Ok(()));
+    db.drop_database().await;
+}

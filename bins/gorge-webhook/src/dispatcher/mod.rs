@@ -136,7 +136,6 @@ impl Dispatcher {
                     error_backoff = (error_backoff * 2).min(DB_ERROR_BACKOFF_MAX);
                 }
                 Ok(round) => {
-                    self.made_progress();
                     if db_ok != Some(true) {
                         info!(self.log, "WEBHOOK_DB_READY"; "database" => self.store.database());
                         db_ok = Some(true);

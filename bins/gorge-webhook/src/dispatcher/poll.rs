@@ -68,6 +68,7 @@ impl Dispatcher {
                     self.metrics.db_timeouts.inc();
                 }
             })?;
+        self.made_progress();
         round.fetched = batch.fetched;
         round.more_waiting = batch.fetched >= limit;
         if round.more_waiting {
