@@ -171,7 +171,7 @@ impl Dispatcher {
                 Ok(true)
             }
             Ok(false) => Ok(false),
-            Err(err) if err.is_statement_error() => {
+            Err(err) if err.is_row_data_error() => {
                 self.row_rejected(broken.id, &err, None).await;
                 Ok(false)
             }

@@ -77,7 +77,7 @@ impl Dispatcher {
                 self.local_state().row_errors.remove(&candidate.id);
             }
             Ok(RowEnd::Skipped(reason)) => self.metrics.skip(reason),
-            Err(err) if err.is_statement_error() => {
+            Err(err) if err.is_row_data_error() => {
                 self.row_rejected(candidate.id, &err, Some(&candidate))
                     .await;
             }
@@ -338,7 +338,7 @@ impl Dispatcher {
                 .await
             {
                 Ok(landed) => break landed,
-                Err(err) if err.is_statement_error() => return Err(err),
+                Err(err) if err.is_row_data_error() => return Err(err),
                 Err(err) => {
                     if matches!(err, ClaimError::Timeout(_)) {
                         self.metrics.db_timeouts.inc();
