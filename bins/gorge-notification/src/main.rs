@@ -22,7 +22,6 @@ use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::logging::init_logging;
 use gorge_service::{bind_all, run, Handler, ListenerSpec, Probes, RunOptions, Shutdown};
-use prometheus_client::registry::Registry;
 use rand::RngCore;
 use slog::{error, info, o, warn};
 use tokio::sync::Notify;
@@ -81,7 +80,7 @@ async fn serve(config: Config, log: &slog::Logger) -> i32 {
         warn!(log, "NOTIFY_CONFIG_IGNORED_KEY"; "key" => &ignored.key, "reason" => ignored.reason);
     }
     let fingerprint = phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
-    let mut registry = Registry::default();
+    let mut registry = gorge_service::metrics::service_registry("gorge_notification", VERSION);
     let metrics = Metrics::register(&mut registry);
     let relay = PeerRelay::start(
         config.peers.clone(),

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub oldest_queued_age_seconds: Gauge,
     db_pool: Family<Labels1, Gauge>,
+    /// 1 after a successful sample of the queue, 0 before the first and after a failure.
+    pub db_up: Gauge,
 }
 
 /// Where a delivered (or not delivered) request ended up.
@@ -86,7 +88,8 @@ pub fn status_class(status: u16) -> &'static str {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them (prefix `gorge_webhook_`) in `registry`.
+    /// Creates the metrics and registers them in `registry`, which names them: the service's
+    /// registry ([`gorge_service::metrics::service_registry`]) adds `gorge_webhook_`.
     pub fn register(registry: &mut Registry) -> Metrics {
         let metrics = Metrics {
             claims: Family::default(),
@@ -104,6 +107,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             oldest_queued_age_seconds: Gauge::default(),
             db_pool: Family::default(),
+            db_up: Gauge::default(),
         };
         // Series that exist from the start, so dashboards see 0 rather than nothing.
         for result in ["won", "lost"] {
@@ -112,7 +116,7 @@ impl Metrics {
         for state in ["open", "in_use", "waiting"] {
             let _ = metrics.db_pool.get_or_create(&[("state", state)]);
         }
-        let r = registry.sub_registry_with_prefix("gorge_webhook");
+        let r = registry;
         r.register(
             "claims",
             "Claim attempts by result (won, lost: another claimant got the row first)",
@@ -188,6 +192,11 @@ impl Metrics {
             "Database pool connections by state (open, in_use, waiting)",
             metrics.db_pool.clone(),
         );
+        r.register(
+            "db_up",
+            "1 while the database answers the queue sample (every few seconds), else 0",
+            metrics.db_up.clone(),
+        );
         metrics
     }
 
@@ -242,7 +251,7 @@ mod tests {
 
     #[test]
     fn exposition_has_the_documented_names() {
-        let mut registry = Registry::default();
+        let mut registry = gorge_service::metrics::service_registry("gorge_webhook", "0.1.0");
         let m = Metrics::register(&mut registry);
         m.claim_won();
         m.claim_lost();
@@ -262,6 +271,8 @@ mod tests {
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",
             "gorge_webhook_exclusions_capped_total 0",
+            "gorge_webhook_db_up 0",
+            "gorge_webhook_build_info{version=\"0.1.0\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
