@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gorge_hub::{Hub, MonotonicClock};
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
-use gorge_service::config::exit_config_error;
+use gorge_service::config::{check_config_text, exit_config_error};
 use gorge_service::logging::init_logging;
 use gorge_service::{bind_all, run, Handler, ListenerSpec, Probes, RunOptions, Shutdown};
 use rand::RngCore;
@@ -64,9 +64,16 @@ fn main() {
         }));
     }
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
+    let mut config = config;
+    config.warnings.extend(config::environment_warnings());
     if cli.common.check_config {
-        let text = serde_json::to_string_pretty(&config::describe(&config))
-            .expect("configuration description serializes");
+        let lines = config::check_lines(&config);
+        print!("{}", check_config_text(&lines, &config.warnings));
+        return;
+    }
+    if cli.common.print_config {
+        let text = serde_json::to_string_pretty(&config::print_config(&config))
+            .expect("configuration serializes");
         println!("{text}");
         return;
     }
@@ -77,7 +84,10 @@ fn main() {
 
 async fn serve(config: Config, log: &slog::Logger) -> i32 {
     for ignored in &config.ignored {
-        warn!(log, "NOTIFY_CONFIG_IGNORED_KEY"; "key" => &ignored.key, "reason" => ignored.reason);
+        warn!(log, "NOTIFY_CONFIG_IGNORED_KEY"; "key" => &ignored.key, "reason" => &ignored.reason);
+    }
+    for warning in &config.warnings {
+        warn!(log, "NOTIFY_CONFIG_WARNING"; "warning" => warning);
     }
     let fingerprint = phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
     let mut registry = gorge_service::metrics::service_registry("gorge_notification", VERSION);

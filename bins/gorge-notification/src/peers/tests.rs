@@ -160,7 +160,7 @@ fn respond_receipt(stream: TcpStream, fingerprint: &str) {
 
 fn peer_url(port: u16) -> PeerUrl {
     PeerUrl {
-        protocol: "http".into(),
+        protocol: crate::config::PeerProtocol::Http,
         host: "127.0.0.1".to_owned(),
         port,
     }
