@@ -98,6 +98,10 @@ fn describe_figment_error(
             .unwrap_or_default(),
     };
     let reason = match &err.kind {
+        // A quoted number in a file is a string to the parser; say so.
+        Kind::InvalidType(Actual::Str(_), expected) if !from_env && is_numeric(expected) => {
+            format!("expected {expected}: {NOT_A_STRING}")
+        }
         Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected) => {
             format!("expected {expected}")
         }
@@ -111,6 +115,29 @@ fn describe_figment_error(
         _ => key,
     };
     ConfigError::new(key, value, reason)
+}
+
+/// The suffix of an error about a quoted number in a file.
+pub const NOT_A_STRING: &str = "a number, not a string";
+
+fn is_numeric(expected: &str) -> bool {
+    let name = expected.trim_start_matches("a ").trim_start_matches("an ");
+    matches!(
+        name,
+        "u8" | "u16"
+            | "u32"
+            | "u64"
+            | "u128"
+            | "usize"
+            | "i8"
+            | "i16"
+            | "i32"
+            | "i64"
+            | "i128"
+            | "isize"
+            | "f32"
+            | "f64"
+    )
 }
 
 fn actual_text(actual: &Actual) -> String {
