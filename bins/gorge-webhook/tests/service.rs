@@ -144,6 +144,8 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
         "{body}"
     );
     assert_eq!(service.child.try_wait().unwrap(), None, "still running");
+    let metrics = service.get("/metrics", &[]).1;
+    assert!(metrics.contains("\ngorge_webhook_db_up 0\n"), "{metrics}");
 
     // The server "comes up" on the configured address.
     let opts = gorge_claim::testdb::server_opts();
@@ -157,6 +159,14 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
     })
     .await;
     assert_eq!(receiver.count(), 1);
+    // Sampled every 5 s.
+    eventually(Duration::from_secs(20), "db_up 1", || async {
+        service
+            .get("/metrics", &[])
+            .1
+            .contains("\ngorge_webhook_db_up 1\n")
+    })
+    .await;
     db.drop_database().await;
 }
 
