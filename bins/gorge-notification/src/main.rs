@@ -64,8 +64,6 @@ fn main() {
         }));
     }
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
-    let mut config = config;
-    config.warnings.extend(config::environment_warnings());
     if cli.common.check_config {
         let lines = config::check_lines(&config);
         print!("{}", check_config_text(&lines, &config.warnings));

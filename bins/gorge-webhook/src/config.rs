@@ -71,7 +71,7 @@ struct RawSettings {
 fn valid_text(key: &str) -> &'static str {
     match key {
         "mysql_port" => "a port number 1-65535",
-        "poll_interval_ms" => "a whole number of milliseconds greater than 0, e.g. 250",
+        "poll_interval_ms" => "a whole number of milliseconds from 1 to 86400000, e.g. 250",
         "max_concurrent" => "a whole number from 1 to 256, e.g. 8",
         "delivery_timeout" => "a whole number of seconds, at least 1, e.g. 15",
         "claim_lease_sec" | "retry_backoff_sec" | "error_backoff_sec" => {

@@ -242,7 +242,7 @@ fn plain_words_digit_only_strings_and_bounds() {
         (
             "GORGE_WEBHOOK_POLL_INTERVAL_MS",
             "soon",
-            "expected a whole number of milliseconds greater than 0, e.g. 250",
+            "expected a whole number of milliseconds from 1 to 86400000, e.g. 250",
         ),
         (
             "GORGE_WEBHOOK_RETRY_BACKOFF_SEC",

@@ -138,7 +138,9 @@ pub fn env_key(key: &str) -> String {
 /// and validates the logging variables too, so `--check-config` refuses what startup would.
 pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
     gorge_service::logging::LogSettings::from_env()?;
-    load_from(cli_file, &|var| env_value(var))
+    let mut config = load_from(cli_file, &|var| env_value(var))?;
+    config.warnings = environment_warnings();
+    Ok(config)
 }
 
 fn load_from(
@@ -188,7 +190,7 @@ fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source)
 }
 
 /// Warnings about the process environment: variables with our prefix that are no setting.
-pub fn environment_warnings() -> Vec<String> {
+fn environment_warnings() -> Vec<String> {
     let keys: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
     unknown_env_warnings(ENV_PREFIX, &keys)
 }
@@ -391,7 +393,9 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
 }
 
 /// An Aphlict-format file holding the effective configuration (the defaults, when nothing
-/// is set): `servers[]`, `cluster[]` and every flat setting under its key.
+/// is set): `servers[]`, `cluster[]` and every flat setting under its key. Phorge's own
+/// `bin/aphlict` checks top-level keys strictly and would refuse the flat ones; this file is
+/// for gorge-notification, which reads Aphlict's files as they are.
 pub fn print_config(config: &Config) -> Value {
     let mut out = serde_json::Map::new();
     let servers: Vec<Value> = config
