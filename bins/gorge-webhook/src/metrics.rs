@@ -116,6 +116,23 @@ impl Metrics {
         for state in ["open", "in_use", "waiting"] {
             let _ = metrics.db_pool.get_or_create(&[("state", state)]);
         }
+        for reason in [
+            SkipReason::HookBusy,
+            SkipReason::BreakerOpen,
+            SkipReason::InFlight,
+        ] {
+            let _ = metrics.skipped.get_or_create(&[("reason", reason.label())]);
+        }
+        // The outcomes a dashboard alerts on; other outcome/class pairs appear when they occur.
+        for (outcome, class) in [
+            (DeliveryOutcome::Sent, "2xx"),
+            (DeliveryOutcome::Retry, "5xx"),
+            (DeliveryOutcome::Failed, "4xx"),
+        ] {
+            let _ = metrics
+                .deliveries
+                .get_or_create(&[("outcome", outcome.label()), ("class", class)]);
+        }
         let r = registry;
         r.register(
             "claims",
@@ -272,6 +289,8 @@ mod tests {
             "gorge_webhook_results_taken_over_total 0",
             "gorge_webhook_exclusions_capped_total 0",
             "gorge_webhook_db_up 0",
+            "gorge_webhook_skipped_total{reason=\"in-flight\"} 0",
+            "gorge_webhook_deliveries_total{outcome=\"retry\",class=\"5xx\"} 0",
             "gorge_webhook_build_info{version=\"0.1.0\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
