@@ -445,9 +445,14 @@ fn print_config_writes_an_aphlict_file_that_loads_back() {
     let values = |out: &[u8]| -> Vec<String> {
         String::from_utf8_lossy(out)
             .lines()
+            .filter(|l| !l.starts_with("GORGE_NOTIFICATION_CONFIG_FILE "))
             .map(|l| l.rsplit_once("  # ").map_or(l, |(v, _)| v).to_string())
             .collect()
     };
+    assert_eq!(
+        checked(&loaded.stdout, "GORGE_NOTIFICATION_CONFIG_FILE"),
+        (path.display().to_string(), "option --config".to_string())
+    );
     assert_eq!(values(&loaded.stdout), values(&defaults.stdout));
     assert_eq!(
         checked(&loaded.stdout, "GORGE_NOTIFICATION_DRAIN_SECONDS").1,

@@ -159,6 +159,8 @@ pub enum Source {
     File(String),
     /// An environment variable (its name).
     Env(String),
+    /// A command-line option (its name, e.g. `--config`).
+    Option(String),
 }
 
 impl fmt::Display for Source {
@@ -167,6 +169,7 @@ impl fmt::Display for Source {
             Source::Default => f.write_str("default"),
             Source::File(path) => write!(f, "file {path}"),
             Source::Env(var) => write!(f, "env {var}"),
+            Source::Option(name) => write!(f, "option {name}"),
         }
     }
 }

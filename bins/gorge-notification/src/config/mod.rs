@@ -156,6 +156,14 @@ fn load_from(
         (None, Some(path)) => (Some(PathBuf::from(path)), config_var),
         (None, None) => (None, String::new()),
     };
+    if cli_file.is_some() {
+        set_source(
+            &mut sources,
+            "config_file",
+            Source::Option("--config".into()),
+        );
+    }
+    settings.config_file = file_path.as_ref().map(|p| p.display().to_string());
     let file = match &file_path {
         Some(path) => {
             let value = read_file(path, &named_by)?;
@@ -167,7 +175,10 @@ fn load_from(
         }
         None => FileLayer::default(),
     };
-    for info in SETTINGS {
+    for info in SETTINGS
+        .iter()
+        .filter(|s| s.key != "config_file" || cli_file.is_none())
+    {
         let var = env_key(info.key);
         let Some(text) = env(&var) else { continue };
         if service_link_target(&text).is_some() {
