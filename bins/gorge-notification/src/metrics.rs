@@ -68,6 +68,16 @@ pub struct Metrics {
     pub history_entries: Gauge,
     pub history_bytes: Gauge,
     pub draining: Gauge,
+    pub replays_refused: Counter,
+    pub subscriptions_over_total: Counter,
+    pub subscription_bytes: Gauge,
+    pub instances: Family<KindLabel, Gauge>,
+    pub accept_errors: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
 }
 
 impl Metrics {
@@ -92,6 +102,11 @@ impl Metrics {
             history_entries: Gauge::default(),
             history_bytes: Gauge::default(),
             draining: Gauge::default(),
+            replays_refused: Counter::default(),
+            subscriptions_over_total: Counter::default(),
+            subscription_bytes: Gauge::default(),
+            instances: Family::default(),
+            accept_errors: Counter::default(),
         };
         for instance_class in INSTANCE_CLASSES {
             let _ = metrics
@@ -110,6 +125,9 @@ impl Metrics {
             let _ = metrics
                 .sockets_closed
                 .get_or_create(&ReasonLabel { reason });
+        }
+        for kind in ["confirmed", "anonymous"] {
+            let _ = metrics.instances.get_or_create(&KindLabel { kind });
         }
         for reason in ADMIN_REJECT_REASONS {
             let _ = metrics
@@ -195,7 +213,46 @@ impl Metrics {
             m.history_bytes,
         );
         registry.register("draining", "1 while draining after SIGTERM", m.draining);
+        registry.register(
+            "replays_refused",
+            "Replay commands refused by the per-socket replay rate limit",
+            m.replays_refused,
+        );
+        registry.register(
+            "subscriptions_over_limit",
+            "PHIDs refused because all sockets together hold the total subscription bytes",
+            m.subscriptions_over_total,
+        );
+        registry.register(
+            "subscription_bytes",
+            "Bytes charged for the subscriptions of all sockets",
+            m.subscription_bytes,
+        );
+        registry.register(
+            "instances",
+            "Instances with state, by kind (confirmed: default or posted to; anonymous)",
+            m.instances,
+        );
+        registry.register(
+            "accept_errors",
+            "Failed accepts on any listener (out of file descriptors and the like)",
+            m.accept_errors,
+        );
         metrics
+    }
+
+    /// Sets the hub's instance and subscription gauges.
+    pub fn set_usage(&self, usage: gorge_hub::HubUsage) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.subscription_bytes.set(gauge(usage.subscription_bytes));
+        for (kind, n) in [
+            ("confirmed", usage.confirmed_instances),
+            ("anonymous", usage.anonymous_instances),
+        ] {
+            self.instances
+                .get_or_create(&KindLabel { kind })
+                .set(gauge(n));
+        }
     }
 
     /// Sets the history gauges.

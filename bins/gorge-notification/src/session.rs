@@ -230,10 +230,14 @@ fn command(app: &App, handle: &SocketHandle, text: &str) -> bool {
         ClientCommand::Subscribe(phids) => {
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
+            m.subscriptions_over_total.inc_by(outcome.over_total as u64);
         }
         ClientCommand::Unsubscribe(phids) => app.hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {
             let outcome = app.hub.replay(handle, age_ms);
+            if outcome.refused {
+                m.replays_refused.inc();
+            }
             m.replayed_frames.inc_by(outcome.queued as u64);
             m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
         }

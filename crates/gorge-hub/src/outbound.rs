@@ -11,23 +11,13 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-/// Why the hub wants a socket closed; the writer sends the matching close frame.
+/// Why the hub wants a socket closed; the writer maps it to its protocol's close frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The outbound queue overflowed: close with 1008 (policy violation), queued frames dropped.
+    /// The outbound queue overflowed: queued frames are dropped.
     SlowConsumer,
-    /// The server is draining: send what is queued, then close with 1001 (going away).
+    /// The server is draining: send what is queued, then close.
     GoingAway,
-}
-
-impl CloseReason {
-    /// The WebSocket close code for this reason.
-    pub fn code(self) -> u16 {
-        match self {
-            CloseReason::SlowConsumer => 1008,
-            CloseReason::GoingAway => 1001,
-        }
-    }
 }
 
 /// What the writer should do next: write `frames` in order, then close if `close` is set.
@@ -201,7 +191,6 @@ mod tests {
         let batch = q.take();
         assert!(batch.frames.is_empty());
         assert_eq!(batch.close, Some(CloseReason::SlowConsumer));
-        assert_eq!(CloseReason::SlowConsumer.code(), 1008);
     }
 
     #[test]
@@ -247,7 +236,6 @@ mod tests {
         let batch = q.take();
         assert_eq!(batch.frames.len(), 1);
         assert_eq!(batch.close, Some(CloseReason::GoingAway));
-        assert_eq!(CloseReason::GoingAway.code(), 1001);
     }
 
     #[tokio::test]

@@ -302,6 +302,7 @@ fn build(
         instances: usize_of(s.max_instances),
         instance_name_bytes: usize_of(s.max_instance_name_bytes),
         sockets: usize_of(s.max_sockets),
+        ..Limits::default()
     };
     if s.idle_timeout_seconds <= s.ping_interval_seconds {
         return Err(ConfigError::new(
