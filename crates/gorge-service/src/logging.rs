@@ -72,10 +72,23 @@ impl LogSettings {
     /// Reads both variables; an unknown value is a configuration error naming the variable.
     /// Without `GORGE_LOG_FORMAT`, text on a terminal and JSON otherwise.
     pub fn from_env() -> Result<LogSettings, ConfigError> {
-        let level = parse_level_spec(env_value(LEVEL_VAR).as_deref())?;
-        let format = match env_value(FORMAT_VAR) {
-            Some(value) => parse_format(Some(&value))?,
-            None if io::stdout().is_terminal() => LogFormat::Text,
+        LogSettings::parse(
+            env_value(LEVEL_VAR).as_deref(),
+            env_value(FORMAT_VAR).as_deref(),
+            io::stdout().is_terminal(),
+        )
+    }
+
+    /// The two variables' values, and whether stdout is a terminal.
+    pub fn parse(
+        level: Option<&str>,
+        format: Option<&str>,
+        terminal: bool,
+    ) -> Result<LogSettings, ConfigError> {
+        let level = parse_level_spec(level)?;
+        let format = match format {
+            Some(value) => parse_format(Some(value))?,
+            None if terminal => LogFormat::Text,
             None => LogFormat::Json,
         };
         Ok(LogSettings { level, format })
@@ -319,6 +332,15 @@ mod tests {
             .map(|r| format!("{} {}", r["level"].as_str().unwrap(), r["event"]))
             .collect();
         assert_eq!(events, ["debug \"PEER_CHATTY\"", "error \"ROOT_ERROR\""]);
+    }
+
+    #[test]
+    fn text_on_a_terminal_json_otherwise_unless_set() {
+        let format = |f, terminal| LogSettings::parse(None, f, terminal).unwrap().format;
+        assert_eq!(format(None, true), LogFormat::Text);
+        assert_eq!(format(None, false), LogFormat::Json);
+        assert_eq!(format(Some("json"), true), LogFormat::Json);
+        assert_eq!(format(Some("text"), false), LogFormat::Text);
     }
 
     #[test]
