@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::http1;
 
-const FANOUT_BUCKET: &str = "notify_fanout_seconds_bucket";
-const SLOW_CONSUMERS: &str = "notify_slow_consumer_disconnects_total";
+const FANOUT_BUCKET: &str = "gorge_notification_fanout_seconds_bucket";
+const SLOW_CONSUMERS: &str = "gorge_notification_slow_consumer_disconnects_total";
 
 /// Series name (with labels) → value, from Prometheus text format.
 #[derive(Debug, Default, Clone)]
@@ -99,10 +99,10 @@ mod tests {
     #[test]
     fn bucket_deltas_give_quantile_bounds() {
         let before = parse(
-            "# HELP x\nnotify_fanout_seconds_bucket{le=\"0.001\"} 5\nnotify_fanout_seconds_bucket{le=\"0.002\"} 5\nnotify_fanout_seconds_bucket{le=\"+Inf\"} 5\nnotify_slow_consumer_disconnects_total 1\n",
+            "# HELP x\ngorge_notification_fanout_seconds_bucket{le=\"0.001\"} 5\ngorge_notification_fanout_seconds_bucket{le=\"0.002\"} 5\ngorge_notification_fanout_seconds_bucket{le=\"+Inf\"} 5\ngorge_notification_slow_consumer_disconnects_total 1\n",
         );
         let after = parse(
-            "notify_fanout_seconds_bucket{le=\"0.001\"} 95\nnotify_fanout_seconds_bucket{le=\"0.002\"} 104\nnotify_fanout_seconds_bucket{le=\"+Inf\"} 105\nnotify_slow_consumer_disconnects_total 4\n",
+            "gorge_notification_fanout_seconds_bucket{le=\"0.001\"} 95\ngorge_notification_fanout_seconds_bucket{le=\"0.002\"} 104\ngorge_notification_fanout_seconds_bucket{le=\"+Inf\"} 105\ngorge_notification_slow_consumer_disconnects_total 4\n",
         );
         let d = delta(&before, &after);
         assert_eq!(d.fanout_p50_le_ms, Some(1.0));

@@ -10,7 +10,7 @@ use gorge_notification::config;
 use gorge_notification::fdlimit;
 use gorge_notification::service::Server;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
-use gorge_service::config::exit_config_error;
+use gorge_service::config::{check_config_text, exit_config_error};
 use gorge_service::logging::init_logging;
 use gorge_service::{ConfigError, Shutdown};
 use slog::{error, info, warn};
@@ -44,8 +44,13 @@ fn main() {
     }
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
     if cli.common.check_config {
-        let text = serde_json::to_string_pretty(&config::describe(&config))
-            .expect("configuration description serializes");
+        let lines = config::check_lines(&config);
+        print!("{}", check_config_text(&lines, &config.warnings));
+        return;
+    }
+    if cli.common.print_config {
+        let text = serde_json::to_string_pretty(&config::print_config(&config))
+            .expect("configuration serializes");
         println!("{text}");
         return;
     }

@@ -1,4 +1,6 @@
 //! Prometheus metrics of the notification service (spec §9), except the peer relay's own.
+//! They are registered without a prefix: the registry the binary hands in adds
+//! `gorge_notification_` to every name.
 //!
 //! Sockets are labelled by instance *class* (`default` or `named`), never by instance name:
 //! names come from browsers' URLs, and a label per name would let anyone grow the exposition.
@@ -30,6 +32,20 @@ pub fn instance_class(instance: &str) -> ClassLabel {
         },
     }
 }
+
+/// Label values of the labelled series, created at 0 so a fresh server shows them all.
+pub const INSTANCE_CLASSES: [&str; 2] = ["default", "named"];
+pub const SOCKET_REJECT_REASONS: [&str; 4] =
+    ["max_sockets", "max_instances", "instance_name", "draining"];
+pub const SOCKET_CLOSE_REASONS: [&str; 5] = [
+    "client",
+    "slow_consumer",
+    "drain",
+    "oversized_frame",
+    "idle",
+];
+pub const ADMIN_REJECT_REASONS: [&str; 4] =
+    ["bad_json", "not_object", "too_large", "instance_name"];
 
 /// Every metric of the service, cheap to clone (each is an `Arc` inside).
 #[derive(Clone)]
@@ -92,119 +108,133 @@ impl Metrics {
             instances: Family::default(),
             accept_errors: Counter::default(),
         };
+        for instance_class in INSTANCE_CLASSES {
+            let _ = metrics
+                .sockets_open
+                .get_or_create(&ClassLabel { instance_class });
+            let _ = metrics
+                .sockets
+                .get_or_create(&ClassLabel { instance_class });
+        }
+        for reason in SOCKET_REJECT_REASONS {
+            let _ = metrics
+                .sockets_rejected
+                .get_or_create(&ReasonLabel { reason });
+        }
+        for reason in SOCKET_CLOSE_REASONS {
+            let _ = metrics
+                .sockets_closed
+                .get_or_create(&ReasonLabel { reason });
+        }
+        for kind in ["confirmed", "anonymous"] {
+            let _ = metrics.instances.get_or_create(&KindLabel { kind });
+        }
+        for reason in ADMIN_REJECT_REASONS {
+            let _ = metrics
+                .admin_rejected
+                .get_or_create(&ReasonLabel { reason });
+        }
         let m = metrics.clone();
+        registry.register("sockets_open", "Open WebSocket connections", m.sockets_open);
+        registry.register("sockets", "WebSocket connections ever accepted", m.sockets);
         registry.register(
-            "notify_sockets_open",
-            "Open WebSocket connections",
-            m.sockets_open,
-        );
-        registry.register(
-            "notify_sockets",
-            "WebSocket connections ever accepted",
-            m.sockets,
-        );
-        registry.register(
-            "notify_sockets_rejected",
+            "sockets_rejected",
             "WebSocket upgrades refused (max_sockets, max_instances, instance_name, draining)",
             m.sockets_rejected,
         );
         registry.register(
-            "notify_sockets_closed",
+            "sockets_closed",
             "WebSocket connections closed, by reason",
             m.sockets_closed,
         );
         registry.register(
-            "notify_messages_in",
+            "messages_in",
             "Messages accepted on the admin port",
             m.messages_in,
         );
         registry.register(
-            "notify_messages_duplicate",
+            "messages_duplicate",
             "Messages that already carried our fingerprint in touched (ignored)",
             m.messages_duplicate,
         );
         registry.register(
-            "notify_messages_out",
+            "messages_out",
             "Frames queued for live delivery (replay excluded)",
             m.messages_out,
         );
         registry.register(
-            "notify_admin_rejected",
+            "admin_rejected",
             "Admin messages refused (bad_json, not_object, too_large, instance_name)",
             m.admin_rejected,
         );
         registry.register(
-            "notify_fanout_seconds",
+            "fanout_seconds",
             "Time from an accepted POST to its last frame queued",
             m.fanout_seconds,
         );
         registry.register(
-            "notify_queue_dropped_frames",
+            "queue_dropped_frames",
             "Frames dropped because a socket's outbound queue was full",
             m.queue_dropped_frames,
         );
         registry.register(
-            "notify_slow_consumer_disconnects",
+            "slow_consumer_disconnects",
             "Sockets closed with 1008 because their outbound queue overflowed",
             m.slow_consumer_disconnects,
         );
         registry.register(
-            "notify_replayed_frames",
+            "replayed_frames",
             "Frames queued by replay",
             m.replayed_frames,
         );
         registry.register(
-            "notify_subscriptions_ignored",
+            "subscriptions_ignored",
             "PHIDs ignored by the per-socket or per-PHID subscription limit",
             m.subscriptions_ignored,
         );
         registry.register(
-            "notify_commands_ignored",
+            "commands_ignored",
             "Client frames ignored as malformed, wrongly typed or unknown",
             m.commands_ignored,
         );
         registry.register(
-            "notify_oversized_frames",
+            "oversized_frames",
             "Client frames over the frame limit (socket closed with 1009)",
             m.oversized_frames,
         );
         registry.register(
-            "notify_history_entries",
+            "history_entries",
             "Retained history entries",
             m.history_entries,
         );
         registry.register(
-            "notify_history_bytes",
+            "history_bytes",
             "Retained history message bytes",
             m.history_bytes,
         );
+        registry.register("draining", "1 while draining after SIGTERM", m.draining);
         registry.register(
-            "notify_draining",
-            "1 while draining after SIGTERM",
-            m.draining,
-        );
-        registry.register(
-            "gorge_notification_replays_refused",
+            "replays_refused",
             "Replay commands refused by the per-socket replay rate limit",
             m.replays_refused,
         );
         registry.register(
-            "gorge_notification_subscriptions_over_limit",
+            "subscriptions_over_limit",
             "PHIDs refused because all sockets together hold the total subscription bytes",
             m.subscriptions_over_total,
         );
         registry.register(
-            "gorge_notification_subscription_bytes",
+            "subscription_bytes",
             "Bytes charged for the subscriptions of all sockets",
             m.subscription_bytes,
         );
         registry.register(
-            "gorge_notification_instances",
+            "instances",
             "Instances with state, by kind (confirmed: default or posted to; anonymous)",
             m.instances,
         );
         registry.register(
-            "gorge_notification_accept_errors",
+            "accept_errors",
             "Failed accepts on any listener (out of file descriptors and the like)",
             m.accept_errors,
         );
@@ -245,5 +275,42 @@ impl Metrics {
         self.admin_rejected
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_registry_shows_every_label_value_at_zero() {
+        let mut registry = gorge_service::metrics::service_registry("gorge_notification", "0");
+        let _metrics = Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let mut expected = Vec::new();
+        for class in INSTANCE_CLASSES {
+            expected.push(format!(
+                "gorge_notification_sockets_open{{instance_class=\"{class}\"}} 0"
+            ));
+            expected.push(format!(
+                "gorge_notification_sockets_total{{instance_class=\"{class}\"}} 0"
+            ));
+        }
+        for (name, reasons) in [
+            ("sockets_rejected", &SOCKET_REJECT_REASONS[..]),
+            ("sockets_closed", &SOCKET_CLOSE_REASONS[..]),
+            ("admin_rejected", &ADMIN_REJECT_REASONS[..]),
+        ] {
+            for reason in reasons {
+                expected.push(format!(
+                    "gorge_notification_{name}_total{{reason=\"{reason}\"}} 0"
+                ));
+            }
+        }
+        for line in expected {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("notify_"), "{text}");
     }
 }

@@ -12,7 +12,6 @@ use gorge_service::{
     bind_all, run, BindError, BoundListener, Handler, ListenerSpec, Probes, RunError, RunOptions,
     Shutdown,
 };
-use prometheus_client::registry::Registry;
 use rand::RngCore;
 use slog::{info, o, warn, Logger};
 use tokio::sync::Notify;
@@ -45,11 +44,17 @@ impl Server {
     ) -> Result<Server, BindError> {
         for ignored in &config.ignored {
             warn!(log, "NOTIFY_CONFIG_IGNORED_KEY";
-                "key" => &ignored.key, "reason" => ignored.reason);
+                "key" => &ignored.key, "reason" => &ignored.reason);
+        }
+        for warning in &config.warnings {
+            warn!(log, "NOTIFY_CONFIG_WARNING"; "warning" => warning);
         }
         let fingerprint =
             phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
-        let mut registry = Registry::default();
+        let mut registry = gorge_service::metrics::service_registry(
+            "gorge_notification",
+            env!("CARGO_PKG_VERSION"),
+        );
         let metrics = Metrics::register(&mut registry);
         let relay = PeerRelay::start(
             config.peers.clone(),

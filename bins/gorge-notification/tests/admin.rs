@@ -220,7 +220,7 @@ async fn bodies_over_the_limit_get_413() {
     assert_eq!(server.post("", &padded).await.status, 200);
     assert_eq!(
         server
-            .metric(r#"notify_admin_rejected_total{reason="too_large"}"#)
+            .metric(r#"gorge_notification_admin_rejected_total{reason="too_large"}"#)
             .await,
         Some(1.0)
     );
@@ -243,16 +243,16 @@ async fn probes_live_on_the_admin_port() {
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body).unwrap();
     for name in [
-        "notify_messages_in_total",
-        "notify_messages_out_total",
-        "notify_fanout_seconds_bucket",
-        "notify_slow_consumer_disconnects_total",
-        "notify_queue_dropped_frames_total",
-        "notify_replayed_frames_total",
-        "notify_subscriptions_ignored_total",
-        "notify_history_entries",
-        "notify_history_bytes",
-        "notify_draining",
+        "gorge_notification_messages_in_total",
+        "gorge_notification_messages_out_total",
+        "gorge_notification_fanout_seconds_bucket",
+        "gorge_notification_slow_consumer_disconnects_total",
+        "gorge_notification_queue_dropped_frames_total",
+        "gorge_notification_replayed_frames_total",
+        "gorge_notification_subscriptions_ignored_total",
+        "gorge_notification_history_entries",
+        "gorge_notification_history_bytes",
+        "gorge_notification_draining",
     ] {
         assert!(text.contains(name), "{name} missing from /metrics");
     }

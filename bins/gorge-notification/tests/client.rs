@@ -204,7 +204,9 @@ async fn bad_frames_are_ignored_and_the_socket_keeps_working() {
     server.post("", r#"{"subscribers":["PHID-A"]}"#).await;
     assert_eq!(ws.sync().await.len(), 1);
     assert_eq!(
-        server.metric("notify_commands_ignored_total").await,
+        server
+            .metric("gorge_notification_commands_ignored_total")
+            .await,
         Some(7.0)
     );
 }
@@ -218,7 +220,9 @@ async fn subscriptions_over_the_limit_are_ignored_and_counted() {
     ws.send(&command.to_string()).await;
     assert_eq!(ws.sync().await, Vec::<String>::new());
     assert_eq!(
-        server.metric("notify_subscriptions_ignored_total").await,
+        server
+            .metric("gorge_notification_subscriptions_ignored_total")
+            .await,
         Some(904.0)
     );
     server.post("", r#"{"subscribers":["P4095"]}"#).await;
@@ -241,7 +245,9 @@ async fn an_oversized_frame_closes_the_socket_with_1009() {
     assert!(closed.frames.is_empty());
     assert_eq!(healthy.sync().await, Vec::<String>::new());
     assert_eq!(
-        server.metric("notify_oversized_frames_total").await,
+        server
+            .metric("gorge_notification_oversized_frames_total")
+            .await,
         Some(1.0)
     );
 }
@@ -254,7 +260,7 @@ async fn socket_limit_refuses_upgrades_with_503() {
     assert_eq!(first.sync().await, Vec::<String>::new());
     assert_eq!(
         server
-            .metric(r#"notify_sockets_rejected_total{reason="max_sockets"}"#)
+            .metric(r#"gorge_notification_sockets_rejected_total{reason="max_sockets"}"#)
             .await,
         Some(1.0)
     );
@@ -311,7 +317,7 @@ async fn silent_sockets_are_reaped_and_answering_ones_stay() {
     assert_eq!(live.sync().await, Vec::<String>::new());
     assert_eq!(
         server
-            .metric(r#"notify_sockets_closed_total{reason="idle"}"#)
+            .metric(r#"gorge_notification_sockets_closed_total{reason="idle"}"#)
             .await,
         Some(1.0)
     );
@@ -336,7 +342,7 @@ async fn instance_limits_are_enforced_and_counted() {
     );
     assert_eq!(
         server
-            .metric(r#"notify_sockets_rejected_total{reason="max_instances"}"#)
+            .metric(r#"gorge_notification_sockets_rejected_total{reason="max_instances"}"#)
             .await,
         Some(1.0)
     );
@@ -348,7 +354,7 @@ async fn instance_limits_are_enforced_and_counted() {
     );
     assert_eq!(
         server
-            .metric(r#"notify_sockets_rejected_total{reason="instance_name"}"#)
+            .metric(r#"gorge_notification_sockets_rejected_total{reason="instance_name"}"#)
             .await,
         Some(1.0)
     );

@@ -318,7 +318,7 @@ async fn three_peers_deliver_exactly_once_and_survive_losing_one() {
     // the last three failed (the marker may have been in flight when the peer was stopped).
     // The failures were logged as one state change.
     let relays = |result: &str| {
-        format!("notify_peer_relays_total{{peer=\"{dead_peer}\",result=\"{result}\"}}")
+        format!("gorge_notification_peer_relays_total{{peer=\"{dead_peer}\",result=\"{result}\"}}")
     };
     let (ok, failed) = (relays("ok"), relays("failed"));
     nodes[0]
@@ -346,7 +346,7 @@ async fn servers_that_list_themselves_too_deliver_exactly_once() {
         assert_eq!(node.messages_in().await, 6);
         // Its own address is no longer a peer.
         node.wait_for_metrics("the server found itself", |metrics| {
-            sample(metrics, "notify_peers_known") == 1.0
+            sample(metrics, "gorge_notification_peers_known") == 1.0
         })
         .await;
         let own_address = format!("127.0.0.1:{}", node.admin_port);

@@ -1,6 +1,7 @@
 //! Startup configuration as an operator meets it: exit code 2 with one line naming the key
 //! and value for every invalid setting, empty variables meaning "default", the Aphlict file,
-//! `--check-config`, `--version` and the `healthcheck` subcommand.
+//! `--check-config` (value and source of every setting), `--print-config`, warnings for
+//! unknown variables, `--version` and the `healthcheck` subcommand.
 
 mod common;
 
@@ -22,9 +23,35 @@ fn run(args: &[&str], env: &[Var]) -> Output {
 }
 
 fn config_file(json: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
+    let mut file = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
     file.write_all(json.as_bytes()).unwrap();
     file
+}
+
+/// The value `--check-config` printed for `name` (`NAME = VALUE  # SOURCE`), and its source.
+fn checked(stdout: &[u8], name: &str) -> (String, String) {
+    let text = String::from_utf8_lossy(stdout);
+    text.lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" = ")?;
+            (left.trim_end() == name).then_some(right)
+        })
+        .and_then(|right| right.rsplit_once("  # "))
+        .map(|(value, source)| (value.to_string(), source.to_string()))
+        .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+}
+
+fn value_of(stdout: &[u8], name: &str) -> String {
+    checked(stdout, name).0
+}
+
+fn assert_ok(output: &Output) {
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Exit code 2 and exactly one stderr line mentioning `key` and `value`.
@@ -94,18 +121,16 @@ fn empty_variables_mean_default_and_check_config_prints_the_result() {
             ("GORGE_NOTIFICATION_DRAIN_SECONDS", ""),
         ],
     );
+    assert_ok(&output);
+    let out = &output.stdout;
+    assert_eq!(value_of(out, "servers[0]"), "client 0.0.0.0:22280");
+    assert_eq!(value_of(out, "servers[1]"), "admin 0.0.0.0:22281");
     assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        checked(out, "GORGE_NOTIFICATION_DRAIN_SECONDS"),
+        ("10".to_string(), "default".to_string())
     );
-    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(printed["servers"][0]["port"], 22280);
-    assert_eq!(printed["servers"][1]["port"], 22281);
-    assert_eq!(printed["drain_seconds"], 10);
-    assert_eq!(printed["max_frame_bytes"], 65536);
-    assert_eq!(printed["peers"], serde_json::json!([]));
+    assert_eq!(value_of(out, "GORGE_NOTIFICATION_MAX_FRAME_BYTES"), "65536");
+    assert_eq!(value_of(out, "peers (cluster[] and PEERS)"), "(none)");
 }
 
 #[test]
@@ -123,20 +148,26 @@ fn the_aphlict_file_is_layered_under_the_environment() {
             ("GORGE_NOTIFICATION_ADMIN_PORT", "4001"),
         ],
     );
+    assert_ok(&output);
+    let out = &output.stdout;
     assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        checked(out, "servers[0]"),
+        ("client 127.0.0.1:3000".to_string(), format!("file {path}"))
     );
-    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(printed["servers"][0]["port"], 3000);
-    assert_eq!(printed["servers"][1]["port"], 4001);
-    assert_eq!(printed["peers"], serde_json::json!(["http://peer-a:22281"]));
     assert_eq!(
-        printed["ignored_file_keys"],
-        serde_json::json!(["logs", "pidfile", "memory.hint"])
+        checked(out, "servers[1]"),
+        (
+            "admin 127.0.0.1:4001".to_string(),
+            "env GORGE_NOTIFICATION_ADMIN_PORT".to_string()
+        )
     );
+    assert_eq!(
+        value_of(out, "peers (cluster[] and PEERS)"),
+        "http://peer-a:22281"
+    );
+    for key in ["logs", "pidfile", "memory.hint"] {
+        assert!(value_of(out, &format!("{key} (file key)")).starts_with("ignored: "));
+    }
 
     // Started with that file, each ignored key is one warning.
     let server = Server::start(&[
@@ -234,17 +265,197 @@ fn peer_settings_from_the_environment() {
             ("GORGE_NOTIFICATION_PEERS_PORT", "tcp://10.96.0.11:22281"),
         ],
     );
+    assert_ok(&output);
+    let out = &output.stdout;
     assert_eq!(
-        output.status.code(),
-        Some(0),
+        value_of(out, "peers (cluster[] and PEERS)"),
+        "http://peer-a:22281, https://10.0.0.2:22281"
+    );
+    assert_eq!(
+        checked(out, "GORGE_NOTIFICATION_PEER_DNS"),
+        (
+            "gorge-notification-peers:22281".to_string(),
+            "env GORGE_NOTIFICATION_PEER_DNS".to_string()
+        )
+    );
+    assert_eq!(value_of(out, "servers[0]"), "client [::]:22280");
+    // Service-link variables are not reported as unknown settings.
+    assert!(
+        !String::from_utf8_lossy(out).contains("warning:"),
         "{}",
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(out)
     );
-    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+}
+
+#[test]
+fn check_config_validates_what_startup_validates() {
+    // Logging variables, digit-only and huge numbers, plain-word reasons.
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "GORGE_LOG_LEVEL",
+            "loud",
+            "expected one of trace, debug, info",
+        ),
+        ("GORGE_LOG_FORMAT", "xml", "expected json or text"),
+        (
+            "GORGE_NOTIFICATION_DRAIN_SECONDS",
+            "18446744073709551615",
+            "a whole number of seconds from 0 to 86400",
+        ),
+        (
+            "GORGE_NOTIFICATION_PEER_TIMEOUT_MS",
+            "5s",
+            "a whole number of milliseconds from 1 to 86400000, e.g. 250",
+        ),
+        (
+            "GORGE_NOTIFICATION_CLIENT_PORT",
+            "0",
+            "expected a port number 1-65535",
+        ),
+        (
+            "GORGE_NOTIFICATION_ADMIN_PORT",
+            "tcp://10.0.0.1:22281",
+            "Kubernetes service link",
+        ),
+        (
+            "GORGE_NOTIFICATION_CONFIG_FILE",
+            "/nope.json",
+            "cannot read the file",
+        ),
+        (
+            "GORGE_NOTIFICATION_CONFIG_FILE",
+            "/etc/aphlict.yaml",
+            "JSON with a .json extension",
+        ),
+    ];
+    for &(key, value, reason) in cases {
+        let output = run(&["--check-config"], &[(key, value)]);
+        assert_config_error(&output, key, value);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(reason), "{key}={value}: {stderr}");
+        assert!(
+            !stderr.contains("u64") && !stderr.contains("u16"),
+            "{stderr}"
+        );
+    }
+    let output = run(
+        &["--check-config"],
+        &[("GORGE_NOTIFICATION_ADMIN_PORT", "tcp://10.0.0.1:22281")],
+    );
+    assert!(String::from_utf8_lossy(&output.stderr)
+        .contains("a Service named gorge-notification-admin"));
+    // A started server exits 2 too, not 101.
+    let output = run(
+        &[],
+        &[("GORGE_NOTIFICATION_DRAIN_SECONDS", "18446744073709551615")],
+    );
+    assert_config_error(
+        &output,
+        "GORGE_NOTIFICATION_DRAIN_SECONDS",
+        "18446744073709551615",
+    );
+}
+
+#[test]
+fn file_values_are_described_in_plain_words_and_unknown_entry_keys_refused() {
+    let cases = [
+        (
+            r#"{"servers":[{"type":"client","port":"22280"},{"type":"admin","port":22281}]}"#,
+            "servers[0].port",
+            "expected a port number 1-65535: a number, not a string",
+        ),
+        (
+            r#"{"servers":[{"type":"client","port":22280},{"type":"admin","port":22281,"lisen":"127.0.0.1"}]}"#,
+            "servers[1].lisen",
+            "unknown key (did you mean `listen`?)",
+        ),
+        (
+            r#"{"cluster":[{"host":"peer-a","port":22281,"protocl":"https"}]}"#,
+            "cluster[0].protocl",
+            "unknown key (did you mean `protocol`?)",
+        ),
+        (
+            r#"{"max_sockets":"100"}"#,
+            "max_sockets",
+            "a number, not a string",
+        ),
+    ];
+    for (json, key, reason) in cases {
+        let file = config_file(json);
+        let output = run(
+            &["--check-config", "--config", file.path().to_str().unwrap()],
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{json}: {stderr}");
+        assert!(
+            stderr.contains(key) && stderr.contains(reason),
+            "{json}: {stderr}"
+        );
+    }
+    let output = run(&["--config", "/etc/aphlict.yaml"], &[]);
+    assert_config_error(&output, "--config", "/etc/aphlict.yaml");
+}
+
+#[test]
+fn unknown_variables_with_our_prefix_are_warned_about_with_a_suggestion() {
+    let output = run(
+        &["--check-config"],
+        &[
+            ("GORGE_NOTIFICATION_CLIENT_PROT", "22280"),
+            ("GORGE_NOTIFICATION_PORT", "tcp://10.96.0.10:22280"),
+        ],
+    );
+    assert_ok(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let warnings: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
     assert_eq!(
-        printed["peers"],
-        serde_json::json!(["http://peer-a:22281", "https://10.0.0.2:22281"])
+        warnings,
+        ["warning: GORGE_NOTIFICATION_CLIENT_PROT is not a setting (did you mean GORGE_NOTIFICATION_CLIENT_PORT?); ignored"]
     );
-    assert_eq!(printed["peer_dns"], "gorge-notification-peers:22281");
-    assert_eq!(printed["servers"][0]["listen"], "::");
+    let server = Server::start(&[("GORGE_NOTIFICATION_CLIENT_PROT", "22280")]);
+    let logged = server.log_events("NOTIFY_CONFIG_WARNING");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0]["warning"]
+        .as_str()
+        .unwrap()
+        .contains("CLIENT_PROT"));
+}
+
+#[test]
+fn print_config_writes_an_aphlict_file_that_loads_back() {
+    let output = run(&["--print-config"], &[]);
+    assert_ok(&output);
+    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(printed["servers"][0]["type"], "client");
+    assert_eq!(printed["servers"][0]["port"], 22280);
+    assert_eq!(printed["servers"][1]["port"], 22281);
+    assert_eq!(printed["servers"][1]["ssl.key"], serde_json::Value::Null);
+    assert_eq!(printed["drain_seconds"], 10);
+    assert_eq!(printed["max_sockets"], 100000);
+    let defaults = run(&["--check-config"], &[]);
+    let file = config_file(&String::from_utf8_lossy(&output.stdout));
+    let path = file.path();
+    let loaded = run(&["--check-config", "--config", path.to_str().unwrap()], &[]);
+    assert_ok(&loaded);
+    // Every value is the same; every flat setting the file holds now comes from it.
+    let values = |out: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(out)
+            .lines()
+            .filter(|l| !l.starts_with("GORGE_NOTIFICATION_CONFIG_FILE "))
+            .map(|l| l.rsplit_once("  # ").map_or(l, |(v, _)| v).to_string())
+            .collect()
+    };
+    assert_eq!(
+        checked(&loaded.stdout, "GORGE_NOTIFICATION_CONFIG_FILE"),
+        (path.display().to_string(), "option --config".to_string())
+    );
+    assert_eq!(values(&loaded.stdout), values(&defaults.stdout));
+    assert_eq!(
+        checked(&loaded.stdout, "GORGE_NOTIFICATION_DRAIN_SECONDS").1,
+        format!("file {}", path.display())
+    );
 }

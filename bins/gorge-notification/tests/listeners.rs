@@ -169,7 +169,7 @@ async fn drill_subscription_and_history_memory() {
         "16 x {} KiB messages: rss/hwm KiB {:?}, history bytes {:?}",
         body.len() / 1024,
         rss_kib(pid),
-        server.metric("notify_history_bytes").await
+        server.metric("gorge_notification_history_bytes").await
     );
     let mut ws = server.ws("/").await;
     ws.subscribe(&["PHID-USER-0000044999"]).await;

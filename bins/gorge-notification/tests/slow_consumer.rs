@@ -69,19 +69,19 @@ async fn a_stuck_socket_is_disconnected_and_nobody_waits_for_it() {
     assert!(closed.frames.len() < MESSAGES + MESSAGES / 100);
     assert_eq!(
         server
-            .metric("notify_slow_consumer_disconnects_total")
+            .metric("gorge_notification_slow_consumer_disconnects_total")
             .await,
         Some(1.0)
     );
     assert_eq!(
         server
-            .metric(r#"notify_sockets_closed_total{reason="slow_consumer"}"#)
+            .metric(r#"gorge_notification_sockets_closed_total{reason="slow_consumer"}"#)
             .await,
         Some(1.0)
     );
     assert!(
         server
-            .metric("notify_queue_dropped_frames_total")
+            .metric("gorge_notification_queue_dropped_frames_total")
             .await
             .unwrap()
             >= 1.0

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
 use gorge_service::{bind_all, ListenerSpec, Probes, ReadinessCheck, RunOptions, Shutdown};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::gauge::Gauge;
 use slog::{error, info, warn, Logger};
 use tokio::task::JoinHandle;
 
@@ -118,7 +118,8 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         warn!(log, "WEBHOOK_CONFIG_WARNING"; "warning" => warning);
     }
 
-    let mut registry = Registry::default();
+    let mut registry =
+        gorge_service::metrics::service_registry("gorge_webhook", env!("CARGO_PKG_VERSION"));
     let metrics = Metrics::register(&mut registry);
     let store = ClaimStore::with_options(
         settings.mysql_opts(),
@@ -158,6 +159,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         }
     };
 
+    let db_up = metrics.db_up.clone();
     let deliverer = Deliverer::new(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
@@ -182,7 +184,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         poll_loop_up,
         log.clone(),
     ));
-    tokio::spawn(sample_loop(Arc::clone(&dispatcher), shutdown.clone()));
+    tokio::spawn(sample_loop(Arc::clone(&dispatcher), db_up, shutdown.clone()));
 
     let drain_log = log.clone();
     let drain = Box::new(move || {
@@ -263,10 +265,11 @@ fn readiness_reason(err: &ClaimError) -> String {
     err.to_string().replace(['\n', '\r'], " ")
 }
 
-async fn sample_loop(dispatcher: Arc<Dispatcher>, shutdown: Shutdown) {
+async fn sample_loop(dispatcher: Arc<Dispatcher>, db_up: Gauge, shutdown: Shutdown) {
     loop {
         // Failures here are the same database errors the poll loop already reports.
-        let _ = tokio::time::timeout(SAMPLE_INTERVAL, dispatcher.sample()).await;
+        let sampled = tokio::time::timeout(SAMPLE_INTERVAL, dispatcher.sample()).await;
+        db_up.set(i64::from(matches!(sampled, Ok(Ok(())))));
         tokio::select! {
             _ = tokio::time::sleep(SAMPLE_INTERVAL) => {}
             _ = shutdown.triggered() => return,

@@ -4,8 +4,9 @@
 //! Every bad value is a [`ConfigError`] naming the variable and the value (exit code 2):
 //! a webhook service that silently falls back to a default poll interval or blacklist is
 //! worse than one that refuses to start. So is an unknown key in the file (a typo would
-//! otherwise leave the default in place); unknown `GORGE_WEBHOOK_*` variables are ignored,
-//! because the environment is shared with others (Kubernetes service links).
+//! otherwise leave the default in place); unknown `GORGE_WEBHOOK_*` variables are only
+//! warned about, because the environment is shared with others (Kubernetes service links).
+//! Environment values are typed by the setting, so `MYSQL_USER=1234` stays a string.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,11 +15,14 @@ use std::time::Duration;
 use figment::providers::{Format, Json, Serialized, Toml};
 use figment::value::Value;
 use figment::{Figment, Provider};
-use gorge_service::config::{env_layer, env_value, extract, mask_secret};
+use gorge_service::config::{
+    env_value, extract, mask_secret, service_link_reason, service_link_target,
+    unknown_env_warnings, unknown_key_reason, CheckLine, Source, TypedEnv, NOT_A_STRING,
+};
 use gorge_service::{ConfigError, Secret};
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{OutboundPolicy, PHORGE_DEFAULT_BLACKLIST};
+use crate::policy::{OutboundPolicy, NO_BLACKLIST, PHORGE_DEFAULT_BLACKLIST};
 
 /// The status/diagnostic port (the release-matrix check greps for this constant).
 pub const DEFAULT_HEALTH_PORT: u16 = 8160;
@@ -70,6 +74,24 @@ struct RawSettings {
     service_token: Secret,
 }
 
+/// What each setting accepts, in plain words, for errors (figment's own say `u64`).
+fn valid_text(key: &str) -> &'static str {
+    match key {
+        "mysql_port" => "a port number 1-65535",
+        "poll_interval_ms" => "a whole number of milliseconds from 1 to 86400000, e.g. 250",
+        "max_concurrent" => "a whole number from 1 to 256, e.g. 8",
+        "delivery_timeout" => "a whole number of seconds, at least 1, e.g. 15",
+        "claim_lease_sec" | "retry_backoff_sec" | "error_backoff_sec" => {
+            "a whole number of seconds, e.g. 60"
+        }
+        "error_threshold" => "a whole number, at least 1, e.g. 10",
+        _ => "a string",
+    }
+}
+
+/// Upper bound of every seconds setting (a day), so no derived time can overflow.
+const MAX_SECONDS: u64 = 86_400;
+
 // Only ever used to seed figment with defaults, which are empty secrets.
 fn serialize_secret<S: serde::Serializer>(secret: &Secret, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(secret.expose())
@@ -89,10 +111,7 @@ fn check_file_keys(file: &impl Provider, path: &Path) -> Result<(), ConfigError>
                 Value::String(_, s) => s.clone(),
                 other => serde_json::to_string(other).unwrap_or_default(),
             };
-            let reason = match closest_key(key, &known) {
-                Some(near) => format!("unknown key (did you mean `{near}`?)"),
-                None => "unknown key".to_string(),
-            };
+            let reason = unknown_key_reason(key, known.iter().map(String::as_str));
             return Err(ConfigError::new(
                 format!("{key} (in {})", path.display()),
                 value,
@@ -111,32 +130,79 @@ fn known_keys() -> Vec<String> {
     }
 }
 
-/// A known key within two single-character edits of `key` (a typo), if any.
-fn closest_key<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
-    known
-        .iter()
-        .map(|k| (edit_distance(key, k), k.as_str()))
-        .filter(|(distance, _)| *distance <= 2)
-        .min()
-        .map(|(_, k)| k)
+fn known_key_refs() -> Vec<&'static str> {
+    SETTING_KEYS.to_vec()
 }
 
-/// Levenshtein distance over chars.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
+/// Every setting's key, in the order `--check-config` and `--print-config` show them.
+const SETTING_KEYS: [&str; 19] = [
+    "mysql_host",
+    "mysql_port",
+    "mysql_user",
+    "mysql_pass",
+    "mysql_socket",
+    "mysql_max_connections",
+    "mysql_max_lock_connections",
+    "mysql_query_timeout_sec",
+    "namespace",
+    "poll_interval_ms",
+    "max_concurrent",
+    "delivery_timeout",
+    "claim_lease_sec",
+    "retry_backoff_sec",
+    "error_backoff_sec",
+    "error_threshold",
+    "outbound_blacklist",
+    "listen_addr",
+    "service_token",
+];
+
+/// Where figment found each setting: defaults, the file, or the environment.
+fn sources(figment: &Figment) -> Vec<(&'static str, Source)> {
+    SETTING_KEYS
+        .iter()
+        .map(|key| {
+            let source = match figment.find_metadata(key) {
+                Some(md) if md.name.contains("environment") => {
+                    Source::Env(format!("{ENV_PREFIX}{}", key.to_uppercase()))
+                }
+                Some(md) => match &md.source {
+                    Some(figment::Source::File(path)) => Source::File(path.display().to_string()),
+                    _ => Source::Default,
+                },
+                None => Source::Default,
+            };
+            (*key, source)
+        })
+        .collect()
+}
+
+fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
+    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
+        entry.1 = source;
     }
-    row[b.len()]
+}
+
+/// figment's type names (`expected u16`) replaced by what the setting accepts; a string
+/// in the file where a number belongs is said to be one.
+fn plain_words(mut err: ConfigError) -> ConfigError {
+    if !err.reason.starts_with("expected ") {
+        return err;
+    }
+    let key = err
+        .key
+        .split(" (in ")
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches(ENV_PREFIX)
+        .to_ascii_lowercase();
+    let valid = valid_text(&key);
+    err.reason = if err.reason.ends_with(NOT_A_STRING) {
+        format!("expected {valid}: {NOT_A_STRING}")
+    } else {
+        format!("expected {valid}")
+    };
+    err
 }
 
 /// A parser message on one line: source excerpts (`  |` lines) dropped, the rest joined.
@@ -207,19 +273,37 @@ pub struct Settings {
     pub outbound_blacklist_is_default: bool,
     pub listen_addr: SocketAddr,
     pub service_token: Secret,
+    /// The values as layered (for `--check-config` and `--print-config`) and their sources.
+    raw: RawSettings,
+    sources: Vec<(&'static str, Source)>,
+    /// Unknown `GORGE_WEBHOOK_*` variables, found when loading.
+    environment_warnings: Vec<String>,
 }
 
 impl Settings {
-    /// Layers defaults, the optional file and the environment, then validates.
+    /// Layers defaults, the optional file and the environment, then validates (the logging
+    /// variables too, so `--check-config` refuses what startup refuses).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        gorge_service::logging::LogSettings::from_env()?;
         let mut figment = Figment::from(Serialized::defaults(RawSettings::default()));
         if let Some(path) = file {
+            let ext = path
+                .extension()
+                .map(|e| e.to_string_lossy().to_ascii_lowercase());
+            let is_json = match ext.as_deref() {
+                Some("json") => true,
+                Some("toml") => false,
+                _ => {
+                    return Err(ConfigError::new(
+                        "--config",
+                        path.display(),
+                        "the file must end in .toml or .json (those are the formats read)",
+                    ))
+                }
+            };
             if !path.is_file() {
                 return Err(ConfigError::new("--config", path.display(), "no such file"));
             }
-            let is_json = path
-                .extension()
-                .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
             figment = if is_json {
                 let file = Json::file(path);
                 check_file_keys(&file, path)?;
@@ -230,25 +314,74 @@ impl Settings {
                 figment.merge(file)
             };
         }
-        figment = figment.merge(env_layer(ENV_PREFIX));
-        let mut raw: RawSettings = extract(&figment, ENV_PREFIX)?;
+        let env = TypedEnv::new(ENV_PREFIX, &RawSettings::default());
+        for (key, value) in env.values() {
+            let var = format!("{ENV_PREFIX}{}", key.to_uppercase());
+            if value
+                .as_str()
+                .is_some_and(|v| service_link_target(v).is_some())
+            {
+                return Err(ConfigError::new(
+                    &var,
+                    value.as_str().unwrap_or_default(),
+                    service_link_reason(&var),
+                ));
+            }
+        }
+        figment = figment.merge(env);
+        let mut raw: RawSettings = extract(&figment, ENV_PREFIX).map_err(plain_words)?;
+        let mut sources = sources(&figment);
         // The two shared variables have no service prefix.
         if let Some(addr) = env_value(LISTEN_ADDR_VAR) {
             raw.listen_addr = addr;
+            set_source(
+                &mut sources,
+                "listen_addr",
+                Source::Env(LISTEN_ADDR_VAR.into()),
+            );
         }
         if let Some(token) = env_value(SERVICE_TOKEN_VAR) {
             raw.service_token = Secret::new(token);
+            set_source(
+                &mut sources,
+                "service_token",
+                Source::Env(SERVICE_TOKEN_VAR.into()),
+            );
         }
-        Settings::validate(raw)
+        let mut settings = Settings::validate(raw)?;
+        settings.sources = sources;
+        settings.environment_warnings = unknown_env_warnings(ENV_PREFIX, &known_key_refs());
+        Ok(settings)
     }
 
     fn validate(raw: RawSettings) -> Result<Settings, ConfigError> {
         let var = |key: &str| format!("{ENV_PREFIX}{}", key.to_uppercase());
-        if raw.poll_interval_ms <= 0 {
+        if raw.mysql_port == 0 {
+            return Err(ConfigError::new(
+                var("mysql_port"),
+                raw.mysql_port,
+                "expected a port number 1-65535",
+            ));
+        }
+        for (key, value) in [
+            ("delivery_timeout", raw.delivery_timeout),
+            ("claim_lease_sec", raw.claim_lease_sec),
+            ("retry_backoff_sec", raw.retry_backoff_sec),
+            ("error_backoff_sec", raw.error_backoff_sec),
+        ] {
+            if value > MAX_SECONDS {
+                return Err(ConfigError::new(
+                    var(key),
+                    value,
+                    format!("expected at most {MAX_SECONDS} seconds (a day)"),
+                ));
+            }
+        }
+        if raw.poll_interval_ms <= 0 || raw.poll_interval_ms as u64 > MAX_SECONDS * 1000 {
             return Err(ConfigError::new(
                 var("poll_interval_ms"),
                 raw.poll_interval_ms,
-                "must be greater than 0",
+                "expected a whole number of milliseconds from 1 to 86400000, e.g. 250",
             ));
         }
         if raw.max_concurrent == 0 || raw.max_concurrent > MAX_CONCURRENT_LIMIT {
@@ -319,16 +452,27 @@ impl Settings {
             ));
         }
         let outbound_policy = OutboundPolicy::parse(&raw.outbound_blacklist).map_err(|bad| {
-            ConfigError::new(var("outbound_blacklist"), bad, "not a CIDR or IP address")
+            ConfigError::new(
+                var("outbound_blacklist"),
+                bad,
+                "expected CIDRs or IP addresses separated by commas or spaces, or none",
+            )
         })?;
-        let listen_addr: SocketAddr = raw
-            .listen_addr
-            .parse()
-            .map_err(|_| ConfigError::new(LISTEN_ADDR_VAR, &raw.listen_addr, "expected IP:PORT"))?;
+        let listen_addr: SocketAddr = raw.listen_addr.parse().map_err(|_| {
+            ConfigError::new(
+                LISTEN_ADDR_VAR,
+                &raw.listen_addr,
+                "expected IP:PORT, e.g. 0.0.0.0:8160",
+            )
+        })?;
         let lease_sec = raw
             .claim_lease_sec
             .max(raw.delivery_timeout + LEASE_MARGIN_SEC);
+        let raw_copy = raw.clone();
         Ok(Settings {
+            raw: raw_copy,
+            sources: SETTING_KEYS.iter().map(|k| (*k, Source::Default)).collect(),
+            environment_warnings: Vec::new(),
             mysql_host: raw.mysql_host,
             mysql_port: raw.mysql_port,
             mysql_user: raw.mysql_user,
@@ -416,7 +560,14 @@ impl Settings {
 
     /// Combinations that cannot take effect as written; logged as warnings at startup.
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.environment_warnings.clone();
+        if self.outbound_policy.is_empty() {
+            out.push(format!(
+                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST={NO_BLACKLIST}: webhooks may reach any address, \
+                 including this network's private ones and cloud metadata (SSRF); mirror \
+                 Phorge's security.outbound-blacklist instead"
+            ));
+        }
         let poll_ms = self.poll_interval.as_millis() as u64;
         if self.retry_backoff_sec * 1000 < poll_ms {
             out.push(format!(
@@ -435,110 +586,108 @@ impl Settings {
         out
     }
 
-    /// `key = value` lines for `--check-config`, secrets masked.
-    pub fn describe(&self) -> String {
-        let lines = [
-            ("GORGE_WEBHOOK_MYSQL_HOST", self.mysql_host.clone()),
-            ("GORGE_WEBHOOK_MYSQL_PORT", self.mysql_port.to_string()),
-            ("GORGE_WEBHOOK_MYSQL_USER", self.mysql_user.clone()),
-            (
-                "GORGE_WEBHOOK_MYSQL_PASS",
-                mask_secret(self.mysql_pass.expose()).to_string(),
+    /// The `--check-config` lines, secrets masked, each with its source.
+    pub fn check_lines(&self) -> Vec<CheckLine> {
+        SETTING_KEYS
+            .iter()
+            .map(|key| {
+                let name = match *key {
+                    "listen_addr" => LISTEN_ADDR_VAR.to_string(),
+                    "service_token" => SERVICE_TOKEN_VAR.to_string(),
+                    _ => format!("{ENV_PREFIX}{}", key.to_uppercase()),
+                };
+                let source = self
+                    .sources
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map_or(Source::Default, |(_, s)| s.clone());
+                CheckLine {
+                    name,
+                    value: self.shown(key),
+                    source,
+                }
+            })
+            .collect()
+    }
+
+    fn shown(&self, key: &str) -> String {
+        match key {
+            "mysql_host" => self.mysql_host.clone(),
+            "mysql_port" => self.mysql_port.to_string(),
+            "mysql_user" => self.mysql_user.clone(),
+            "mysql_pass" => mask_secret(self.mysql_pass.expose()).to_string(),
+            "namespace" => format!("{} (database {})", self.namespace, self.database()),
+            "poll_interval_ms" => self.poll_interval.as_millis().to_string(),
+            "delivery_timeout" => self.delivery_timeout.as_secs().to_string(),
+            "claim_lease_sec" if self.lease_sec != self.configured_lease_sec => format!(
+                "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
+                self.lease_sec, self.configured_lease_sec
             ),
-            (
-                "GORGE_WEBHOOK_MYSQL_SOCKET",
-                if self.mysql_socket.is_empty() {
-                    "(none: TCP to host and port)".to_string()
+            "mysql_socket" if self.mysql_socket.is_empty() => {
+                "(none: TCP to host and port)".to_string()
+            }
+            "mysql_socket" => self.mysql_socket.clone(),
+            "mysql_max_connections" => self.mysql_max_connections.to_string(),
+            "mysql_max_lock_connections" => format!(
+                "{} (connection budget: {} per process)",
+                self.mysql_max_lock_connections,
+                self.connection_budget()
+            ),
+            "mysql_query_timeout_sec" => self.mysql_query_timeout.as_secs().to_string(),
+            "max_concurrent" if self.max_concurrent != self.configured_max_concurrent => format!(
+                "{} (configured {}, limited by the lock connections)",
+                self.max_concurrent, self.configured_max_concurrent
+            ),
+            "claim_lease_sec" => self.lease_sec.to_string(),
+            "retry_backoff_sec" => self.retry_backoff_sec.to_string(),
+            "error_backoff_sec" => self.breaker_window_sec.to_string(),
+            "error_threshold" => self.breaker_threshold.to_string(),
+            "max_concurrent" => self.max_concurrent.to_string(),
+            "outbound_blacklist" => format!(
+                "{} networks{}",
+                self.outbound_policy.len(),
+                if self.outbound_blacklist_is_default {
+                    " (Phorge's default)"
                 } else {
-                    self.mysql_socket.clone()
-                },
+                    ""
+                }
             ),
-            (
-                "GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS",
-                self.mysql_max_connections.to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS",
-                format!(
-                    "{} (connection budget: {} per process)",
-                    self.mysql_max_lock_connections,
-                    self.connection_budget()
-                ),
-            ),
-            (
-                "GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC",
-                self.mysql_query_timeout.as_secs().to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_NAMESPACE",
-                format!("{} (database {})", self.namespace, self.database()),
-            ),
-            (
-                "GORGE_WEBHOOK_POLL_INTERVAL_MS",
-                self.poll_interval.as_millis().to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_MAX_CONCURRENT",
-                if self.max_concurrent == self.configured_max_concurrent {
-                    self.max_concurrent.to_string()
-                } else {
-                    format!(
-                        "{} (configured {}, limited by the lock connections)",
-                        self.max_concurrent, self.configured_max_concurrent
-                    )
-                },
-            ),
-            (
-                "GORGE_WEBHOOK_DELIVERY_TIMEOUT",
-                self.delivery_timeout.as_secs().to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-                if self.lease_sec == self.configured_lease_sec {
-                    self.lease_sec.to_string()
-                } else {
-                    format!(
-                        "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                        self.lease_sec, self.configured_lease_sec
-                    )
-                },
-            ),
-            (
-                "GORGE_WEBHOOK_RETRY_BACKOFF_SEC",
-                self.retry_backoff_sec.to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_ERROR_BACKOFF_SEC",
-                self.breaker_window_sec.to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_ERROR_THRESHOLD",
-                self.breaker_threshold.to_string(),
-            ),
-            (
-                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
-                format!(
-                    "{} networks{}",
-                    self.outbound_policy.len(),
-                    if self.outbound_blacklist_is_default {
-                        " (Phorge's default)"
-                    } else {
-                        ""
-                    }
-                ),
-            ),
-            (LISTEN_ADDR_VAR, self.listen_addr.to_string()),
-            (
-                SERVICE_TOKEN_VAR,
-                mask_secret(self.service_token.expose()).to_string(),
-            ),
-        ];
-        let mut out = String::new();
-        for (key, value) in lines {
-            out.push_str(&format!("{key} = {value}\n"));
+            "listen_addr" => self.listen_addr.to_string(),
+            "service_token" => mask_secret(self.service_token.expose()).to_string(),
+            _ => String::new(),
         }
-        for warning in self.warnings() {
-            out.push_str(&format!("warning: {warning}\n"));
+    }
+
+    /// `--check-config`'s text: one line per setting, then the warnings.
+    pub fn describe(&self) -> String {
+        gorge_service::config::check_config_text(&self.check_lines(), &self.warnings())
+    }
+
+    /// A TOML file holding every setting with its effective value (the defaults when
+    /// nothing is set); secrets are written empty, never printed.
+    pub fn print_config(&self) -> String {
+        let mut out = String::from(
+            "# gorge-webhook configuration (--config PATH). Environment variables\n\
+             # GORGE_WEBHOOK_<KEY> override these; see docs/webhook.md.\n",
+        );
+        let values = match serde_json::to_value(&self.raw) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        for key in SETTING_KEYS {
+            let line = match (key, values.get(key)) {
+                ("mysql_pass" | "service_token", _) => {
+                    format!("# {key}: a secret; set it here or in the environment\n{key} = \"\"")
+                }
+                (_, Some(serde_json::Value::String(text))) => {
+                    // TOML basic strings share JSON's escapes.
+                    format!("{key} = {}", serde_json::Value::from(text.as_str()))
+                }
+                (_, Some(value)) => format!("{key} = {value}"),
+                (_, None) => continue,
+            };
+            out.push_str(&line);
+            out.push('\n');
         }
         out
     }
@@ -552,6 +701,14 @@ mod tests {
         let mut raw = RawSettings::default();
         edit(&mut raw);
         Settings::validate(raw)
+    }
+
+    fn shown(s: &Settings, name: &str) -> String {
+        s.check_lines()
+            .into_iter()
+            .find(|l| l.name == name)
+            .map(|l| l.value)
+            .unwrap()
     }
 
     #[test]
@@ -580,9 +737,10 @@ mod tests {
         .unwrap();
         assert_eq!(s.lease_sec, 25);
         assert_eq!(s.adjustments().len(), 1);
-        assert!(s
-            .describe()
-            .contains("GORGE_WEBHOOK_CLAIM_LEASE_SEC = 25 (configured 10, raised to timeout + 5)"));
+        assert_eq!(
+            shown(&s, "GORGE_WEBHOOK_CLAIM_LEASE_SEC"),
+            "25 (configured 10, raised to timeout + 5)"
+        );
     }
 
     #[test]
@@ -590,7 +748,8 @@ mod tests {
         let err = validate(|r| r.poll_interval_ms = 0).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid configuration: GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\": must be greater than 0"
+            "invalid configuration: GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\": \
+             expected a whole number of milliseconds from 1 to 86400000, e.g. 250"
         );
         let err = validate(|r| r.max_concurrent = 0).unwrap_err();
         assert_eq!(err.key, "GORGE_WEBHOOK_MAX_CONCURRENT");
@@ -622,8 +781,8 @@ mod tests {
             !text.contains("hunter2") && !text.contains("tok\n"),
             "{text}"
         );
-        assert!(text.contains("GORGE_WEBHOOK_MYSQL_PASS = ********"));
-        assert!(text.contains("GORGE_SERVICE_TOKEN = ********"));
+        assert_eq!(shown(&s, "GORGE_WEBHOOK_MYSQL_PASS"), "********");
+        assert_eq!(shown(&s, "GORGE_SERVICE_TOKEN"), "********");
     }
 
     #[test]
@@ -654,12 +813,34 @@ mod tests {
                 "service_token",
             ]
         );
+        assert_eq!(keys, {
+            let mut listed = SETTING_KEYS.to_vec();
+            listed.sort();
+            listed
+        });
+        let reason = |key| unknown_key_reason(key, keys.iter().map(String::as_str));
         assert_eq!(
-            closest_key("poll_intervall_ms", &keys),
-            Some("poll_interval_ms")
+            reason("poll_intervall_ms"),
+            "unknown key (did you mean `poll_interval_ms`?)"
         );
-        assert_eq!(closest_key("mysqlhost", &keys), Some("mysql_host"));
-        assert_eq!(closest_key("port", &keys), None);
+        assert_eq!(
+            reason("mysqlhost"),
+            "unknown key (did you mean `mysql_host`?)"
+        );
+        assert_eq!(reason("port"), "unknown key");
+    }
+
+    #[test]
+    fn port_zero_huge_durations_and_no_blacklist() {
+        let err = validate(|r| r.mysql_port = 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_WEBHOOK_MYSQL_PORT=\"0\": expected a port number 1-65535"
+        );
+        let err = validate(|r| r.retry_backoff_sec = u64::MAX).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_RETRY_BACKOFF_SEC");
+        let s = validate(|r| r.outbound_blacklist = "none".into()).unwrap();
+        assert!(s.warnings()[0].contains("SSRF"), "{:?}", s.warnings());
     }
 
     #[test]

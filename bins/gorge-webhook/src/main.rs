@@ -34,6 +34,10 @@ fn main() {
         print!("{}", settings.describe());
         return;
     }
+    if cli.common.print_config {
+        print!("{}", settings.print_config());
+        return;
+    }
     let logging = init_logging("gorge-webhook", env!("CARGO_PKG_VERSION"))
         .unwrap_or_else(|e| exit_config_error(&e));
     run_to_exit(logging, |log| async move {

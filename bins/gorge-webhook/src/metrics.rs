@@ -37,6 +37,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub oldest_queued_age_seconds: Gauge,
     db_pool: Family<Labels2, Gauge>,
+    /// 1 after a successful sample of the queue, 0 before the first and after a failure.
+    pub db_up: Gauge,
 }
 
 /// Why a row was failed with `invalid-row`.
@@ -123,7 +125,8 @@ pub fn status_class(status: u16) -> &'static str {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them (prefix `gorge_webhook_`) in `registry`.
+    /// Creates the metrics and registers them in `registry`, which names them: the service's
+    /// registry ([`gorge_service::metrics::service_registry`]) adds `gorge_webhook_`.
     pub fn register(registry: &mut Registry) -> Metrics {
         let metrics = Metrics {
             claims: Family::default(),
@@ -148,6 +151,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             oldest_queued_age_seconds: Gauge::default(),
             db_pool: Family::default(),
+            db_up: Gauge::default(),
         };
         // Series that exist from the start, so dashboards see 0 rather than nothing.
         for result in ["won", "lost"] {
@@ -166,7 +170,24 @@ impl Metrics {
                 .object_unchecked
                 .get_or_create(&[("reason", reason)]);
         }
-        let r = registry.sub_registry_with_prefix("gorge_webhook");
+        for reason in [
+            SkipReason::HookBusy,
+            SkipReason::BreakerOpen,
+            SkipReason::InFlight,
+        ] {
+            let _ = metrics.skipped.get_or_create(&[("reason", reason.label())]);
+        }
+        // The outcomes a dashboard alerts on; other outcome/class pairs appear when they occur.
+        for (outcome, class) in [
+            (DeliveryOutcome::Sent, "2xx"),
+            (DeliveryOutcome::Retry, "5xx"),
+            (DeliveryOutcome::Failed, "4xx"),
+        ] {
+            let _ = metrics
+                .deliveries
+                .get_or_create(&[("outcome", outcome.label()), ("class", class)]);
+        }
+        let r = registry;
         r.register(
             "claims",
             "Claim attempts by result (won, lost: another claimant got the row first)",
@@ -277,6 +298,11 @@ impl Metrics {
             "1 while the poll loop runs; 0 once it ended (the process then exits non-zero)",
             metrics.poll_loop_up.clone(),
         );
+        r.register(
+            "db_up",
+            "1 while the database answers the queue sample (every few seconds), else 0",
+            metrics.db_up.clone(),
+        );
         metrics
     }
 
@@ -368,7 +394,7 @@ mod tests {
 
     #[test]
     fn exposition_has_the_documented_names() {
-        let mut registry = Registry::default();
+        let mut registry = gorge_service::metrics::service_registry("gorge_webhook", "0.1.0");
         let m = Metrics::register(&mut registry);
         m.claim_won();
         m.claim_lost();
@@ -398,6 +424,10 @@ mod tests {
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",
             "gorge_webhook_exclusions_capped_total 0",
+            "gorge_webhook_db_up 0",
+            "gorge_webhook_skipped_total{reason=\"in-flight\"} 0",
+            "gorge_webhook_deliveries_total{outcome=\"retry\",class=\"5xx\"} 0",
+            "gorge_webhook_build_info{version=\"0.1.0\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

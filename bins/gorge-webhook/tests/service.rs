@@ -1,5 +1,5 @@
 //! The real binary: no duplicate while a POST is in flight (issue #3 test 2), starting before
-//! the database exists (test 8), the HTTP API, SIGTERM draining, configuration errors.
+//! the database exists (test 8), the HTTP API, SIGTERM draining (configuration: tests/config.rs).
 
 mod common;
 
@@ -144,6 +144,8 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
         "{body}"
     );
     assert_eq!(service.child.try_wait().unwrap(), None, "still running");
+    let metrics = service.get("/metrics", &[]).1;
+    assert!(metrics.contains("\ngorge_webhook_db_up 0\n"), "{metrics}");
 
     // The server "comes up" on the configured address.
     let opts = gorge_claim::testdb::server_opts();
@@ -157,6 +159,14 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
     })
     .await;
     assert_eq!(receiver.count(), 1);
+    // Sampled every 5 s.
+    eventually(Duration::from_secs(20), "db_up 1", || async {
+        service
+            .get("/metrics", &[])
+            .1
+            .contains("\ngorge_webhook_db_up 1\n")
+    })
+    .await;
     db.drop_database().await;
 }
 
@@ -326,174 +336,6 @@ fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, Stri
         String::from_utf8_lossy(&output.stdout).to_string(),
         String::from_utf8_lossy(&output.stderr).to_string(),
     )
-}
-
-#[test]
-fn invalid_configuration_exits_2_with_one_line_naming_the_variable() {
-    for (key, value, needle) in [
-        (
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS",
-            "0",
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\"",
-        ),
-        (
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS",
-            "-5",
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS=\"-5\"",
-        ),
-        (
-            "GORGE_WEBHOOK_MAX_CONCURRENT",
-            "0",
-            "GORGE_WEBHOOK_MAX_CONCURRENT=\"0\"",
-        ),
-        (
-            "GORGE_WEBHOOK_MAX_CONCURRENT",
-            "lots",
-            "GORGE_WEBHOOK_MAX_CONCURRENT=\"lots\"",
-        ),
-        (
-            "GORGE_WEBHOOK_ERROR_THRESHOLD",
-            "0",
-            "GORGE_WEBHOOK_ERROR_THRESHOLD=\"0\"",
-        ),
-        (
-            "GORGE_WEBHOOK_MYSQL_PORT",
-            "99999",
-            "GORGE_WEBHOOK_MYSQL_PORT=\"99999\"",
-        ),
-        (
-            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
-            "10.0.0.0/8, nonsense",
-            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST=\"nonsense\"",
-        ),
-        ("GORGE_LISTEN_ADDR", "8160", "GORGE_LISTEN_ADDR=\"8160\""),
-    ] {
-        let (code, _, stderr) = run_binary(&[], &[(key, value)]);
-        assert_eq!(code, Some(2), "{key}={value}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(
-            stderr.starts_with("invalid configuration: ") && stderr.contains(needle),
-            "{key}={value}: {stderr}"
-        );
-    }
-}
-
-#[test]
-fn check_config_prints_effective_values_with_secrets_masked() {
-    let (code, stdout, stderr) = run_binary(
-        &["--check-config"],
-        &[
-            ("GORGE_WEBHOOK_MYSQL_PASS", "hunter2"),
-            ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "10"),
-            ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "20"),
-            // Empty means default.
-            ("GORGE_WEBHOOK_POLL_INTERVAL_MS", ""),
-        ],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(!stdout.contains("hunter2"), "{stdout}");
-    for line in [
-        "GORGE_WEBHOOK_MYSQL_PASS = ********",
-        "GORGE_WEBHOOK_CLAIM_LEASE_SEC = 25 (configured 10, raised to timeout + 5)",
-        "GORGE_WEBHOOK_POLL_INTERVAL_MS = 1000",
-        "GORGE_WEBHOOK_NAMESPACE = phabricator (database phabricator_herald)",
-        "GORGE_WEBHOOK_OUTBOUND_BLACKLIST = 29 networks (Phorge's default)",
-        "GORGE_LISTEN_ADDR = 0.0.0.0:8160",
-    ] {
-        assert!(
-            stdout.lines().any(|l| l == line),
-            "missing {line:?} in\n{stdout}"
-        );
-    }
-}
-
-#[test]
-fn config_file_is_layered_under_the_environment() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("webhook.toml");
-    std::fs::write(&path, "poll_interval_ms = 250\nmax_concurrent = 3\n").unwrap();
-    let (code, stdout, stderr) = run_binary(
-        &["--config", path.to_str().unwrap(), "--check-config"],
-        &[("GORGE_WEBHOOK_MAX_CONCURRENT", "5")],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(
-        stdout.contains("GORGE_WEBHOOK_POLL_INTERVAL_MS = 250\n"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("GORGE_WEBHOOK_MAX_CONCURRENT = 5\n"),
-        "{stdout}"
-    );
-}
-
-#[test]
-fn an_unknown_key_in_the_config_file_exits_2_naming_key_and_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let typo = dir.path().join("webhook.toml");
-    std::fs::write(&typo, "max_concurrent = 3\npoll_intervall_ms = 50\n").unwrap();
-    let (code, stdout, stderr) = run_binary(&["--config", typo.to_str().unwrap()], &[]);
-    assert_eq!(code, Some(2), "{stderr}");
-    assert_eq!(stdout, "");
-    assert_eq!(
-        stderr,
-        format!(
-            "invalid configuration: poll_intervall_ms (in {})=\"50\": unknown key (did you mean `poll_interval_ms`?)\n",
-            typo.display()
-        )
-    );
-    // JSON files too, and a file that does not parse is one line as well.
-    let json = dir.path().join("webhook.json");
-    std::fs::write(&json, r#"{"mysql": {"host": "db"}}"#).unwrap();
-    let (code, _, stderr) = run_binary(&["--config", json.to_str().unwrap()], &[]);
-    assert_eq!(code, Some(2), "{stderr}");
-    assert_eq!(
-        stderr,
-        format!(
-            concat!(
-                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": unknown key"#,
-                "\n"
-            ),
-            json.display()
-        )
-    );
-    std::fs::write(&typo, "poll_interval_ms = = 5\n").unwrap();
-    let (code, _, stderr) = run_binary(&["--config", typo.to_str().unwrap()], &[]);
-    assert_eq!(code, Some(2), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.starts_with(&format!(
-            "invalid configuration: --config=\"{}\": TOML parse error at line 1",
-            typo.display()
-        )),
-        "{stderr}"
-    );
-}
-
-#[test]
-fn unknown_environment_variables_with_our_prefix_are_ignored() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("webhook.toml");
-    std::fs::write(&path, "poll_interval_ms = 50\n").unwrap();
-    // What Kubernetes service links inject for a Service named `gorge-webhook`.
-    let (code, stdout, stderr) = run_binary(
-        &["--config", path.to_str().unwrap(), "--check-config"],
-        &[
-            ("GORGE_WEBHOOK_SERVICE_HOST", "10.96.0.12"),
-            ("GORGE_WEBHOOK_SERVICE_PORT", "8160"),
-            ("GORGE_WEBHOOK_SERVICE_PORT_STATUS", "8160"),
-            ("GORGE_WEBHOOK_PORT", "tcp://10.96.0.12:8160"),
-            ("GORGE_WEBHOOK_PORT_8160_TCP", "tcp://10.96.0.12:8160"),
-            ("GORGE_WEBHOOK_PORT_8160_TCP_PROTO", "tcp"),
-            ("GORGE_WEBHOOK_PORT_8160_TCP_PORT", "8160"),
-            ("GORGE_WEBHOOK_PORT_8160_TCP_ADDR", "10.96.0.12"),
-        ],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(
-        stdout.contains("GORGE_WEBHOOK_POLL_INTERVAL_MS = 50\n"),
-        "{stdout}"
-    );
 }
 
 #[test]

@@ -21,6 +21,10 @@ pub struct CommonArgs {
     /// Validate the configuration, print the effective values (secrets masked) and exit.
     #[arg(long)]
     pub check_config: bool,
+    /// Print a configuration file holding every setting with its effective value (the
+    /// defaults when nothing is set) and exit.
+    #[arg(long, conflicts_with = "check_config")]
+    pub print_config: bool,
 }
 
 /// Use as the binary's `#[command(subcommand)] command: Option<Command>`.

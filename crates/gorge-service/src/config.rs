@@ -1,6 +1,8 @@
-//! Configuration helpers on figment: environment layers where an empty variable means "use
-//! the default", errors reduced to one line naming the key and the bad value, exit code 2,
-//! and a [`Secret`] string that never prints itself.
+//! Configuration helpers both services share: environment layers where an empty variable
+//! means "use the default" and values are typed by the setting (not by how they look),
+//! errors reduced to one line naming the key and the bad value in plain words, exit code 2,
+//! warnings for unknown variables with a did-you-mean, the one `--check-config` format
+//! (value and source of each setting), and a [`Secret`] string that never prints itself.
 
 use std::fmt;
 
@@ -96,6 +98,10 @@ fn describe_figment_error(
             .unwrap_or_default(),
     };
     let reason = match &err.kind {
+        // A quoted number in a file is a string to the parser; say so.
+        Kind::InvalidType(Actual::Str(_), expected) if !from_env && is_numeric(expected) => {
+            format!("expected {expected}: {NOT_A_STRING}")
+        }
         Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected) => {
             format!("expected {expected}")
         }
@@ -111,6 +117,29 @@ fn describe_figment_error(
     ConfigError::new(key, value, reason)
 }
 
+/// The suffix of an error about a quoted number in a file.
+pub const NOT_A_STRING: &str = "a number, not a string";
+
+fn is_numeric(expected: &str) -> bool {
+    let name = expected.trim_start_matches("a ").trim_start_matches("an ");
+    matches!(
+        name,
+        "u8" | "u16"
+            | "u32"
+            | "u64"
+            | "u128"
+            | "usize"
+            | "i8"
+            | "i16"
+            | "i32"
+            | "i64"
+            | "i128"
+            | "isize"
+            | "f32"
+            | "f64"
+    )
+}
+
 fn actual_text(actual: &Actual) -> String {
     match actual {
         Actual::Str(s) => s.clone(),
@@ -119,6 +148,205 @@ fn actual_text(actual: &Actual) -> String {
         Actual::Float(n) => n.to_string(),
         Actual::Bool(b) => b.to_string(),
         other => other.to_string(),
+    }
+}
+
+/// Where an effective value came from, as `--check-config` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    /// The configuration file (its path).
+    File(String),
+    /// An environment variable (its name).
+    Env(String),
+    /// A command-line option (its name, e.g. `--config`).
+    Option(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(path) => write!(f, "file {path}"),
+            Source::Env(var) => write!(f, "env {var}"),
+            Source::Option(name) => write!(f, "option {name}"),
+        }
+    }
+}
+
+/// One line of `--check-config`: the setting's name, its effective value, its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckLine {
+    pub name: String,
+    pub value: String,
+    pub source: Source,
+}
+
+/// The `--check-config` text both services print: `NAME = VALUE  # SOURCE` per setting,
+/// names aligned, then one `warning: …` line per warning.
+pub fn check_config_text(lines: &[CheckLine], warnings: &[String]) -> String {
+    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for line in lines {
+        out.push_str(&format!(
+            "{:width$} = {}  # {}\n",
+            line.name, line.value, line.source
+        ));
+    }
+    for warning in warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}
+
+/// A known name within a few edits of `name` (a typo), if any.
+pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let name = name.to_ascii_lowercase();
+    known
+        .into_iter()
+        .map(|k| (strsim::levenshtein(&name, &k.to_ascii_lowercase()), k))
+        .filter(|(distance, k)| *distance <= 2.max(k.len() / 5))
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// `unknown key (did you mean `x`?)` or `unknown key`.
+pub fn unknown_key_reason<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+    match did_you_mean(name, known) {
+        Some(near) => format!("unknown key (did you mean `{near}`?)"),
+        None => "unknown key".to_string(),
+    }
+}
+
+/// Whether `var` (with `value`) is one Kubernetes injects for a Service (service links):
+/// `X_SERVICE_HOST`, `X_SERVICE_PORT[_NAME]`, `X_PORT=tcp://…`, `X_PORT_<n>_<PROTO>[_…]`.
+pub fn is_service_link(var: &str, value: &str) -> bool {
+    if var.ends_with("_SERVICE_HOST") || var.contains("_SERVICE_PORT") {
+        return true;
+    }
+    if service_link_target(value).is_some() {
+        return true;
+    }
+    var.split("_PORT_").nth(1).is_some_and(|rest| {
+        let mut parts = rest.split('_');
+        parts.next().is_some_and(|p| p.parse::<u16>().is_ok())
+            && parts
+                .next()
+                .is_some_and(|p| matches!(p, "TCP" | "UDP" | "SCTP"))
+    })
+}
+
+/// `tcp://10.0.0.1:22281` → `Some("10.0.0.1:22281")`: what a service link's value looks like.
+pub fn service_link_target(value: &str) -> Option<&str> {
+    ["tcp://", "udp://", "sctp://"]
+        .iter()
+        .find_map(|scheme| value.strip_prefix(scheme))
+}
+
+/// The reason for a setting whose value is a Kubernetes service link: Kubernetes injects
+/// `<SERVICE>_PORT=tcp://ip:port` for every Service in the namespace, so a Service named
+/// like the setting (`gorge-notification-admin` → `GORGE_NOTIFICATION_ADMIN_PORT`) sets it.
+pub fn service_link_reason(var: &str) -> String {
+    let service = var
+        .strip_suffix("_PORT")
+        .map(|name| {
+            format!(
+                " for a Service named {}",
+                name.to_lowercase().replace('_', "-")
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "a Kubernetes service link, not a value set here: Kubernetes injects this variable{service}; \
+         set enableServiceLinks: false on the pod or set {var} explicitly"
+    )
+}
+
+/// Warnings for `prefix*` variables that are no setting, with a did-you-mean; Kubernetes
+/// service-link variables are skipped (the environment is shared with them).
+pub fn unknown_env_warnings(prefix: &str, known_keys: &[&str]) -> Vec<String> {
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(var, _)| var.starts_with(prefix))
+        .collect();
+    vars.sort();
+    let known_vars: Vec<String> = known_keys
+        .iter()
+        .map(|k| format!("{prefix}{}", k.to_uppercase()))
+        .collect();
+    vars.into_iter()
+        .filter(|(var, value)| !known_vars.contains(var) && !is_service_link(var, value))
+        .map(
+            |(var, _)| match did_you_mean(&var, known_vars.iter().map(String::as_str)) {
+                Some(near) => format!("{var} is not a setting (did you mean {near}?); ignored"),
+                None => format!("{var} is not a setting; ignored"),
+            },
+        )
+        .collect()
+}
+
+/// An environment layer for figment that types each value by its setting's default (a
+/// string setting gets the text as written, so `USER=1234` stays a string) and knows only
+/// the settings in `defaults`. Empty variables are left out, as in [`env_layer`].
+#[derive(Debug, Clone)]
+pub struct TypedEnv {
+    prefix: String,
+    defaults: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TypedEnv {
+    pub fn new(prefix: &str, defaults: &impl serde::Serialize) -> TypedEnv {
+        let defaults = match serde_json::to_value(defaults) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        TypedEnv {
+            prefix: prefix.to_string(),
+            defaults,
+        }
+    }
+
+    /// The settings' keys (lower case, without the prefix).
+    pub fn keys(&self) -> Vec<&str> {
+        self.defaults.keys().map(String::as_str).collect()
+    }
+
+    /// `(key, value)` for every set, non-empty variable of a known setting.
+    pub fn values(&self) -> Vec<(String, figment::value::Value)> {
+        use figment::value::Value;
+        let mut out = Vec::new();
+        for (key, default) in &self.defaults {
+            let Some(text) = env_value(&format!("{}{}", self.prefix, key.to_uppercase())) else {
+                continue;
+            };
+            let value = match default {
+                serde_json::Value::Number(_) => text
+                    .parse::<u64>()
+                    .map(Value::from)
+                    .or_else(|_| text.parse::<i64>().map(Value::from))
+                    .unwrap_or_else(|_| Value::from(text)),
+                serde_json::Value::Bool(_) => match text.to_ascii_lowercase().as_str() {
+                    "true" => Value::from(true),
+                    "false" => Value::from(false),
+                    _ => Value::from(text),
+                },
+                _ => Value::from(text),
+            };
+            out.push((key.clone(), value));
+        }
+        out
+    }
+}
+
+impl figment::Provider for TypedEnv {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("environment variable(s)")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        let dict: figment::value::Dict = self.values().into_iter().collect();
+        Ok(figment::Profile::Default.collect(dict))
     }
 }
 
@@ -253,6 +481,57 @@ mod tests {
         let err = extract::<Settings>(&figment, "X_").unwrap_err();
         assert_eq!(err.key, "poll_interval_ms");
         assert_eq!(err.value, "-5");
+    }
+
+    #[test]
+    fn typed_env_keeps_digit_only_strings_as_strings() {
+        let _guard = ENV_LOCK.lock().unwrap();
+        std::env::set_var("GSTEST_C_LISTEN", "1234");
+        std::env::set_var("GSTEST_C_POLL_INTERVAL_MS", "250");
+        let figment = Figment::from(Serialized::defaults(defaults()))
+            .merge(TypedEnv::new("GSTEST_C_", &defaults()));
+        let settings: Settings = extract(&figment, "GSTEST_C_").unwrap();
+        assert_eq!(settings.listen, "1234");
+        assert_eq!(settings.poll_interval_ms, 250);
+    }
+
+    #[test]
+    fn service_links_and_typos() {
+        assert!(is_service_link("X_PORT", "tcp://10.0.0.1:80"));
+        assert!(is_service_link("X_PORT_80_TCP_ADDR", "10.0.0.1"));
+        assert!(is_service_link("X_ADMIN_SERVICE_PORT_HTTP", "80"));
+        assert!(!is_service_link("X_CLIENT_PROT", "22280"));
+        assert_eq!(
+            did_you_mean(
+                "GORGE_X_CLIENT_PROT",
+                ["GORGE_X_CLIENT_PORT", "GORGE_X_PEERS"]
+            ),
+            Some("GORGE_X_CLIENT_PORT")
+        );
+        assert_eq!(did_you_mean("port", ["mysql_port_number"]), None);
+    }
+
+    #[test]
+    fn check_config_lines_show_value_and_source() {
+        let text = check_config_text(
+            &[
+                CheckLine {
+                    name: "A_PORT".into(),
+                    value: "1".into(),
+                    source: Source::Default,
+                },
+                CheckLine {
+                    name: "A_LONGER".into(),
+                    value: "x".into(),
+                    source: Source::Env("A_LONGER".into()),
+                },
+            ],
+            &["careful".into()],
+        );
+        assert_eq!(
+            text,
+            "A_PORT   = 1  # default\nA_LONGER = x  # env A_LONGER\nwarning: careful\n"
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! - [`cli`]: the shared command line and the runtime `main` ends in;
 //! - [`config`]: figment layering helpers, one-line validation errors, exit code 2, secrets;
-//! - [`logging`]: slog JSON or text, level from the environment, asynchronous drain;
+//! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
+//! - [`metrics`]: the prefixed service registry with `build_info`, and `process_*` metrics;
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
 //! - [`server`]: bind every listener first, then serve them all;
 //! - [`shutdown`]: the shutdown signal and [`shutdown::run`], the coordinated graceful stop;
@@ -16,6 +17,7 @@ pub mod config;
 pub mod healthcheck;
 pub mod http;
 pub mod logging;
+pub mod metrics;
 pub mod probes;
 pub mod server;
 pub mod shutdown;

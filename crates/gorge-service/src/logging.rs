@@ -1,22 +1,57 @@
-//! Logging on slog: JSON lines (default) or human-readable text, the level from
-//! `GORGE_LOG_LEVEL`, and an asynchronous drain so a slow stdout never stalls a request.
+//! Logging on slog: JSON lines (the default when stdout is not a terminal) or human-readable
+//! text (the default on a terminal), the level from `GORGE_LOG_LEVEL` with optional
+//! per-component overrides (`info,peers=debug`), and an asynchronous drain so a slow stdout
+//! never stalls a request.
+//!
+//! slog's compile-time cap is lifted in the workspace manifest (`max_level_trace`,
+//! `release_max_level_trace`): without it a release build drops every debug record before
+//! the runtime level is even consulted.
 
-use std::io;
+use std::fmt;
+use std::io::{self, IsTerminal};
 
-use slog::{o, Drain, Level, Logger};
+use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
 use crate::config::{env_value, ConfigError};
 
 pub const LEVEL_VAR: &str = "GORGE_LOG_LEVEL";
 pub const FORMAT_VAR: &str = "GORGE_LOG_FORMAT";
 
+/// The logger key whose value a per-component level matches.
+pub const COMPONENT_KEY: &str = "component";
+
 /// How many records the async drain buffers before it drops (and counts) new ones.
 const ASYNC_CHANNEL_SIZE: usize = 4096;
+
+const LEVEL_HELP: &str = "expected one of trace, debug, info, warn, error, critical, \
+     optionally followed by component overrides such as info,peers=debug";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Json,
     Text,
+}
+
+/// The runtime level: a default and per-component overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelSpec {
+    pub default: Level,
+    pub components: Vec<(String, Level)>,
+}
+
+impl LevelSpec {
+    pub fn new(default: Level) -> LevelSpec {
+        LevelSpec {
+            default,
+            components: Vec::new(),
+        }
+    }
+
+    fn for_component(&self, component: Option<&str>) -> Level {
+        component
+            .and_then(|c| self.components.iter().find(|(name, _)| name == c))
+            .map_or(self.default, |(_, level)| *level)
+    }
 }
 
 /// The root logger plus the guard that flushes buffered records when dropped. Keep it alive
@@ -26,28 +61,98 @@ pub struct Logging {
     _guard: slog_async::AsyncGuard,
 }
 
-/// Reads `GORGE_LOG_LEVEL` (default `info`) and `GORGE_LOG_FORMAT` (default `json`); an
-/// unknown value is a configuration error naming the variable.
+/// What `GORGE_LOG_LEVEL` and `GORGE_LOG_FORMAT` say, validated (also by `--check-config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    pub level: LevelSpec,
+    pub format: LogFormat,
+}
+
+impl LogSettings {
+    /// Reads both variables; an unknown value is a configuration error naming the variable.
+    /// Without `GORGE_LOG_FORMAT`, text on a terminal and JSON otherwise.
+    pub fn from_env() -> Result<LogSettings, ConfigError> {
+        LogSettings::parse(
+            env_value(LEVEL_VAR).as_deref(),
+            env_value(FORMAT_VAR).as_deref(),
+            io::stdout().is_terminal(),
+        )
+    }
+
+    /// The two variables' values, and whether stdout is a terminal.
+    pub fn parse(
+        level: Option<&str>,
+        format: Option<&str>,
+        terminal: bool,
+    ) -> Result<LogSettings, ConfigError> {
+        let level = parse_level_spec(level)?;
+        let format = match format {
+            Some(value) => parse_format(Some(value))?,
+            None if terminal => LogFormat::Text,
+            None => LogFormat::Json,
+        };
+        Ok(LogSettings { level, format })
+    }
+}
+
+/// Reads the logging variables and builds the stdout logger.
 pub fn init_logging(service: &'static str, version: &'static str) -> Result<Logging, ConfigError> {
-    let level = parse_level(env_value(LEVEL_VAR).as_deref())?;
-    let format = parse_format(env_value(FORMAT_VAR).as_deref())?;
-    Ok(build(io::stdout(), format, level, service, version))
+    let settings = LogSettings::from_env()?;
+    let terminal = io::stdout().is_terminal();
+    Ok(match (settings.format, terminal) {
+        (LogFormat::Text, true) => {
+            let decorator = slog_term::TermDecorator::new().stdout().build();
+            let text = slog_term::FullFormat::new(decorator).build().fuse();
+            finish(text, settings.level, service, version)
+        }
+        _ => build(
+            io::stdout(),
+            settings.format,
+            settings.level,
+            service,
+            version,
+        ),
+    })
 }
 
 pub fn parse_level(value: Option<&str>) -> Result<Level, ConfigError> {
-    match value.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("info") => Ok(Level::Info),
-        Some("trace") => Ok(Level::Trace),
-        Some("debug") => Ok(Level::Debug),
-        Some("warn" | "warning") => Ok(Level::Warning),
-        Some("error") => Ok(Level::Error),
-        Some("critical") => Ok(Level::Critical),
-        Some(_) => Err(ConfigError::new(
-            LEVEL_VAR,
-            value.unwrap_or_default(),
-            "expected one of trace, debug, info, warn, error, critical",
-        )),
+    let bad = || ConfigError::new(LEVEL_VAR, value.unwrap_or_default(), LEVEL_HELP);
+    match value.map(str::trim) {
+        None => Ok(Level::Info),
+        Some(word) => level_word(word).ok_or_else(bad),
     }
+}
+
+fn level_word(word: &str) -> Option<Level> {
+    Some(match word.to_ascii_lowercase().as_str() {
+        "trace" => Level::Trace,
+        "debug" => Level::Debug,
+        "info" => Level::Info,
+        "warn" | "warning" => Level::Warning,
+        "error" => Level::Error,
+        "critical" => Level::Critical,
+        _ => return None,
+    })
+}
+
+/// `LEVEL[,COMPONENT=LEVEL...]`, e.g. `info,peers=debug`.
+pub fn parse_level_spec(value: Option<&str>) -> Result<LevelSpec, ConfigError> {
+    let Some(text) = value else {
+        return Ok(LevelSpec::new(Level::Info));
+    };
+    let bad = || ConfigError::new(LEVEL_VAR, text, LEVEL_HELP);
+    let mut spec = LevelSpec::new(Level::Info);
+    for (i, part) in text.split(',').map(str::trim).enumerate() {
+        match part.split_once('=') {
+            None if i == 0 => spec.default = level_word(part).ok_or_else(bad)?,
+            Some((component, level)) if !component.trim().is_empty() => spec.components.push((
+                component.trim().to_string(),
+                level_word(level.trim()).ok_or_else(bad)?,
+            )),
+            _ => return Err(bad()),
+        }
+    }
+    Ok(spec)
 }
 
 pub fn parse_format(value: Option<&str>) -> Result<LogFormat, ConfigError> {
@@ -62,21 +167,35 @@ pub fn parse_format(value: Option<&str>) -> Result<LogFormat, ConfigError> {
     }
 }
 
-/// Builds a logger writing to `out`; exposed so tests can capture output.
+/// The lower-case level name written in JSON records.
+pub fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Critical => "critical",
+        Level::Error => "error",
+        Level::Warning => "warn",
+        Level::Info => "info",
+        Level::Debug => "debug",
+        Level::Trace => "trace",
+    }
+}
+
+/// Builds a logger writing to `out` without terminal colours; exposed so tests can capture
+/// output.
 pub fn build<W: io::Write + Send + 'static>(
     out: W,
     format: LogFormat,
-    level: Level,
+    level: impl Into<LevelSpec>,
     service: &'static str,
     version: &'static str,
 ) -> Logging {
+    let level = level.into();
     match format {
         LogFormat::Json => {
             let json = slog_json::Json::new(out)
                 .set_newlines(true)
                 .add_key_value(o!(
                     "ts" => slog::PushFnValue(|_, ser| ser.emit(timestamp())),
-                    "level" => slog::FnValue(|record| record.level().as_short_str()),
+                    "level" => slog::FnValue(|record| level_name(record.level())),
                     "event" => slog::PushFnValue(|record, ser| ser.emit(record.msg())),
                 ))
                 .build()
@@ -91,7 +210,13 @@ pub fn build<W: io::Write + Send + 'static>(
     }
 }
 
-fn finish<D>(drain: D, level: Level, service: &'static str, version: &'static str) -> Logging
+impl From<Level> for LevelSpec {
+    fn from(level: Level) -> LevelSpec {
+        LevelSpec::new(level)
+    }
+}
+
+fn finish<D>(drain: D, level: LevelSpec, service: &'static str, version: &'static str) -> Logging
 where
     D: Drain<Ok = (), Err = slog::Never> + Send + 'static,
 {
@@ -99,10 +224,52 @@ where
         .chan_size(ASYNC_CHANNEL_SIZE)
         .overflow_strategy(slog_async::OverflowStrategy::DropAndReport)
         .build_with_guard();
-    let drain = drain.filter_level(level).fuse();
+    // Filtering happens before the channel, so dropped records cost no allocation.
+    let drain = LevelFilter { spec: level, drain }.fuse();
     Logging {
         logger: Logger::root(drain, o!("service" => service, "version" => version)),
         _guard: guard,
+    }
+}
+
+/// Passes records at or above the level of their component (or the default level).
+struct LevelFilter<D> {
+    spec: LevelSpec,
+    drain: D,
+}
+
+impl<D: Drain> Drain for LevelFilter<D> {
+    type Ok = Option<D::Ok>;
+    type Err = D::Err;
+
+    fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<Self::Ok, Self::Err> {
+        let level = if self.spec.components.is_empty() {
+            self.spec.default
+        } else {
+            let mut finder = ComponentFinder(None);
+            let _ = record.kv().serialize(record, &mut finder);
+            if finder.0.is_none() {
+                let _ = values.serialize(record, &mut finder);
+            }
+            self.spec.for_component(finder.0.as_deref())
+        };
+        if record.level().is_at_least(level) {
+            self.drain.log(record, values).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// Captures the first `component` value it is shown.
+struct ComponentFinder(Option<String>);
+
+impl slog::Serializer for ComponentFinder {
+    fn emit_arguments(&mut self, key: slog::Key, val: &fmt::Arguments<'_>) -> slog::Result {
+        if self.0.is_none() && key == COMPONENT_KEY {
+            self.0 = Some(val.to_string());
+        }
+        Ok(())
     }
 }
 
@@ -142,14 +309,59 @@ mod tests {
         assert_eq!(lines.len(), 1, "{out}");
         let record: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
         assert_eq!(record["event"], "THING_HAPPENED");
-        assert_eq!(record["level"], "INFO");
+        assert_eq!(record["level"], "info");
         assert_eq!(record["service"], "svc");
         assert_eq!(record["password"], "********");
         assert!(!out.contains("hunter2"));
     }
 
     #[test]
+    fn component_levels_override_the_default() {
+        let capture = Capture::default();
+        let spec = parse_level_spec(Some("warn, peers=debug")).unwrap();
+        let logging = build(capture.clone(), LogFormat::Json, spec, "svc", "1.0");
+        let peers = logging.logger.new(o!("component" => "peers"));
+        slog::debug!(peers, "PEER_CHATTY");
+        slog::info!(logging.logger, "ROOT_INFO");
+        slog::error!(logging.logger, "ROOT_ERROR");
+        drop((peers, logging));
+        let out = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let events: Vec<String> = out
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .map(|r| format!("{} {}", r["level"].as_str().unwrap(), r["event"]))
+            .collect();
+        assert_eq!(events, ["debug \"PEER_CHATTY\"", "error \"ROOT_ERROR\""]);
+    }
+
+    #[test]
+    fn text_on_a_terminal_json_otherwise_unless_set() {
+        let format = |f, terminal| LogSettings::parse(None, f, terminal).unwrap().format;
+        assert_eq!(format(None, true), LogFormat::Text);
+        assert_eq!(format(None, false), LogFormat::Json);
+        assert_eq!(format(Some("json"), true), LogFormat::Json);
+        assert_eq!(format(Some("text"), false), LogFormat::Text);
+    }
+
+    #[test]
+    fn the_compile_time_cap_lets_trace_through() {
+        // slog's default cap is debug in debug builds and info in release builds.
+        assert_eq!(slog::__slog_static_max_level(), slog::FilterLevel::Trace);
+    }
+
+    #[test]
     fn level_and_format_parse_or_name_the_variable() {
+        for bad in ["loud", "info,peers", "info,=debug", "info,peers=loud", ""] {
+            assert_eq!(
+                parse_level_spec(Some(bad)).unwrap_err().key,
+                LEVEL_VAR,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_level_spec(Some("DEBUG")).unwrap(),
+            LevelSpec::new(Level::Debug)
+        );
         assert_eq!(parse_level(None).unwrap(), Level::Info);
         assert_eq!(parse_level(Some("DEBUG")).unwrap(), Level::Debug);
         assert_eq!(parse_level(Some("loud")).unwrap_err().key, LEVEL_VAR);

@@ -1,6 +1,7 @@
 //! The probe endpoints every service exposes on its health port: `/healthz` (the process is
 //! alive), `/readyz` (a readiness function the service supplies; 503 once draining) and
-//! `/metrics` (the service's prometheus-client registry in text exposition format).
+//! `/metrics` (the service's prometheus-client registry, then the `process_*` metrics, in
+//! text exposition format).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +22,7 @@ const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0;
 
 pub struct Probes {
     registry: Registry,
+    process: Registry,
     readiness: ReadinessCheck,
     draining: AtomicBool,
 }
@@ -29,6 +31,7 @@ impl Probes {
     pub fn new(registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
         Arc::new(Probes {
             registry,
+            process: crate::metrics::process_registry(),
             readiness,
             draining: AtomicBool::new(false),
         })
@@ -52,7 +55,9 @@ impl Probes {
     pub fn encode_metrics(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.process);
+        let _ = prometheus_client::encoding::text::encode_eof(&mut text);
         text
     }
 
@@ -153,6 +158,8 @@ mod tests {
         let (status, body) = get(&probes, "/metrics").await.unwrap();
         assert_eq!(status, 200);
         assert!(body.contains("things_done_total 3"), "{body}");
+        assert!(body.contains("\nprocess_open_fds "), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
         assert!(get(&probes, "/status/").await.is_none());
         let post = probes.handle(&Method::POST, "/healthz").await.unwrap();
         assert_eq!(post.status(), 405);

@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Outcome label values of `notify_peer_relays_total`.
+/// Outcome label values of `gorge_notification_peer_relays_total`.
 const RESULT_OK: &str = "ok";
 const RESULT_FAILED: &str = "failed";
 const RESULT_DROPPED: &str = "dropped";
@@ -57,27 +57,27 @@ impl PeerMetrics {
             dns_failures: Counter::default(),
         };
         registry.register(
-            "notify_peer_relays",
+            "peer_relays",
             "Messages relayed to a peer, by peer and result (ok, failed, dropped: queue full or shut down)",
             metrics.relays.clone(),
         );
         registry.register(
-            "notify_peer_up",
+            "peer_up",
             "1 while the last relay to this peer succeeded, 0 before the first success and after a failure",
             metrics.up.clone(),
         );
         registry.register(
-            "notify_peers_known",
+            "peers_known",
             "Peers messages are relayed to (this server itself excluded once detected)",
             metrics.known.clone(),
         );
         registry.register(
-            "notify_peer_discovery_refused",
+            "peer_discovery_refused",
             "Peer addresses not added because the peer limit was reached (counted again on every DNS refresh)",
             metrics.refused.clone(),
         );
         registry.register(
-            "notify_peer_dns_failures",
+            "peer_dns_failures",
             "Peer DNS lookups that failed or timed out (the previous peer set is kept)",
             metrics.dns_failures.clone(),
         );

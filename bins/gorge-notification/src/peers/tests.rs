@@ -160,7 +160,7 @@ fn respond_receipt(stream: TcpStream, fingerprint: &str) {
 
 fn peer_url(port: u16) -> PeerUrl {
     PeerUrl {
-        protocol: "http".into(),
+        protocol: crate::config::PeerProtocol::Http,
         host: "127.0.0.1".to_owned(),
         port,
     }
@@ -212,7 +212,7 @@ struct Harness {
 
 impl Harness {
     fn start(cfg: PeerConfig) -> Harness {
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("gorge_notification");
         let events = CapturedEvents::default();
         let relay = PeerRelay::start(cfg, OWN.to_owned(), &mut registry, events.logger());
         Harness {
@@ -242,7 +242,7 @@ impl Harness {
 
     fn relays(&self, port: u16, result: &str) -> Option<i64> {
         self.metric(&format!(
-            "notify_peer_relays_total{{peer=\"127.0.0.1:{port}\",result=\"{result}\"}}"
+            "gorge_notification_peer_relays_total{{peer=\"127.0.0.1:{port}\",result=\"{result}\"}}"
         ))
     }
 
@@ -262,7 +262,7 @@ async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() 
     let a = ScriptedServer::start(vec![]);
     let b = ScriptedServer::start(vec![]);
     let harness = Harness::start(config(vec![a.url(), b.url()]));
-    assert_eq!(harness.metric("notify_peers_known"), Some(2));
+    assert_eq!(harness.metric("gorge_notification_peers_known"), Some(2));
     let body = r#"{"title":"100% done","n":12345678901234567890,"touched":["ownFingerprint23"]}"#;
     harness.relay_origin("acme corp/x&y~", body);
     for server in [&a, &b] {
@@ -281,7 +281,7 @@ async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() 
         assert_eq!(harness.relays(server.port, "failed"), Some(0));
         assert_eq!(
             harness.metric(&format!(
-                "notify_peer_up{{peer=\"127.0.0.1:{}\"}}",
+                "gorge_notification_peer_up{{peer=\"127.0.0.1:{}\"}}",
                 server.port
             )),
             Some(1)
@@ -327,7 +327,7 @@ async fn a_peer_answering_with_our_fingerprint_is_us_and_never_sent_to_again() {
     assert_eq!(us.next_body(), "{\"n\":1}");
     harness
         .wait_for("self-detection", |h| {
-            h.metric("notify_peers_known") == Some(1)
+            h.metric("gorge_notification_peers_known") == Some(1)
         })
         .await;
     harness.relay_origin("default", "{\"n\":2}");
@@ -393,7 +393,10 @@ async fn failures_and_recovery_are_logged_once_per_state_change() {
         ["NOTIFY_PEER_DOWN", "NOTIFY_PEER_UP", "NOTIFY_PEER_DOWN"]
     );
     assert_eq!(
-        harness.metric(&format!("notify_peer_up{{peer=\"127.0.0.1:{}\"}}", a.port)),
+        harness.metric(&format!(
+            "gorge_notification_peer_up{{peer=\"127.0.0.1:{}\"}}",
+            a.port
+        )),
         Some(0)
     );
 }
@@ -487,7 +490,9 @@ async fn dns_discovery_adds_the_resolved_address() {
     cfg.dns = Some(("127.0.0.1".to_owned(), a.port));
     let harness = Harness::start(cfg);
     harness
-        .wait_for("discovery", |h| h.metric("notify_peers_known") == Some(1))
+        .wait_for("discovery", |h| {
+            h.metric("gorge_notification_peers_known") == Some(1)
+        })
         .await;
     harness.relay_origin("tenant", "{\"n\":1}");
     let request = a.next();

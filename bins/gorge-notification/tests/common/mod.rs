@@ -180,7 +180,7 @@ impl Server {
         serde_json::from_slice(&r.body).unwrap()
     }
 
-    /// The value of one sample line of `/metrics`, e.g. `notify_sockets_open{instance_class="default"}`.
+    /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
     pub async fn metric(&self, sample: &str) -> Option<f64> {
         metric(self.admin_port, sample).await
     }

@@ -1,0 +1,259 @@
+//! The Aphlict-format JSON file: `servers[]` and `cluster[]` as Aphlict reads them, Aphlict's
+//! own keys that have no effect here (`logs`, `pidfile`, `memory.hint`), and the flat
+//! settings under their keys (`"max_sockets": 100000`), which Aphlict itself ignores.
+//!
+//! An unknown key inside a `servers[]` or `cluster[]` entry is refused with a did-you-mean:
+//! `"lisen": "127.0.0.1"` would otherwise leave the unauthenticated admin port on 0.0.0.0.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use gorge_service::config::{did_you_mean, unknown_key_reason};
+use gorge_service::ConfigError;
+use serde_json::{Map, Value};
+
+use super::peer_url::{PeerProtocol, PeerUrl};
+use super::settings::{self, Kind, Settings};
+use super::{IgnoredKey, ServerConfig, ServerKind};
+
+/// Keys of a `servers[]` entry.
+const SERVER_KEYS: [&str; 6] = ["type", "port", "listen", "ssl.key", "ssl.cert", "ssl.chain"];
+/// Keys of a `cluster[]` entry.
+const CLUSTER_KEYS: [&str; 3] = ["host", "port", "protocol"];
+/// Aphlict's top-level keys that mean nothing here, and why.
+const IGNORED_KEYS: [(&str, &str); 3] = [
+    ("logs", "logs go to stdout"),
+    (
+        "pidfile",
+        "no pidfile is written; the supervisor tracks the process",
+    ),
+    ("memory.hint", "memory is bounded by the configured limits"),
+];
+
+/// What the file contributes.
+#[derive(Debug, Default)]
+pub struct FileLayer {
+    pub servers: Option<Vec<ServerConfig>>,
+    pub cluster: Vec<PeerUrl>,
+    /// Flat settings the file sets, by key.
+    pub settings: Vec<&'static str>,
+    pub ignored: Vec<IgnoredKey>,
+}
+
+/// The variable or option that named the file, for errors about the file itself.
+pub fn read_file(path: &Path, named_by: &str) -> Result<Value, ConfigError> {
+    let shown = path.display().to_string();
+    let is_json = path
+        .extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
+    if !is_json {
+        return Err(ConfigError::new(
+            named_by,
+            &shown,
+            "the file must be Aphlict-format JSON with a .json extension",
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(named_by, &shown, format!("cannot read the file: {e}")))?;
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError::new(named_by, &shown, format!("not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ConfigError::new(
+            named_by,
+            shown,
+            "the file must hold a JSON object",
+        ));
+    }
+    Ok(value)
+}
+
+fn json_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Applies the file to `settings` and returns what else it says.
+pub fn parse_file(file: &Value, settings: &mut Settings) -> Result<FileLayer, ConfigError> {
+    let mut layer = FileLayer::default();
+    let Some(object) = file.as_object() else {
+        return Ok(layer);
+    };
+    for (key, value) in object {
+        if let Some((_, reason)) = IGNORED_KEYS.iter().find(|(k, _)| k == key) {
+            layer.ignored.push(IgnoredKey {
+                key: key.clone(),
+                reason: (*reason).to_string(),
+            });
+            continue;
+        }
+        match (key.as_str(), settings::info(key)) {
+            ("servers", _) => layer.servers = Some(parse_servers(value)?),
+            ("cluster", _) => layer.cluster = parse_cluster(value)?,
+            (_, Some(info)) if !info.env_only => {
+                settings
+                    .set_json(info.key, value)
+                    .map_err(|reason| ConfigError::new(key.as_str(), json_text(value), reason))?;
+                layer.settings.push(info.key);
+            }
+            _ => {
+                let known = ["servers", "cluster"]
+                    .into_iter()
+                    .chain(IGNORED_KEYS.iter().map(|(k, _)| *k))
+                    .chain(
+                        settings::SETTINGS
+                            .iter()
+                            .filter(|s| !s.env_only)
+                            .map(|s| s.key),
+                    );
+                let reason = match did_you_mean(key, known) {
+                    Some(near) => format!("unknown key (did you mean `{near}`?)"),
+                    None => "unknown key".to_string(),
+                };
+                layer.ignored.push(IgnoredKey {
+                    key: key.clone(),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(layer)
+}
+
+fn entries<'a>(name: &str, value: &'a Value) -> Result<Vec<&'a Map<String, Value>>, ConfigError> {
+    let Some(items) = value.as_array() else {
+        return Err(ConfigError::new(name, json_text(value), "expected a list"));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_object().ok_or_else(|| {
+                ConfigError::new(
+                    format!("{name}[{i}]"),
+                    json_text(item),
+                    "expected an object",
+                )
+            })
+        })
+        .collect()
+}
+
+fn refuse_unknown(at: &str, entry: &Map<String, Value>, known: &[&str]) -> Result<(), ConfigError> {
+    match entry.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(ConfigError::new(
+            format!("{at}.{key}"),
+            json_text(&entry[key]),
+            unknown_key_reason(key, known.iter().copied()),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn parse_port(key: &str, value: Option<&Value>) -> Result<u16, ConfigError> {
+    let Some(value) = value else {
+        return Err(ConfigError::new(
+            key,
+            "",
+            "missing: expected a port number 1-65535",
+        ));
+    };
+    settings::Port::from_json(value)
+        .map(|port| port as u16)
+        .map_err(|reason| ConfigError::new(key, json_text(value), reason))
+}
+
+pub fn parse_listen(key: &str, value: &str) -> Result<IpAddr, ConfigError> {
+    value.parse().map_err(|_| {
+        ConfigError::new(
+            key,
+            value,
+            "expected an IP address to listen on, e.g. 0.0.0.0 or 127.0.0.1 (no port)",
+        )
+    })
+}
+
+fn parse_servers(value: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
+    let mut servers = Vec::new();
+    for (i, entry) in entries("servers", value)?.into_iter().enumerate() {
+        let at = |field: &str| format!("servers[{i}].{field}");
+        refuse_unknown(&format!("servers[{i}]"), entry, &SERVER_KEYS)?;
+        for ssl in ["ssl.key", "ssl.cert", "ssl.chain"] {
+            if let Some(v) = entry.get(ssl).filter(|v| !v.is_null()) {
+                return Err(ConfigError::new(
+                    at(ssl),
+                    json_text(v),
+                    "TLS is not served here: terminate TLS in front of gorge-notification \
+                     (ingress or proxy) and set ssl.* to null",
+                ));
+            }
+        }
+        let kind = match entry.get("type") {
+            Some(Value::String(t)) if t == "client" => ServerKind::Client,
+            Some(Value::String(t)) if t == "admin" => ServerKind::Admin,
+            other => {
+                return Err(ConfigError::new(
+                    at("type"),
+                    other.map(json_text).unwrap_or_default(),
+                    "expected \"client\" or \"admin\"",
+                ))
+            }
+        };
+        let port = parse_port(&at("port"), entry.get("port"))?;
+        let ip = match entry.get("listen") {
+            None | Some(Value::Null) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            Some(Value::String(s)) => parse_listen(&at("listen"), s)?,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    at("listen"),
+                    json_text(other),
+                    "expected an IP address as a string, e.g. \"127.0.0.1\"",
+                ))
+            }
+        };
+        servers.push(ServerConfig {
+            kind,
+            addr: SocketAddr::new(ip, port),
+        });
+    }
+    Ok(servers)
+}
+
+fn parse_cluster(value: &Value) -> Result<Vec<PeerUrl>, ConfigError> {
+    let mut peers = Vec::new();
+    for (i, entry) in entries("cluster", value)?.into_iter().enumerate() {
+        let at = |field: &str| format!("cluster[{i}].{field}");
+        refuse_unknown(&format!("cluster[{i}]"), entry, &CLUSTER_KEYS)?;
+        let host = match entry.get("host") {
+            Some(Value::String(h)) if !h.is_empty() => h.clone(),
+            other => {
+                return Err(ConfigError::new(
+                    at("host"),
+                    other.map(json_text).unwrap_or_default(),
+                    "expected a non-empty host name",
+                ))
+            }
+        };
+        let port = parse_port(&at("port"), entry.get("port"))?;
+        let protocol = match entry.get("protocol") {
+            None | Some(Value::Null) => PeerProtocol::Http,
+            Some(Value::String(p)) if PeerProtocol::parse(p).is_some() => {
+                PeerProtocol::parse(p).unwrap_or(PeerProtocol::Http)
+            }
+            Some(other) => {
+                return Err(ConfigError::new(
+                    at("protocol"),
+                    json_text(other),
+                    "expected \"http\" or \"https\"",
+                ))
+            }
+        };
+        peers.push(PeerUrl {
+            protocol,
+            host,
+            port,
+        });
+    }
+    Ok(peers)
+}

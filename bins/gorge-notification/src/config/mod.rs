@@ -1,0 +1,662 @@
+//! Configuration: built-in defaults, then an Aphlict-format JSON file (`--config PATH` or
+//! `GORGE_NOTIFICATION_CONFIG_FILE`), then `GORGE_NOTIFICATION_*` environment variables
+//! (an empty variable means "use the default").
+//!
+//! Every invalid value stops startup with one line naming the key and the value (exit 2):
+//! a notification server that silently falls back to some other port or to plain text where
+//! TLS was configured breaks every browser without any error anyone would see.
+//!
+//! - [`settings`]: the flat settings, each named once;
+//! - [`aphlict_file`]: the JSON file;
+//! - [`peer_url`]: peer URLs and `host:port`;
+//! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
+
+mod aphlict_file;
+mod peer_url;
+pub mod settings;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gorge_hub::Limits;
+use gorge_service::config::{
+    env_value, service_link_reason, service_link_target, unknown_env_warnings, CheckLine, Source,
+};
+use gorge_service::ConfigError;
+use serde_json::Value;
+
+#[allow(unused_imports)] // PeerProtocol: for the peer relay's tests
+pub use peer_url::{PeerProtocol, PeerUrl};
+pub use settings::Settings;
+
+use aphlict_file::{parse_file, parse_listen, read_file, FileLayer};
+use peer_url::{parse_peer_url, parse_port_text, split_host_port};
+use settings::SETTINGS;
+
+/// Prefix of every environment variable of this service.
+pub const ENV_PREFIX: &str = "GORGE_NOTIFICATION_";
+
+/// Default client (WebSocket) port, as Aphlict.
+pub const DEFAULT_CLIENT_PORT: u16 = 22280;
+
+/// Default admin port, which is also the health port (`/healthz`, `/readyz`, `/metrics`).
+pub const DEFAULT_HEALTH_PORT: u16 = 22281;
+
+/// Which listener a server entry opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// Browsers' WebSocket port.
+    Client,
+    /// Phorge's HTTP port (messages, status, probes).
+    Admin,
+}
+
+impl fmt::Display for ServerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ServerKind::Client => "client",
+            ServerKind::Admin => "admin",
+        })
+    }
+}
+
+/// One listener to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub kind: ServerKind,
+    pub addr: SocketAddr,
+}
+
+/// Everything the peer relay needs (spec §8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// From the file's `cluster[]` and `GORGE_NOTIFICATION_PEERS`, duplicates removed.
+    pub static_peers: Vec<PeerUrl>,
+    /// `GORGE_NOTIFICATION_PEER_DNS`: a name resolving to every peer pod, and their admin port.
+    pub dns: Option<(String, u16)>,
+    pub dns_refresh: Duration,
+    /// Messages queued per peer before new ones are dropped (and counted).
+    pub queue_capacity: usize,
+    /// Per-request timeout of a relay POST.
+    pub timeout: Duration,
+}
+
+/// A file key that was accepted but ignored; logged once at startup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredKey {
+    pub key: String,
+    pub reason: String,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub servers: Vec<ServerConfig>,
+    pub hub: Limits,
+    /// Largest inbound WebSocket frame/message.
+    pub max_frame_bytes: usize,
+    pub max_admin_body_bytes: usize,
+    pub ping_interval: Duration,
+    pub idle_timeout: Duration,
+    /// Close frames are spread over this window on SIGTERM.
+    pub drain_window: Duration,
+    pub peers: PeerConfig,
+    pub config_file: Option<PathBuf>,
+    pub ignored: Vec<IgnoredKey>,
+    /// Logged at startup and printed by `--check-config`.
+    pub warnings: Vec<String>,
+    /// The flat settings as layered, and where each came from.
+    pub settings: Settings,
+    pub sources: Vec<(&'static str, Source)>,
+    servers_source: Source,
+}
+
+impl Config {
+    /// The first admin listener's address (where `healthcheck` probes by default).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.servers
+            .iter()
+            .find(|s| s.kind == ServerKind::Admin)
+            .map(|s| s.addr)
+    }
+
+    /// Hard bound of the whole drain: the window plus five seconds.
+    pub fn drain_deadline(&self) -> Duration {
+        self.drain_window + Duration::from_secs(5)
+    }
+}
+
+/// The environment variable of a setting.
+pub fn env_key(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.to_uppercase())
+}
+
+/// Loads the configuration from `cli_file` (if given), the environment and the defaults,
+/// and validates the logging variables too, so `--check-config` refuses what startup would.
+pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
+    gorge_service::logging::LogSettings::from_env()?;
+    let mut config = load_from(cli_file, &|var| env_value(var))?;
+    config.warnings = environment_warnings();
+    Ok(config)
+}
+
+fn load_from(
+    cli_file: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let mut settings = Settings::default();
+    let mut sources: Vec<(&'static str, Source)> =
+        SETTINGS.iter().map(|s| (s.key, Source::Default)).collect();
+    let config_var = env_key("config_file");
+    let (file_path, named_by) = match (cli_file, env(&config_var)) {
+        (Some(path), _) => (Some(path.to_path_buf()), "--config".to_string()),
+        (None, Some(path)) => (Some(PathBuf::from(path)), config_var),
+        (None, None) => (None, String::new()),
+    };
+    if cli_file.is_some() {
+        set_source(
+            &mut sources,
+            "config_file",
+            Source::Option("--config".into()),
+        );
+    }
+    settings.config_file = file_path.as_ref().map(|p| p.display().to_string());
+    let file = match &file_path {
+        Some(path) => {
+            let value = read_file(path, &named_by)?;
+            let layer = parse_file(&value, &mut settings)?;
+            for key in &layer.settings {
+                set_source(&mut sources, key, Source::File(path.display().to_string()));
+            }
+            layer
+        }
+        None => FileLayer::default(),
+    };
+    for info in SETTINGS
+        .iter()
+        .filter(|s| s.key != "config_file" || cli_file.is_none())
+    {
+        let var = env_key(info.key);
+        let Some(text) = env(&var) else { continue };
+        if service_link_target(&text).is_some() {
+            return Err(ConfigError::new(&var, &text, service_link_reason(&var)));
+        }
+        settings
+            .set_text(info.key, &text)
+            .map_err(|valid| ConfigError::new(&var, &text, format!("expected {valid}")))?;
+        set_source(&mut sources, info.key, Source::Env(var));
+    }
+    let mut config = build(settings, file, file_path)?;
+    config.sources = sources;
+    Ok(config)
+}
+
+fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
+    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
+        entry.1 = source;
+    }
+}
+
+/// Warnings about the process environment: variables with our prefix that are no setting.
+fn environment_warnings() -> Vec<String> {
+    let keys: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+    unknown_env_warnings(ENV_PREFIX, &keys)
+}
+
+fn usize_of(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+fn build(
+    settings: Settings,
+    file: FileLayer,
+    config_file: Option<PathBuf>,
+) -> Result<Config, ConfigError> {
+    let client_port = settings.client_port.map(|p| p as u16);
+    let admin_port = settings.admin_port.map(|p| p as u16);
+    let listen = settings
+        .listen_addr
+        .as_deref()
+        .map(|s| parse_listen(&env_key("listen_addr"), s))
+        .transpose()?;
+
+    let servers_source = match (&file.servers, &config_file) {
+        (Some(_), Some(path)) => Source::File(path.display().to_string()),
+        _ => Source::Default,
+    };
+    let mut servers = file.servers.unwrap_or_else(|| {
+        vec![
+            ServerConfig {
+                kind: ServerKind::Client,
+                addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), DEFAULT_CLIENT_PORT),
+            },
+            ServerConfig {
+                kind: ServerKind::Admin,
+                addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), DEFAULT_HEALTH_PORT),
+            },
+        ]
+    });
+    // The environment wins over the file: it overrides every server of the kind it names.
+    for server in &mut servers {
+        let port = match server.kind {
+            ServerKind::Client => client_port,
+            ServerKind::Admin => admin_port,
+        };
+        if let Some(port) = port {
+            server.addr.set_port(port);
+        }
+        if let Some(ip) = listen {
+            server.addr.set_ip(ip);
+        }
+    }
+    for kind in [ServerKind::Client, ServerKind::Admin] {
+        if !servers.iter().any(|s| s.kind == kind) {
+            return Err(ConfigError::new(
+                "servers",
+                format!("{} server(s)", servers.len()),
+                format!("at least one {kind} server is required"),
+            ));
+        }
+    }
+    let mut seen = HashSet::new();
+    for (i, server) in servers.iter().enumerate() {
+        if !seen.insert(server.addr) {
+            return Err(ConfigError::new(
+                format!("servers[{i}]"),
+                server.addr,
+                "duplicate listen address",
+            ));
+        }
+    }
+
+    let mut static_peers = file.cluster;
+    if let Some(list) = &settings.peers {
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            static_peers.push(parse_peer_url(&env_key("peers"), part)?);
+        }
+    }
+    let mut unique = HashSet::new();
+    static_peers.retain(|p| unique.insert(p.clone()));
+    let dns = match &settings.peer_dns {
+        Some(text) => {
+            let key = env_key("peer_dns");
+            let bad = || ConfigError::new(&key, text, "expected host:port, e.g. gorge-peers:22281");
+            let (host, port) = split_host_port(text.trim()).ok_or_else(bad)?;
+            Some((host, parse_port_text(port).ok_or_else(bad)?))
+        }
+        None => None,
+    };
+
+    let s = &settings;
+    let hub = Limits {
+        queue_frames: usize_of(s.queue_frames),
+        queue_bytes: usize_of(s.queue_bytes),
+        history_entries: usize_of(s.history_entries),
+        history_age_ms: s.history_age_ms,
+        history_bytes: usize_of(s.history_bytes),
+        subscriptions_per_socket: usize_of(s.max_subscriptions),
+        phid_bytes: usize_of(s.max_phid_bytes),
+        instances: usize_of(s.max_instances),
+        instance_name_bytes: usize_of(s.max_instance_name_bytes),
+        sockets: usize_of(s.max_sockets),
+        ..Limits::default()
+    };
+    if s.idle_timeout_seconds <= s.ping_interval_seconds {
+        return Err(ConfigError::new(
+            env_key("idle_timeout_seconds"),
+            s.idle_timeout_seconds,
+            format!(
+                "must be longer than the ping interval ({} s)",
+                s.ping_interval_seconds
+            ),
+        ));
+    }
+    Ok(Config {
+        servers,
+        hub,
+        max_frame_bytes: usize_of(s.max_frame_bytes),
+        max_admin_body_bytes: usize_of(s.max_admin_body_bytes),
+        ping_interval: Duration::from_secs(s.ping_interval_seconds),
+        idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
+        drain_window: Duration::from_secs(s.drain_seconds),
+        peers: PeerConfig {
+            static_peers,
+            dns,
+            dns_refresh: Duration::from_secs(s.peer_dns_refresh_seconds),
+            queue_capacity: usize_of(s.peer_queue_capacity),
+            timeout: Duration::from_millis(s.peer_timeout_ms),
+        },
+        config_file,
+        ignored: file.ignored,
+        warnings: Vec::new(),
+        sources: SETTINGS.iter().map(|s| (s.key, Source::Default)).collect(),
+        settings,
+        servers_source,
+    })
+}
+
+/// The `--check-config` lines: servers, peers, then every flat setting with its source.
+pub fn check_lines(config: &Config) -> Vec<CheckLine> {
+    let mut lines = Vec::new();
+    let env_source = |key: &str| {
+        config
+            .sources
+            .iter()
+            .find(|(k, s)| *k == key && matches!(s, Source::Env(_)))
+            .map(|(_, s)| s.clone())
+    };
+    for (i, server) in config.servers.iter().enumerate() {
+        let port_key = match server.kind {
+            ServerKind::Client => "client_port",
+            ServerKind::Admin => "admin_port",
+        };
+        lines.push(CheckLine {
+            name: format!("servers[{i}]"),
+            value: format!("{} {}", server.kind, server.addr),
+            source: env_source(port_key)
+                .or_else(|| env_source("listen_addr"))
+                .unwrap_or_else(|| config.servers_source.clone()),
+        });
+    }
+    let peers: Vec<String> = config
+        .peers
+        .static_peers
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    lines.push(CheckLine {
+        name: "peers (cluster[] and PEERS)".to_string(),
+        value: if peers.is_empty() {
+            "(none)".to_string()
+        } else {
+            peers.join(", ")
+        },
+        source: Source::Default,
+    });
+    for (key, value) in config.settings.shown() {
+        let source = config
+            .sources
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(Source::Default, |(_, s)| s.clone());
+        lines.push(CheckLine {
+            name: env_key(key),
+            value,
+            source,
+        });
+    }
+    for ignored in &config.ignored {
+        lines.push(CheckLine {
+            name: format!("{} (file key)", ignored.key),
+            value: format!("ignored: {}", ignored.reason),
+            source: Source::File(
+                config
+                    .config_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
+        });
+    }
+    lines
+}
+
+/// An Aphlict-format file holding the effective configuration (the defaults, when nothing
+/// is set): `servers[]`, `cluster[]` and every flat setting under its key. Phorge's own
+/// `bin/aphlict` checks top-level keys strictly and would refuse the flat ones; this file is
+/// for gorge-notification, which reads Aphlict's files as they are.
+pub fn print_config(config: &Config) -> Value {
+    let mut out = serde_json::Map::new();
+    let servers: Vec<Value> = config
+        .servers
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "type": s.kind.to_string(),
+                "port": s.addr.port(),
+                "listen": s.addr.ip().to_string(),
+                "ssl.key": null,
+                "ssl.cert": null,
+                "ssl.chain": null,
+            })
+        })
+        .collect();
+    out.insert("servers".into(), Value::from(servers));
+    let cluster: Vec<Value> = config
+        .peers
+        .static_peers
+        .iter()
+        .map(|p| serde_json::json!({"host": p.host, "port": p.port, "protocol": p.protocol.to_string()}))
+        .collect();
+    out.insert("cluster".into(), Value::from(cluster));
+    for (key, value) in config.settings.json() {
+        let info = settings::info(key).filter(|i| !i.env_only);
+        // Folded into servers[] and cluster[] above.
+        let folded = matches!(key, "client_port" | "admin_port" | "listen_addr" | "peers");
+        if info.is_some() && !folded {
+            out.insert(key.into(), value);
+        }
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn build_with(mut settings: Settings, file: Option<Value>) -> Result<Config, ConfigError> {
+        let layer = match &file {
+            Some(value) => parse_file(value, &mut settings)?,
+            None => FileLayer::default(),
+        };
+        build(settings, layer, None)
+    }
+
+    fn load_env(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        load_from(None, &move |var| {
+            vars.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let c = build_with(Settings::default(), None).unwrap();
+        assert_eq!(
+            c.servers,
+            vec![
+                ServerConfig {
+                    kind: ServerKind::Client,
+                    addr: "0.0.0.0:22280".parse().unwrap()
+                },
+                ServerConfig {
+                    kind: ServerKind::Admin,
+                    addr: "0.0.0.0:22281".parse().unwrap()
+                },
+            ]
+        );
+        assert_eq!(c.max_frame_bytes, 65536);
+        assert_eq!(c.max_admin_body_bytes, 1 << 20);
+        assert_eq!(c.drain_window, Duration::from_secs(10));
+        assert_eq!(c.drain_deadline(), Duration::from_secs(15));
+        assert_eq!(c.peers.timeout, Duration::from_secs(5));
+        assert!(c.peers.static_peers.is_empty());
+        assert_eq!(DEFAULT_HEALTH_PORT, 22281);
+    }
+
+    #[test]
+    fn aphlict_file_servers_cluster_and_ignored_keys() {
+        let file = json!({
+            "servers": [
+                {"type": "client", "port": 22280, "listen": "0.0.0.0", "ssl.key": null, "ssl.cert": null, "ssl.chain": null},
+                {"type": "admin", "port": 22281, "listen": "127.0.0.1", "ssl.key": null, "ssl.cert": null}
+            ],
+            "logs": [{"path": "/var/log/aphlict.log"}],
+            "cluster": [{"host": "peer-a", "port": 22281, "protocol": "http"}],
+            "pidfile": "/var/tmp/aphlict/pid/aphlict.pid",
+            "memory.hint": 256
+        });
+        let c = build_with(Settings::default(), Some(file)).unwrap();
+        assert_eq!(c.servers[1].addr, "127.0.0.1:22281".parse().unwrap());
+        assert_eq!(c.peers.static_peers[0].to_string(), "http://peer-a:22281");
+        let ignored: Vec<_> = c.ignored.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(ignored, ["logs", "pidfile", "memory.hint"]);
+    }
+
+    #[test]
+    fn env_overrides_file_ports() {
+        let file =
+            json!({"servers": [{"type": "client", "port": 1000}, {"type": "admin", "port": 1001}]});
+        let settings = Settings {
+            admin_port: Some(2001),
+            listen_addr: Some("127.0.0.1".into()),
+            ..Settings::default()
+        };
+        let c = build_with(settings, Some(file)).unwrap();
+        assert_eq!(c.servers[0].addr, "127.0.0.1:1000".parse().unwrap());
+        assert_eq!(c.servers[1].addr, "127.0.0.1:2001".parse().unwrap());
+    }
+
+    fn file_error(file: Value) -> ConfigError {
+        build_with(Settings::default(), Some(file)).unwrap_err()
+    }
+
+    #[test]
+    fn ssl_is_a_startup_error() {
+        let e = file_error(
+            json!({"servers": [{"type": "client", "port": 22280, "ssl.key": "/k.pem"}, {"type": "admin", "port": 22281}]}),
+        );
+        assert_eq!(e.key, "servers[0].ssl.key");
+        assert_eq!(e.value, "/k.pem");
+        assert!(e.reason.contains("terminate TLS"), "{e}");
+    }
+
+    #[test]
+    fn invalid_servers_name_the_key() {
+        let cases = [
+            (
+                json!({"servers": [{"type": "client", "port": 70000}]}),
+                "servers[0].port",
+                "70000",
+            ),
+            (
+                json!({"servers": [{"type": "client", "port": 0}]}),
+                "servers[0].port",
+                "0",
+            ),
+            (
+                json!({"servers": [{"type": "web", "port": 1}]}),
+                "servers[0].type",
+                "web",
+            ),
+            (
+                json!({"servers": [{"type": "client", "port": 1, "listen": "nowhere"}]}),
+                "servers[0].listen",
+                "nowhere",
+            ),
+            (
+                json!({"servers": [{"type": "client", "port": 1}]}),
+                "servers",
+                "1 server(s)",
+            ),
+            (
+                json!({"servers": [{"type": "client", "port": 1}, {"type": "admin", "port": 1}]}),
+                "servers[1]",
+                "0.0.0.0:1",
+            ),
+            (
+                json!({"cluster": [{"host": "a", "port": 1, "protocol": "ftp"}]}),
+                "cluster[0].protocol",
+                "ftp",
+            ),
+            (
+                json!({"cluster": [{"host": "", "port": 1}]}),
+                "cluster[0].host",
+                "",
+            ),
+            (
+                json!({"cluster": ["peer-a:22281"]}),
+                "cluster[0]",
+                "peer-a:22281",
+            ),
+        ];
+        for (file, key, value) in cases {
+            let e = file_error(file.clone());
+            assert_eq!((e.key.as_str(), e.value.as_str()), (key, value), "{file}");
+        }
+    }
+
+    #[test]
+    fn env_ports_and_peers_are_validated() {
+        let e = load_env(&[("GORGE_NOTIFICATION_CLIENT_PORT", "70000")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_CLIENT_PORT", "70000")
+        );
+        for bad in [
+            "ftp://a:1",
+            "http://a",
+            "http://a:0",
+            "http://:1",
+            "http://a:1/x",
+            "http://u@a:1",
+        ] {
+            let list = format!("http://ok:1,{bad}");
+            let e = load_env(&[("GORGE_NOTIFICATION_PEERS", &list)]).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.value.as_str()),
+                ("GORGE_NOTIFICATION_PEERS", bad)
+            );
+        }
+    }
+
+    #[test]
+    fn peers_from_env_file_and_dns() {
+        let settings = Settings {
+            peers: Some(" http://a:1/ , https://[::1]:2,http://peer-a:22281".into()),
+            peer_dns: Some("gorge-notification-headless:22281".into()),
+            ..Settings::default()
+        };
+        let file = json!({"cluster": [{"host": "peer-a", "port": 22281}]});
+        let c = build_with(settings, Some(file)).unwrap();
+        let peers: Vec<_> = c
+            .peers
+            .static_peers
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            peers,
+            ["http://peer-a:22281", "http://a:1", "https://[::1]:2"]
+        );
+        assert_eq!(
+            c.peers.dns,
+            Some(("gorge-notification-headless".to_string(), 22281))
+        );
+        let e = build_with(
+            Settings {
+                peer_dns: Some("no-port".into()),
+                ..Settings::default()
+            },
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "GORGE_NOTIFICATION_PEER_DNS");
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let e = load_env(&[("GORGE_NOTIFICATION_QUEUE_FRAMES", "0")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_QUEUE_FRAMES", "0")
+        );
+    }
+}
