@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 use slog::{error, info, warn, Logger};
 
 use crate::api::Api;
+use crate::client::ClientOptions;
 use crate::clock::SystemClock;
 use crate::config::Settings;
 use crate::delivery::Deliverer;
@@ -92,10 +93,14 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         }
     };
 
-    let deliverer = Deliverer::new(
+    let deliverer = Deliverer::with_options(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
         metrics.response_bodies_truncated.clone(),
+        &ClientOptions {
+            extra_roots: settings.extra_roots.clone(),
+            keep_alive: true,
+        },
     );
     let dispatcher = Dispatcher::new(
         store.clone(),
