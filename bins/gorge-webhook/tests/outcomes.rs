@@ -474,3 +474,37 @@ async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
     assert_eq!(metrics.response_bodies_truncated.get(), 1);
     case.finish().await;
 }
+
+#[tokio::test]
+async fn ports_above_65535_are_a_uri_failure_not_port_80() {
+    // Issue 9 W6: `http` parsed `:65536` as "no port", and the POST went to port 80.
+    let case = Case::new().await;
+    let mut ids = Vec::new();
+    for port in ["65536", "99999"] {
+        let phid = format!("{}-{port}", case.hook);
+        case.db
+            .insert_hook(
+                &phid,
+                &format!("http://127.0.0.1:{port}/hook"),
+                "enabled",
+                KEY,
+            )
+            .await
+            .unwrap();
+        let request = NewRequest::new(&phid, "PHID-TASK-badport000000000").with_properties(RICH);
+        ids.push(case.db.insert_request(&request, T0).await.unwrap());
+    }
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    for id in ids {
+        assert_row(
+            &case.row(id).await,
+            "failed",
+            "none",
+            0,
+            &rich_after("hook", r#""uri""#),
+        );
+    }
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "hook"), 2);
+    case.finish().await;
+}
