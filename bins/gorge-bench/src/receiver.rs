@@ -300,7 +300,11 @@ impl Receiver {
                             let state = state.clone();
                             connections.spawn(async move {
                                 // Closing with the request unread makes the kernel send RST.
-                                let _ = tokio::time::timeout(Duration::from_secs(5), stream.readable()).await;
+                                // `peek` waits for request bytes without consuming them
+                                // (`readable()` can fire before any arrive, and a close with
+                                // nothing unread is a FIN: an empty reply, not a reset).
+                                let mut first = [0u8; 1];
+                                let _ = tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut first)).await;
                                 state.resets.fetch_add(1, Ordering::Relaxed);
                                 drop(stream);
                             });

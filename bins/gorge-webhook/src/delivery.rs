@@ -46,9 +46,9 @@ pub enum DeliveryError {
     Tls(TlsFailure),
     /// The connection closed before any response (52).
     EmptyReply,
-    /// Writing the request failed (55).
+    /// Writing the request failed for a reason other than a reset (55).
     Send,
-    /// Reading the response failed, e.g. reset by the peer (56).
+    /// The peer reset the connection (56), while we wrote or read.
     Reset,
     /// The receiver did not speak HTTP/1.x (8).
     Protocol,
@@ -143,6 +143,22 @@ impl DeliveryError {
 
     fn from_hyper(err: &hyper::Error) -> Self {
         use std::io::ErrorKind;
+        // A peer that resets the connection is one failure (56), whether the reset reached
+        // us while writing (EPIPE/ECONNRESET on the write, under load) or while reading.
+        let mut cause = err.source();
+        while let Some(current) = cause {
+            if let Some(io) = current.downcast_ref::<std::io::Error>() {
+                if matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::BrokenPipe
+                ) {
+                    return DeliveryError::Reset;
+                }
+            }
+            cause = current.source();
+        }
         if err.is_incomplete_message() {
             return DeliveryError::EmptyReply;
         }
@@ -155,13 +171,7 @@ impl DeliveryError {
         if err.is_body_write_aborted() || err.is_user() {
             return DeliveryError::Send;
         }
-        let io = err
-            .source()
-            .and_then(|s| s.downcast_ref::<std::io::Error>());
-        match io.map(std::io::Error::kind) {
-            Some(ErrorKind::BrokenPipe) => DeliveryError::Send,
-            _ => DeliveryError::Reset,
-        }
+        DeliveryError::Reset
     }
 
     /// A failure to connect to one address, after which the next checked address is tried.

@@ -627,3 +627,24 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
     }
     assert_eq!(checked, 17, "every scenario that reaches HTTP");
 }
+
+#[tokio::test]
+async fn a_reset_connection_is_curl_56_every_time() {
+    // The peer closes with the request unread: the kernel answers with RST. Issue found by
+    // the receiver-faults drill: some of these came out as 52 (empty reply).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.peek(&mut [0u8; 1]).await;
+            drop(stream);
+        }
+    });
+    let d = deliverer(&ClientOptions::default());
+    let mut codes = Vec::new();
+    for _ in 0..20 {
+        let result = post(&d, &format!("http://{addr}/reset")).await;
+        codes.push(result.unwrap_err().curl_code());
+    }
+    assert!(codes.iter().all(|c| *c == Some(56)), "{codes:?}");
+}
