@@ -201,7 +201,12 @@ impl HeraldDb {
                     .parse()
                     .ok()?;
                 let props: Value = serde_json::from_str(&properties).unwrap_or(Value::Null);
-                let text = |key: &str| props.get(key).and_then(Value::as_str).map(str::to_string);
+                // `errorCode` is an integer for statuses and cURL numbers, a string otherwise.
+                let text = |key: &str| match props.get(key) {
+                    Some(Value::String(s)) => Some(s.clone()),
+                    Some(Value::Number(n)) => Some(n.to_string()),
+                    _ => None,
+                };
                 Some(RowState {
                     seq,
                     status,

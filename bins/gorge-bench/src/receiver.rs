@@ -3,7 +3,9 @@
 //! Routes (chosen per hook by its URI): `/hook/<n>` answers after the configured latency,
 //! with the configured error and hang rates; `/big/<n>` and `/bigerr/<n>` answer 200 / 500
 //! with a 3 MiB body; `/loop/<n>/<k>` redirects forever. A second listener resets every
-//! connection. It records which row each POST carried (by its transaction PHID), when it
+//! connection. With [`Transport::tls`] the main listener speaks TLS with a certificate
+//! from a private CA made at start ([`private_ca`]); with [`Transport::close_each`] every
+//! answer closes its connection (no keep-alive). It records which row each POST carried (by its transaction PHID), when it
 //! arrived, whether the signature verified, and how many requests of one hook overlapped.
 
 use std::net::SocketAddr;
@@ -12,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ring::hmac;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::herald_db::TRANSACTION_MARKER;
@@ -27,6 +29,46 @@ const MAX_REQUEST_BODY: usize = 1024 * 1024;
 const MAX_ARRIVALS: usize = 5_000_000;
 /// A hung request is held at most this long if the sender never gives up.
 const MAX_HANG: Duration = Duration::from_secs(600);
+
+/// How the main listener talks.
+#[derive(Clone, Default)]
+pub struct Transport {
+    /// Serve TLS with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Answer every request with `Connection: close` and close (reuse off).
+    pub close_each: bool,
+}
+
+/// A private CA and a server configuration for 127.0.0.1/localhost signed by it; returns
+/// the CA certificate as PEM (what `GORGE_WEBHOOK_CA_FILE` points at).
+pub fn private_ca() -> Result<(String, Arc<rustls::ServerConfig>), String> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let err = |e: &dyn std::fmt::Display| format!("private CA: {e}");
+    let mut ca_params = CertificateParams::new(Vec::new()).map_err(|e| err(&e))?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "gorge-bench private CA");
+    let ca_key = KeyPair::generate().map_err(|e| err(&e))?;
+    let ca = ca_params.self_signed(&ca_key).map_err(|e| err(&e))?;
+    let leaf_params = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+        .map_err(|e| err(&e))?;
+    let leaf_key = KeyPair::generate().map_err(|e| err(&e))?;
+    let leaf = leaf_params
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .map_err(|e| err(&e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&e))?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .map_err(|e| err(&e))?;
+    Ok((ca.pem(), Arc::new(config)))
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct Behaviour {
@@ -66,6 +108,10 @@ pub struct ReceiverState {
     pub unparsed: AtomicU64,
     pub resets: AtomicU64,
     pub requests: AtomicU64,
+    /// Connections accepted on the main listener, and TLS handshakes completed on them.
+    pub connections: AtomicU64,
+    pub tls_handshakes: AtomicU64,
+    close_each: bool,
 }
 
 impl ReceiverState {
@@ -129,6 +175,7 @@ impl Drop for InFlight<'_> {
 
 pub struct Receiver {
     pub addr: SocketAddr,
+    pub tls: bool,
     pub reset_addr: SocketAddr,
     pub state: Arc<ReceiverState>,
     accept_loops: Vec<JoinHandle<()>>,
@@ -184,7 +231,11 @@ pub fn hex_signature(key: &hmac::Key, body: &[u8]) -> String {
 
 impl Receiver {
     /// Starts both listeners on 127.0.0.1; `hmac_keys[n]` is the key of hook `n`.
-    pub async fn start(behaviour: Behaviour, hmac_keys: &[String]) -> std::io::Result<Receiver> {
+    pub async fn start(
+        behaviour: Behaviour,
+        hmac_keys: &[String],
+        transport: Transport,
+    ) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let reset_listener = TcpListener::bind("127.0.0.1:0").await?;
         let hooks = hmac_keys.len();
@@ -203,7 +254,11 @@ impl Receiver {
             unparsed: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            tls_handshakes: AtomicU64::new(0),
+            close_each: transport.close_each,
         });
+        let acceptor = transport.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         let addr = listener.local_addr()?;
         let reset_addr = reset_listener.local_addr()?;
         let serving = {
@@ -213,7 +268,22 @@ impl Receiver {
                 loop {
                     tokio::select! {
                         accepted = listener.accept() => if let Ok((stream, _)) = accepted {
-                            connections.spawn(serve_connection(stream, state.clone(), addr));
+                            state.connections.fetch_add(1, Ordering::Relaxed);
+                            let _ = stream.set_nodelay(true);
+                            let state = state.clone();
+                            match acceptor.clone() {
+                                None => {
+                                    connections.spawn(serve_connection(stream, state, addr));
+                                }
+                                Some(acceptor) => {
+                                    connections.spawn(async move {
+                                        if let Ok(stream) = acceptor.accept(stream).await {
+                                            state.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+                                            serve_connection(stream, state, addr).await;
+                                        }
+                                    });
+                                }
+                            }
                         },
                         Some(_) = connections.join_next(), if !connections.is_empty() => {}
                     }
@@ -230,7 +300,11 @@ impl Receiver {
                             let state = state.clone();
                             connections.spawn(async move {
                                 // Closing with the request unread makes the kernel send RST.
-                                let _ = tokio::time::timeout(Duration::from_secs(5), stream.readable()).await;
+                                // `peek` waits for request bytes without consuming them
+                                // (`readable()` can fire before any arrive, and a close with
+                                // nothing unread is a FIN: an empty reply, not a reset).
+                                let mut first = [0u8; 1];
+                                let _ = tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut first)).await;
                                 state.resets.fetch_add(1, Ordering::Relaxed);
                                 drop(stream);
                             });
@@ -242,6 +316,7 @@ impl Receiver {
         };
         Ok(Receiver {
             addr,
+            tls: transport.tls.is_some(),
             reset_addr,
             state,
             accept_loops: vec![serving, resetting],
@@ -249,11 +324,16 @@ impl Receiver {
     }
 
     pub fn hook_uri(&self, hook: usize) -> String {
-        format!("http://{}/hook/{hook}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/hook/{hook}", self.addr)
     }
 }
 
-async fn serve_connection(stream: TcpStream, state: Arc<ReceiverState>, own_addr: SocketAddr) {
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    state: Arc<ReceiverState>,
+    own_addr: SocketAddr,
+) {
     let mut reader = BufReader::new(stream);
     loop {
         let Ok(Some(head)) = read_head(&mut reader).await else {
@@ -314,15 +394,13 @@ async fn serve_connection(stream: TcpStream, state: Arc<ReceiverState>, own_addr
                 if !behaviour.latency.is_zero() {
                     tokio::time::sleep(behaviour.latency).await;
                 }
-                let written = if answer == Answer::Ok {
-                    reader.get_mut().write_all(&plain(200, "OK", b"ok")).await
+                let response = if answer == Answer::Ok {
+                    plain_on(state.close_each, 200, "OK", b"ok")
                 } else {
-                    reader
-                        .get_mut()
-                        .write_all(&plain(500, "Internal Server Error", b"no"))
-                        .await
+                    plain_on(state.close_each, 500, "Internal Server Error", b"no")
                 };
-                if written.is_err() {
+                if reader.get_mut().write_all(&response).await.is_err() || state.close_each {
+                    let _ = reader.get_mut().shutdown().await;
                     return;
                 }
                 continue;
@@ -377,8 +455,13 @@ async fn serve_connection(stream: TcpStream, state: Arc<ReceiverState>, own_addr
 }
 
 fn plain(status: u16, reason: &str, body: &[u8]) -> Vec<u8> {
+    plain_on(false, status, reason, body)
+}
+
+fn plain_on(close: bool, status: u16, reason: &str, body: &[u8]) -> Vec<u8> {
+    let connection = if close { "Connection: close\r\n" } else { "" };
     let mut response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n{connection}Content-Length: {}\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -405,7 +488,7 @@ mod tests {
             error_rate: 0.0,
             hang_rate: 0.0,
         };
-        let receiver = Receiver::start(behaviour, &["k0".to_string()])
+        let receiver = Receiver::start(behaviour, &["k0".to_string()], Transport::default())
             .await
             .unwrap();
         let body = b"{\"phid\": \"PHID-XACT-TASK-bench0000000007\"}\n";

@@ -15,7 +15,7 @@ use crate::herald_db::{self, HeraldDb, HookSpec, RequestSpec};
 use crate::histogram::percentiles_of;
 use crate::notify::round3;
 use crate::procs::{self, Service};
-use crate::receiver::{Answer, Behaviour, Receiver};
+use crate::receiver::{self, Answer, Behaviour, Receiver, Transport};
 
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
@@ -60,6 +60,13 @@ pub struct WebhookArgs {
     /// GORGE_WEBHOOK_RETRY_BACKOFF_SEC; short so that failed rows retry within the run.
     #[arg(long, default_value_t = 1)]
     pub retry_backoff_sec: u64,
+    /// Serve HTTPS with a certificate from a private CA made for the run, trusted by the
+    /// service through GORGE_WEBHOOK_CA_FILE.
+    #[arg(long)]
+    pub tls: bool,
+    /// The receiver closes every connection after its answer (connection reuse off).
+    #[arg(long)]
+    pub close_connections: bool,
 }
 
 /// Service settings the rig passes through to every process.
@@ -85,6 +92,8 @@ pub struct Rig {
     /// The hook (index) of each row.
     pub row_hook: HashMap<usize, usize>,
     started: usize,
+    /// The private CA's PEM file when the receiver speaks TLS (removed at teardown).
+    ca_file: Option<PathBuf>,
 }
 
 /// A blacklist that still blocks something (a documentation range) but not loopback,
@@ -112,8 +121,38 @@ impl Rig {
         binary: PathBuf,
         settings: ServiceSettings,
     ) -> Result<Rig, String> {
+        Rig::with_transport(hooks, behaviour, uri, binary, settings, false, false).await
+    }
+
+    /// [`Rig::new`] with an HTTPS receiver (private CA, passed to the service as
+    /// `GORGE_WEBHOOK_CA_FILE`) and/or one that closes every connection.
+    pub async fn with_transport(
+        hooks: usize,
+        behaviour: Behaviour,
+        uri: impl Fn(&Receiver, usize) -> String,
+        binary: PathBuf,
+        settings: ServiceSettings,
+        tls: bool,
+        close_each: bool,
+    ) -> Result<Rig, String> {
         let keys: Vec<String> = (0..hooks).map(hmac_key).collect();
-        let receiver = Receiver::start(behaviour, &keys)
+        let mut transport = Transport {
+            tls: None,
+            close_each,
+        };
+        let mut ca_file = None;
+        if tls {
+            let (pem, config) = receiver::private_ca()?;
+            let path = std::env::temp_dir().join(format!(
+                "gorge-bench-ca-{}-{:x}.pem",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            std::fs::write(&path, pem).map_err(|e| format!("CA file: {e}"))?;
+            ca_file = Some(path);
+            transport.tls = Some(config);
+        }
+        let receiver = Receiver::start(behaviour, &keys, transport)
             .await
             .map_err(|e| format!("receiver: {e}"))?;
         let db = HeraldDb::create().await?;
@@ -137,6 +176,7 @@ impl Rig {
             inserted_at_us: HashMap::new(),
             row_hook: HashMap::new(),
             started: 0,
+            ca_file,
         })
     }
 
@@ -155,6 +195,9 @@ impl Rig {
             ("GORGE_LISTEN_ADDR".into(), listen.to_string()),
             ("GORGE_LOG_LEVEL".into(), "warn".into()),
         ];
+        if let Some(path) = &self.ca_file {
+            env.push(("GORGE_WEBHOOK_CA_FILE".into(), path.display().to_string()));
+        }
         let s = &self.settings;
         let optional = [
             (
@@ -259,6 +302,9 @@ impl Rig {
             process.stop(Duration::from_secs(3)).await;
         }
         self.db.drop_database().await;
+        if let Some(path) = &self.ca_file {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     /// What the receiver saw, per row.
@@ -355,12 +401,14 @@ pub async fn run(args: WebhookArgs) -> Value {
         .binary
         .clone()
         .unwrap_or_else(|| procs::sibling_binary("gorge-webhook"));
-    let mut rig = match Rig::new(
+    let mut rig = match Rig::with_transport(
         args.hooks.max(1),
         behaviour,
         |r, n| r.hook_uri(n),
         binary,
         settings,
+        args.tls,
+        args.close_connections,
     )
     .await
     {
@@ -390,6 +438,10 @@ pub async fn run(args: WebhookArgs) -> Value {
     let count = |status: &str| rows.iter().filter(|r| r.status == status).count();
     let not_final = count("queued");
     let max_per_hook = state.max_concurrent_per_hook();
+    let connections = state.connections.load(std::sync::atomic::Ordering::Relaxed);
+    let handshakes = state
+        .tls_handshakes
+        .load(std::sync::atomic::Ordering::Relaxed);
     let bad_signatures = state
         .bad_signatures
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -420,6 +472,14 @@ pub async fn run(args: WebhookArgs) -> Value {
         "max_concurrent_per_hook": max_per_hook,
         "bad_signatures": bad_signatures,
         "unparsed_bodies": state.unparsed.load(std::sync::atomic::Ordering::Relaxed),
+        "tls": args.tls,
+        "connection_reuse": !args.close_connections,
+        "connections": connections,
+        "tls_handshakes": handshakes,
+        "connections_per_delivery": (report.delivered > 0)
+            .then(|| round3(connections as f64 / report.delivered as f64)),
+        "tls_handshakes_per_delivery": (report.delivered > 0)
+            .then(|| round3(handshakes as f64 / report.delivered as f64)),
         "processes_exited": exited,
         "wall_s": round3(wall_s),
         "cpu_s": {

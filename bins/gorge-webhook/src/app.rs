@@ -17,6 +17,7 @@ use slog::{error, info, warn, Logger};
 use tokio::task::JoinHandle;
 
 use crate::api::Api;
+use crate::client::ClientOptions;
 use crate::clock::SystemClock;
 use crate::config::Settings;
 use crate::delivery::Deliverer;
@@ -160,10 +161,14 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     };
 
     let db_up = metrics.db_up.clone();
-    let deliverer = Deliverer::new(
+    let deliverer = Deliverer::with_options(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
         metrics.response_bodies_truncated.clone(),
+        &ClientOptions {
+            extra_roots: settings.extra_roots.clone(),
+            keep_alive: true,
+        },
     );
     let poll_loop_up = metrics.poll_loop_up.clone();
     let dispatcher = Dispatcher::new(

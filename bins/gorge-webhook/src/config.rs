@@ -23,6 +23,7 @@ use gorge_service::{ConfigError, Secret};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{OutboundPolicy, NO_BLACKLIST, PHORGE_DEFAULT_BLACKLIST};
+use crate::tls::ExtraRoots;
 
 /// The status/diagnostic port (the release-matrix check greps for this constant).
 pub const DEFAULT_HEALTH_PORT: u16 = 8160;
@@ -69,6 +70,8 @@ struct RawSettings {
     error_backoff_sec: u64,
     error_threshold: u64,
     outbound_blacklist: String,
+    /// PEM bundle of extra CAs for receivers; empty = none.
+    ca_file: String,
     listen_addr: String,
     #[serde(serialize_with = "serialize_secret")]
     service_token: Secret,
@@ -135,7 +138,7 @@ fn known_key_refs() -> Vec<&'static str> {
 }
 
 /// Every setting's key, in the order `--check-config` and `--print-config` show them.
-const SETTING_KEYS: [&str; 19] = [
+const SETTING_KEYS: [&str; 20] = [
     "mysql_host",
     "mysql_port",
     "mysql_user",
@@ -153,6 +156,7 @@ const SETTING_KEYS: [&str; 19] = [
     "error_backoff_sec",
     "error_threshold",
     "outbound_blacklist",
+    "ca_file",
     "listen_addr",
     "service_token",
 ];
@@ -235,6 +239,7 @@ impl Default for RawSettings {
             error_backoff_sec: 300,
             error_threshold: 10,
             outbound_blacklist: PHORGE_DEFAULT_BLACKLIST.into(),
+            ca_file: String::new(),
             listen_addr: format!("0.0.0.0:{DEFAULT_HEALTH_PORT}"),
             service_token: Secret::default(),
         }
@@ -271,6 +276,9 @@ pub struct Settings {
     pub outbound_policy: OutboundPolicy,
     /// Whether the blacklist is Phorge's default (for `--check-config`).
     pub outbound_blacklist_is_default: bool,
+    /// `GORGE_WEBHOOK_CA_FILE`, if set, and the CAs read from it at startup.
+    pub ca_file: Option<std::path::PathBuf>,
+    pub extra_roots: ExtraRoots,
     pub listen_addr: SocketAddr,
     pub service_token: Secret,
     /// The values as layered (for `--check-config` and `--print-config`) and their sources.
@@ -465,6 +473,19 @@ impl Settings {
                 "expected IP:PORT, e.g. 0.0.0.0:8160",
             )
         })?;
+        let ca_file = Some(raw.ca_file.trim())
+            .filter(|path| !path.is_empty())
+            .map(std::path::PathBuf::from);
+        let extra_roots = match &ca_file {
+            Some(path) => ExtraRoots::load(path).map_err(|reason| {
+                ConfigError::new(
+                    var("ca_file"),
+                    path.display(),
+                    format!("{reason} (expected a readable PEM file of CA certificates)"),
+                )
+            })?,
+            None => ExtraRoots::default(),
+        };
         let lease_sec = raw
             .claim_lease_sec
             .max(raw.delivery_timeout + LEASE_MARGIN_SEC);
@@ -493,6 +514,8 @@ impl Settings {
             breaker_window_sec: raw.error_backoff_sec,
             breaker_threshold: raw.error_threshold,
             outbound_policy,
+            ca_file,
+            extra_roots,
             listen_addr,
             service_token: raw.service_token,
         })
@@ -652,6 +675,14 @@ impl Settings {
                     ""
                 }
             ),
+            "ca_file" => match &self.ca_file {
+                Some(path) => format!(
+                    "{} ({} certificates, trusted with the bundled and system roots)",
+                    path.display(),
+                    self.extra_roots.len()
+                ),
+                None => "(none: bundled and system roots)".to_string(),
+            },
             "listen_addr" => self.listen_addr.to_string(),
             "service_token" => mask_secret(self.service_token.expose()).to_string(),
             _ => String::new(),
@@ -696,6 +727,25 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ca_file_must_be_a_readable_pem_bundle() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = validate(|r| r.ca_file = missing.display().to_string()).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_CA_FILE");
+        let text = err.to_string();
+        assert!(
+            text.contains("GORGE_WEBHOOK_CA_FILE") && text.contains("cannot be read"),
+            "{text}"
+        );
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        let good = dir.path().join("ca.pem");
+        std::fs::write(&good, ca.cert.pem()).unwrap();
+        let s = validate(|r| r.ca_file = good.display().to_string()).unwrap();
+        assert_eq!(s.extra_roots.len(), 1);
+        assert!(validate(|_| {}).unwrap().ca_file.is_none());
+    }
 
     fn validate(edit: impl FnOnce(&mut RawSettings)) -> Result<Settings, ConfigError> {
         let mut raw = RawSettings::default();
@@ -792,6 +842,7 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "ca_file",
                 "claim_lease_sec",
                 "delivery_timeout",
                 "error_backoff_sec",

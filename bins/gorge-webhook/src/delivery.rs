@@ -1,119 +1,237 @@
-//! One webhook POST over ureq: pinned addresses, a whole-request deadline, manual redirects.
+//! One webhook POST: the exact headers Phorge's worker sends, redirects followed the way its
+//! cURL call follows them (webhook.md §4.10), a whole-request deadline, and every failure
+//! reduced to the cURL error number Phorge writes into `errorCode` (§2).
 //!
-//! Blocking by design (ureq); the dispatcher runs it on `spawn_blocking`, bounded by its
-//! concurrency semaphore. Every hop connects only to addresses the outbound policy checked,
-//! and every failure is reduced to a short stable code that fits Phorge's `errorCode`.
+//! Async on the tokio runtime; the connections come from the pooled client in `client.rs`.
 
-use std::io::Read;
+use std::error::Error as _;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{
+    HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, LOCATION, USER_AGENT,
+};
+use hyper::{Method, Request};
+use phorge_wire::webhook;
 use prometheus_client::metrics::counter::Counter;
-use ureq::http::{StatusCode, Uri};
-use ureq::unversioned::transport::DefaultConnector;
-use ureq::Agent;
+use tokio::time::Instant;
+use url::Url;
 
-use crate::policy::{CheckedTarget, OutboundPolicy, PinnedResolver, PolicyError};
+use crate::client::{self, ClientOptions, ConnectCounts, ConnectError, HttpClient};
+use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
+use crate::tls::TlsFailure;
 
-/// Redirects followed before giving up (cURL-like, and enough for any sane receiver).
-pub const MAX_REDIRECTS: u32 = 5;
+/// Redirects followed before giving up with cURL's 47 (`CURLE_TOO_MANY_REDIRECTS`).
+pub const MAX_REDIRECTS: u32 = 20;
 
 /// The most response body read (and discarded) per hop; the status decides the outcome.
 pub const MAX_RESPONSE_BODY: u64 = 64 * 1024;
 
-/// Why an attempt produced no final HTTP status. `code()` is what lands in `errorCode`.
+/// Why an attempt produced no final HTTP status. [`DeliveryError::curl_code`] is what lands
+/// in `errorCode`; [`DeliveryError::reason`] goes into the log line and the metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryError {
+    /// The whole-request deadline passed (28, `errorType` `timeout`).
     Timeout,
-    ConnectionRefused,
+    /// A host did not resolve (6).
     Dns,
-    Tls,
-    Reset,
-    TooManyRedirects,
-    /// A redirect pointed at a URI the outbound policy rejects.
-    BlockedRedirect,
-    /// A 3xx without a usable `Location`.
-    BadRedirect,
-    /// The receiver spoke something that is not HTTP/1.1.
-    Protocol,
-    /// Any other connection failure.
+    /// The receiver refused the connection (7).
+    ConnectionRefused,
+    /// Any other failure to connect (7).
     Connection,
+    /// TLS handshake (35) or peer certificate (60).
+    Tls(TlsFailure),
+    /// The connection closed before any response (52).
+    EmptyReply,
+    /// Writing the request failed for a reason other than a reset (55).
+    Send,
+    /// The peer reset the connection (56), while we wrote or read.
+    Reset,
+    /// The receiver did not speak HTTP/1.x (8).
+    Protocol,
+    /// More than [`MAX_REDIRECTS`] redirects (47).
+    TooManyRedirects,
+    /// A `Location` that is not an http/https URI (1, cURL's "protocol not supported").
+    BadRedirect,
+    /// A redirect to an address the outbound policy rejects: not followed, recorded as
+    /// Phorge's `hook`/`uri` (Phorge checks only the first URI; this service every hop).
+    BlockedRedirect,
 }
 
 impl DeliveryError {
-    /// Phorge's `errorType`: `timeout` for timeouts, `http` for everything else.
+    /// Phorge's `errorType`: `timeout` for timeouts, `hook` for a blocked hop, else `http`.
     pub fn error_type(self) -> &'static str {
         match self {
             DeliveryError::Timeout => "timeout",
+            DeliveryError::BlockedRedirect => "hook",
             _ => "http",
         }
     }
 
-    /// The short stable `errorCode`.
-    pub fn code(self) -> &'static str {
-        match self {
-            DeliveryError::Timeout => "timeout",
-            DeliveryError::ConnectionRefused => "connection-refused",
-            DeliveryError::Dns => "dns",
-            DeliveryError::Tls => "tls",
-            DeliveryError::Reset => "reset",
-            DeliveryError::TooManyRedirects => "too-many-redirects",
-            DeliveryError::BlockedRedirect => "blocked-redirect",
-            DeliveryError::BadRedirect => "bad-redirect",
-            DeliveryError::Protocol => "protocol",
-            DeliveryError::Connection => "connection",
-        }
+    /// The cURL error number Phorge's worker would record; `None` for a blocked hop.
+    pub fn curl_code(self) -> Option<u16> {
+        Some(match self {
+            DeliveryError::Timeout => 28,
+            DeliveryError::Dns => 6,
+            DeliveryError::ConnectionRefused | DeliveryError::Connection => 7,
+            DeliveryError::Tls(failure) => failure.curl_code(),
+            DeliveryError::EmptyReply => 52,
+            DeliveryError::Send => 55,
+            DeliveryError::Reset => 56,
+            DeliveryError::Protocol => 8,
+            DeliveryError::TooManyRedirects => 47,
+            DeliveryError::BadRedirect => 1,
+            DeliveryError::BlockedRedirect => return None,
+        })
     }
 
-    fn from_ureq(err: &ureq::Error) -> Self {
-        use std::io::ErrorKind;
-        match err {
-            ureq::Error::Timeout(_) => DeliveryError::Timeout,
-            ureq::Error::HostNotFound => DeliveryError::Dns,
-            ureq::Error::Tls(_) | ureq::Error::Rustls(_) | ureq::Error::TlsRequired => {
-                DeliveryError::Tls
-            }
-            ureq::Error::Protocol(_) | ureq::Error::LargeResponseHeader(..) => {
-                DeliveryError::Protocol
-            }
-            ureq::Error::Io(io) => match io.kind() {
-                ErrorKind::ConnectionRefused => DeliveryError::ConnectionRefused,
-                ErrorKind::TimedOut | ErrorKind::WouldBlock => DeliveryError::Timeout,
-                ErrorKind::ConnectionReset
-                | ErrorKind::ConnectionAborted
-                | ErrorKind::BrokenPipe
-                | ErrorKind::UnexpectedEof => DeliveryError::Reset,
-                _ => DeliveryError::Connection,
-            },
-            _ => DeliveryError::Connection,
+    /// A short stable token for logs and the metric label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DeliveryError::Timeout => "timeout",
+            DeliveryError::Dns => "dns",
+            DeliveryError::ConnectionRefused => "connection-refused",
+            DeliveryError::Connection => "connect-failed",
+            DeliveryError::Tls(TlsFailure::Handshake) => "tls-handshake",
+            DeliveryError::Tls(TlsFailure::UntrustedCertificate) => "certificate-not-trusted",
+            DeliveryError::Tls(TlsFailure::WrongHost) => "certificate-wrong-host",
+            DeliveryError::Tls(TlsFailure::CertificateDates) => "certificate-expired",
+            DeliveryError::Tls(TlsFailure::BadCertificate) => "certificate-invalid",
+            DeliveryError::EmptyReply => "empty-reply",
+            DeliveryError::Send => "send-failed",
+            DeliveryError::Reset => "reset",
+            DeliveryError::Protocol => "protocol",
+            DeliveryError::TooManyRedirects => "too-many-redirects",
+            DeliveryError::BadRedirect => "bad-redirect",
+            DeliveryError::BlockedRedirect => "blocked-redirect",
         }
     }
 
     fn from_policy(err: PolicyError) -> Self {
         match err {
             PolicyError::Unresolvable => DeliveryError::Dns,
-            PolicyError::InvalidUri | PolicyError::Blocked(_) => DeliveryError::BlockedRedirect,
+            PolicyError::InvalidUri => DeliveryError::BadRedirect,
+            PolicyError::Blocked(_) => DeliveryError::BlockedRedirect,
         }
+    }
+
+    /// Maps a client error by walking its source chain to our connector's or hyper's error.
+    fn from_client(err: &hyper_util::client::legacy::Error) -> Self {
+        let mut source = err.source();
+        while let Some(current) = source {
+            if let Some(connect) = current.downcast_ref::<ConnectError>() {
+                return match connect {
+                    ConnectError::Blocked(_) => DeliveryError::BlockedRedirect,
+                    ConnectError::BadTarget => DeliveryError::Connection,
+                    ConnectError::Tcp(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        DeliveryError::ConnectionRefused
+                    }
+                    ConnectError::Tcp(_) => DeliveryError::Connection,
+                    ConnectError::Tls(failure, _) => DeliveryError::Tls(*failure),
+                };
+            }
+            if let Some(hyper) = current.downcast_ref::<hyper::Error>() {
+                return Self::from_hyper(hyper);
+            }
+            source = current.source();
+        }
+        DeliveryError::Connection
+    }
+
+    fn from_hyper(err: &hyper::Error) -> Self {
+        use std::io::ErrorKind;
+        // A peer that resets the connection is one failure (56), whether the reset reached
+        // us while writing (EPIPE/ECONNRESET on the write, under load) or while reading.
+        let mut cause = err.source();
+        while let Some(current) = cause {
+            if let Some(io) = current.downcast_ref::<std::io::Error>() {
+                if matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::BrokenPipe
+                ) {
+                    return DeliveryError::Reset;
+                }
+            }
+            cause = current.source();
+        }
+        if err.is_incomplete_message() {
+            return DeliveryError::EmptyReply;
+        }
+        if err.is_parse() || err.is_parse_status() || err.is_parse_too_large() {
+            return DeliveryError::Protocol;
+        }
+        if err.is_timeout() {
+            return DeliveryError::Timeout;
+        }
+        if err.is_body_write_aborted() || err.is_user() {
+            return DeliveryError::Send;
+        }
+        DeliveryError::Reset
+    }
+
+    /// A failure to connect to one address, after which the next checked address is tried.
+    fn is_connect_failure(self) -> bool {
+        matches!(
+            self,
+            DeliveryError::ConnectionRefused | DeliveryError::Connection
+        )
     }
 }
 
 /// Sends signed webhook bodies.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Deliverer {
     policy: Arc<OutboundPolicy>,
     timeout: Duration,
-    user_agent: String,
+    user_agent: HeaderValue,
     /// Responses whose body was longer than [`MAX_RESPONSE_BODY`] (the rest is not read).
     bodies_truncated: Counter,
+    client: HttpClient,
+    counts: Arc<ConnectCounts>,
+}
+
+impl std::fmt::Debug for Deliverer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deliverer")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One hop's answer.
+struct Hop {
+    status: u16,
+    location: Option<Result<String, ()>>,
 }
 
 impl Deliverer {
+    /// A deliverer trusting the bundled roots and the system store, with keep-alive.
     pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, bodies_truncated: Counter) -> Self {
+        Self::with_options(policy, timeout, bodies_truncated, &ClientOptions::default())
+    }
+
+    pub fn with_options(
+        policy: Arc<OutboundPolicy>,
+        timeout: Duration,
+        bodies_truncated: Counter,
+        options: &ClientOptions,
+    ) -> Self {
+        let (client, counts) = client::build(policy.clone(), options);
         Self {
             policy,
             timeout,
-            user_agent: format!("gorge-webhook/{}", env!("CARGO_PKG_VERSION")),
+            user_agent: HeaderValue::from_static(concat!(
+                "gorge-webhook/",
+                env!("CARGO_PKG_VERSION")
+            )),
             bodies_truncated,
+            client,
+            counts,
         }
     }
 
@@ -125,142 +243,189 @@ impl Deliverer {
         self.timeout
     }
 
+    /// TCP connections opened so far (each TLS one is also a handshake).
+    pub fn connections_opened(&self) -> u64 {
+        self.counts.tcp.load(Ordering::Relaxed)
+    }
+
+    /// TLS handshakes started so far.
+    pub fn tls_handshakes(&self) -> u64 {
+        self.counts.tls.load(Ordering::Relaxed)
+    }
+
     /// POSTs `body` to an already checked target and returns the final HTTP status.
-    /// The timeout covers every hop, redirect lookups and the bounded body read.
-    pub fn deliver(
+    /// The timeout covers every hop, redirect lookups and the bounded body reads.
+    pub async fn deliver(
         &self,
         target: CheckedTarget,
         body: &[u8],
         signature: &str,
     ) -> Result<u16, DeliveryError> {
+        let signature = HeaderValue::from_str(signature).map_err(|_| DeliveryError::Send)?;
         let deadline = Instant::now() + self.timeout;
-        let mut target = target;
-        let mut post = true;
+        let hops = self.follow(target, Bytes::copy_from_slice(body), signature, deadline);
+        match tokio::time::timeout_at(deadline, hops).await {
+            Ok(result) => result,
+            Err(_) => Err(DeliveryError::Timeout),
+        }
+    }
+
+    async fn follow(
+        &self,
+        mut target: CheckedTarget,
+        body: Bytes,
+        signature: HeaderValue,
+        deadline: Instant,
+    ) -> Result<u16, DeliveryError> {
+        // cURL with CURLOPT_CUSTOMREQUEST "POST": 301/302/303 continue as a POST without a
+        // body (and stay bodiless after); 307/308 repeat the body.
+        let mut with_body = true;
         for hop in 0..=MAX_REDIRECTS {
-            let remaining = deadline
-                .checked_duration_since(Instant::now())
-                .filter(|d| !d.is_zero())
-                .ok_or(DeliveryError::Timeout)?;
-            let status = self.send_once(&target, post, body, signature, remaining)?;
-            let Some(next) = status.redirect else {
-                return Ok(status.code);
+            let sent = if with_body {
+                body.clone()
+            } else {
+                Bytes::new()
+            };
+            let answer = self.send_hop(&target, sent, with_body, &signature).await?;
+            let Some(location) = answer.location else {
+                return Ok(answer.status);
             };
             if hop == MAX_REDIRECTS {
                 return Err(DeliveryError::TooManyRedirects);
             }
-            // cURL's behaviour: 301/302/303 continue as GET without a body; 307/308 re-POST.
-            if matches!(status.code, 301..=303) {
-                post = false;
+            if matches!(answer.status, 301..=303) {
+                with_body = false;
             }
-            let next_uri = join_location(&target.uri, &next).ok_or(DeliveryError::BadRedirect)?;
-            let remaining = deadline
-                .checked_duration_since(Instant::now())
-                .ok_or(DeliveryError::Timeout)?;
+            let location = location.map_err(|()| DeliveryError::BadRedirect)?;
+            let next = next_hop(&target.uri, &location)?;
+            let remaining = deadline.saturating_duration_since(Instant::now());
             target = self
                 .policy
-                .check(&next_uri, remaining)
+                .check_async(next, remaining)
+                .await
                 .map_err(DeliveryError::from_policy)?;
         }
         Err(DeliveryError::TooManyRedirects)
     }
 
-    fn send_once(
+    /// One request to `target`, trying its checked addresses in order until one connects.
+    async fn send_hop(
         &self,
         target: &CheckedTarget,
-        post: bool,
-        body: &[u8],
-        signature: &str,
-        remaining: Duration,
-    ) -> Result<HopStatus, DeliveryError> {
-        let resolver = PinnedResolver::new(target).ok_or(DeliveryError::BlockedRedirect)?;
-        let config = Agent::config_builder()
-            .timeout_global(Some(remaining))
-            .max_redirects(0)
-            .http_status_as_error(false)
-            // A proxy would resolve and connect on its own, past the policy.
-            .proxy(None)
-            .user_agent(self.user_agent.as_str())
-            .build();
-        // One agent per hop: its resolver knows only this hop's checked addresses.
-        let agent = Agent::with_parts(config, DefaultConnector::default(), resolver);
-        let result = if post {
-            agent
-                .post(target.uri.clone())
-                .header("Content-Type", "application/json")
-                .header("X-Phabricator-Webhook-Signature", signature)
-                .send(body)
-        } else {
-            agent
-                .get(target.uri.clone())
-                .header("X-Phabricator-Webhook-Signature", signature)
-                .call()
+        body: Bytes,
+        with_body: bool,
+        signature: &HeaderValue,
+    ) -> Result<Hop, DeliveryError> {
+        let mut last = DeliveryError::Connection;
+        for addr in &target.addrs {
+            let request = self.request(target, *addr, body.clone(), with_body, signature)?;
+            match self.client.request(request).await {
+                Ok(response) => return Ok(self.finish(response).await),
+                Err(err) => {
+                    let err = DeliveryError::from_client(&err);
+                    if !err.is_connect_failure() {
+                        return Err(err);
+                    }
+                    last = err;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// The request, header names in Phorge's cURL order as far as hyper allows (title-cased
+    /// on the wire): `Host`, `User-Agent`, `Accept`, `Content-Type`, the signature, then
+    /// `Content-Length` when there is a body (cURL sends none on a bodiless redirect hop).
+    fn request(
+        &self,
+        target: &CheckedTarget,
+        addr: std::net::SocketAddr,
+        body: Bytes,
+        with_body: bool,
+        signature: &HeaderValue,
+    ) -> Result<Request<Full<Bytes>>, DeliveryError> {
+        let uri = &target.uri;
+        let host = uri.host_str().ok_or(DeliveryError::BadRedirect)?;
+        let host_header = match uri.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
         };
-        let mut response = result.map_err(|e| DeliveryError::from_ureq(&e))?;
-        let code = response.status();
-        let redirect = if is_followed_redirect(code) {
-            Some(
-                response
-                    .headers()
-                    .get("location")
-                    .and_then(|v| v.to_str().ok())
-                    .ok_or(DeliveryError::BadRedirect)?
-                    .to_string(),
+        let mut path = uri.path().to_string();
+        if let Some(query) = uri.query() {
+            path.push('?');
+            path.push_str(query);
+        }
+        let name = host.trim_start_matches('[').trim_end_matches(']');
+        let pool_uri = client::pool_uri(uri.scheme() == "https", name, addr, &path)
+            .ok_or(DeliveryError::BadRedirect)?;
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri(pool_uri)
+            .header(HOST, host_header)
+            .header(USER_AGENT, self.user_agent.clone())
+            .header(ACCEPT, HeaderValue::from_static("*/*"))
+            .header(
+                CONTENT_TYPE,
+                HeaderValue::from_static(webhook::CONTENT_TYPE),
             )
+            .header(
+                HeaderName::from_static(SIGNATURE_HEADER_LOWER),
+                signature.clone(),
+            );
+        if with_body {
+            builder = builder.header(CONTENT_LENGTH, body.len());
+        }
+        builder
+            .body(Full::new(body))
+            .map_err(|_| DeliveryError::BadRedirect)
+    }
+
+    /// The status and `Location`, after reading (and dropping) a bounded amount of the body
+    /// so that a well-behaved connection can go back to the pool.
+    async fn finish(&self, response: hyper::Response<hyper::body::Incoming>) -> Hop {
+        let status = response.status().as_u16();
+        let location = if matches!(status, 301 | 302 | 303 | 307 | 308) {
+            response
+                .headers()
+                .get(LOCATION)
+                .map(|value| value.to_str().map(|s| s.trim().to_string()).map_err(|_| ()))
         } else {
             None
         };
-        // Read (and drop) a bounded amount so well-behaved receivers finish cleanly; the
-        // status is already decided, so a failing body read does not change the outcome.
-        let mut reader = response.body_mut().as_reader();
-        let read = std::io::copy(
-            &mut (&mut reader).take(MAX_RESPONSE_BODY),
-            &mut std::io::sink(),
-        );
-        if read.is_ok_and(|n| n == MAX_RESPONSE_BODY)
-            && reader.read(&mut [0u8]).is_ok_and(|n| n > 0)
-        {
-            self.bodies_truncated.inc();
+        let mut body = response.into_body();
+        let mut read = 0u64;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { break };
+            if let Some(data) = frame.data_ref() {
+                read += data.len() as u64;
+                if read > MAX_RESPONSE_BODY {
+                    // Dropping the rest closes the connection instead of pooling it.
+                    self.bodies_truncated.inc();
+                    break;
+                }
+            }
         }
-        Ok(HopStatus {
-            code: code.as_u16(),
-            redirect,
-        })
+        Hop { status, location }
     }
 }
 
-struct HopStatus {
-    code: u16,
-    redirect: Option<String>,
-}
+/// `SIGNATURE_HEADER` as hyper stores names (lower case; title-cased when written).
+const SIGNATURE_HEADER_LOWER: &str = "x-phabricator-webhook-signature";
 
-fn is_followed_redirect(code: StatusCode) -> bool {
-    matches!(code.as_u16(), 301 | 302 | 303 | 307 | 308)
-}
-
-/// Resolves a `Location` value against the URI it came from (absolute, scheme-relative,
-/// absolute-path or relative-path forms).
-fn join_location(base: &Uri, location: &str) -> Option<String> {
-    let location = location.trim();
+/// Resolves a `Location` against the current URI (RFC 3986, `url::Url::join`): only
+/// http/https targets are followed, the fragment is never sent.
+fn next_hop(base: &Url, location: &str) -> Result<Url, DeliveryError> {
     if location.is_empty() {
-        return None;
+        return Err(DeliveryError::BadRedirect);
     }
-    if let Ok(uri) = location.parse::<Uri>() {
-        if uri.scheme().is_some() {
-            return Some(location.to_string());
-        }
+    let mut next = base
+        .join(location)
+        .map_err(|_| DeliveryError::BadRedirect)?;
+    if !matches!(next.scheme(), "http" | "https") {
+        return Err(DeliveryError::BadRedirect);
     }
-    let scheme = base.scheme_str()?;
-    let authority = base.authority()?.as_str();
-    if let Some(rest) = location.strip_prefix("//") {
-        return Some(format!("{scheme}://{rest}"));
-    }
-    if location.starts_with('/') {
-        return Some(format!("{scheme}://{authority}{location}"));
-    }
-    let path = base.path();
-    let dir = &path[..path.rfind('/').map(|i| i + 1).unwrap_or(0)];
-    let dir = if dir.is_empty() { "/" } else { dir };
-    Some(format!("{scheme}://{authority}{dir}{location}"))
+    next.set_fragment(None);
+    Ok(next)
 }
 
 #[cfg(test)]
@@ -268,57 +433,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_are_short_and_stable() {
-        assert_eq!(DeliveryError::Timeout.error_type(), "timeout");
-        assert_eq!(DeliveryError::Timeout.code(), "timeout");
-        assert_eq!(DeliveryError::ConnectionRefused.error_type(), "http");
+    fn the_signature_header_constant_is_what_is_sent() {
         assert_eq!(
-            DeliveryError::ConnectionRefused.code(),
-            "connection-refused"
+            SIGNATURE_HEADER_LOWER,
+            webhook::SIGNATURE_HEADER.to_ascii_lowercase()
         );
-        assert_eq!(DeliveryError::BlockedRedirect.code(), "blocked-redirect");
-        assert_eq!(DeliveryError::TooManyRedirects.code(), "too-many-redirects");
     }
 
     #[test]
-    fn io_errors_map_to_codes() {
-        use std::io::{Error, ErrorKind};
-        let map = |k| DeliveryError::from_ureq(&ureq::Error::Io(Error::from(k)));
+    fn curl_numbers() {
+        let codes: Vec<(Option<u16>, &str)> = [
+            DeliveryError::Dns,
+            DeliveryError::ConnectionRefused,
+            DeliveryError::Timeout,
+            DeliveryError::Tls(TlsFailure::Handshake),
+            DeliveryError::Tls(TlsFailure::UntrustedCertificate),
+            DeliveryError::TooManyRedirects,
+            DeliveryError::EmptyReply,
+            DeliveryError::Send,
+            DeliveryError::Reset,
+            DeliveryError::Protocol,
+            DeliveryError::BadRedirect,
+            DeliveryError::BlockedRedirect,
+        ]
+        .iter()
+        .map(|e| (e.curl_code(), e.reason()))
+        .collect();
         assert_eq!(
-            map(ErrorKind::ConnectionRefused),
-            DeliveryError::ConnectionRefused
+            codes,
+            [
+                (Some(6), "dns"),
+                (Some(7), "connection-refused"),
+                (Some(28), "timeout"),
+                (Some(35), "tls-handshake"),
+                (Some(60), "certificate-not-trusted"),
+                (Some(47), "too-many-redirects"),
+                (Some(52), "empty-reply"),
+                (Some(55), "send-failed"),
+                (Some(56), "reset"),
+                (Some(8), "protocol"),
+                (Some(1), "bad-redirect"),
+                (None, "blocked-redirect"),
+            ]
         );
-        assert_eq!(map(ErrorKind::ConnectionReset), DeliveryError::Reset);
-        assert_eq!(map(ErrorKind::TimedOut), DeliveryError::Timeout);
-        assert_eq!(
-            DeliveryError::from_ureq(&ureq::Error::HostNotFound),
-            DeliveryError::Dns
-        );
-        assert_eq!(
-            DeliveryError::from_ureq(&ureq::Error::Timeout(ureq::Timeout::Global)),
-            DeliveryError::Timeout
-        );
+        assert_eq!(DeliveryError::Timeout.error_type(), "timeout");
+        assert_eq!(DeliveryError::Reset.error_type(), "http");
     }
 
     #[test]
     fn locations_resolve_against_the_current_uri() {
-        let base: Uri = "https://h.example:8443/a/b?x=1".parse().unwrap();
-        assert_eq!(
-            join_location(&base, "http://other/x").unwrap(),
-            "http://other/x"
-        );
-        assert_eq!(
-            join_location(&base, "//other/x").unwrap(),
-            "https://other/x"
-        );
-        assert_eq!(
-            join_location(&base, "/root").unwrap(),
-            "https://h.example:8443/root"
-        );
-        assert_eq!(
-            join_location(&base, "c?y").unwrap(),
-            "https://h.example:8443/a/c?y"
-        );
-        assert_eq!(join_location(&base, "  "), None);
+        let base = Url::parse("https://h.example:8443/a/b?x=1").unwrap();
+        let join = |l: &str| next_hop(&base, l).map(|u| u.to_string());
+        assert_eq!(join("http://other/x").unwrap(), "http://other/x");
+        assert_eq!(join("//other/x").unwrap(), "https://other/x");
+        assert_eq!(join("/root").unwrap(), "https://h.example:8443/root");
+        assert_eq!(join("c?y").unwrap(), "https://h.example:8443/a/c?y");
+        // The hand-written join got these wrong.
+        assert_eq!(join("?q=2").unwrap(), "https://h.example:8443/a/b?q=2");
+        assert_eq!(join("#frag").unwrap(), "https://h.example:8443/a/b?x=1");
+        assert_eq!(join("../up").unwrap(), "https://h.example:8443/up");
+        // Issue 9 W7: not a path on the same host.
+        assert_eq!(join("file:///etc/passwd"), Err(DeliveryError::BadRedirect));
+        assert_eq!(join("ftp://h.example/x"), Err(DeliveryError::BadRedirect));
+        assert_eq!(join(""), Err(DeliveryError::BadRedirect));
     }
 }

@@ -6,8 +6,10 @@
 //! lives in the `gorge-claim` crate, the request bytes in `phorge-wire`.
 //!
 //! - [`config`]: settings from defaults, file and environment, validated at startup;
-//! - [`policy`]: the outbound blacklist and the pinned-address resolver;
+//! - [`policy`]: the outbound blacklist and the checked (pinned) addresses;
 //! - [`delivery`]: one signed POST with redirects and a whole-request timeout;
+//! - [`client`]: the pooled hyper client and the connector that dials checked addresses;
+//! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing outcomes;
 //! - [`outcome`]: what an attempt writes back, in Phorge's values;
 //! - [`api`]: `/api/webhook/*` and the probes;
@@ -17,6 +19,7 @@
 
 pub mod api;
 pub mod app;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod delivery;
@@ -24,3 +27,4 @@ pub mod dispatcher;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;
+pub mod tls;

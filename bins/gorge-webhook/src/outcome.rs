@@ -5,7 +5,7 @@
 
 use gorge_claim::RowOutcome;
 use phorge_wire::values::{ErrorType, HookErrorCode, RequestResult, RequestStatus, RetryMode};
-use phorge_wire::webhook::RequestProperties;
+use phorge_wire::webhook::{ErrorCode, RequestProperties};
 
 use crate::delivery::DeliveryError;
 use crate::metrics::{status_class, DeliveryOutcome};
@@ -15,28 +15,51 @@ use crate::metrics::{status_class, DeliveryOutcome};
 pub struct Decision {
     pub row: RowOutcome,
     pub outcome: DeliveryOutcome,
-    /// The `class` label of the deliveries metric.
+    /// The `class` label of the deliveries metric: the status class (`2xx`…), `hook`, or
+    /// for a transport failure its readable reason (`connection-refused`, `timeout`…).
     pub class: &'static str,
-    /// The `errorCode` written (the status, or the transport code), for the log line.
+    /// The `errorCode` written (the status, the cURL number or the hook code), for the log.
     pub code: String,
+    /// The readable reason for the log line: the same as `class` for a transport failure,
+    /// the status class for an HTTP answer, the hook code's class `hook` otherwise.
+    pub reason: &'static str,
 }
 
 /// The outcome of an HTTP attempt that ended at `epoch` with `result`.
 ///
 /// 2xx → `sent`/`okay`/`http`/the status (the PHP worker records the status on success too).
 /// Anything else → `fail`; `retry=forever` stays `queued`, everything else becomes `failed`.
+/// Transport failures write the cURL error number Phorge's worker would (`7`, `28`…); a
+/// redirect the outbound policy refused writes Phorge's `hook`/`uri` and is never retried.
 pub fn after_attempt(
     properties: &RequestProperties,
     result: Result<u16, DeliveryError>,
     epoch: u64,
 ) -> Decision {
     let (error_type, code, class) = match result {
-        Ok(status) => (ErrorType::Http, status.to_string(), status_class(status)),
-        Err(DeliveryError::Timeout) => (ErrorType::Timeout, "timeout".to_string(), "timeout"),
-        Err(err) => (ErrorType::Http, err.code().to_string(), "transport"),
+        Ok(status) => (
+            ErrorType::Http,
+            ErrorCode::from(status),
+            status_class(status),
+        ),
+        Err(DeliveryError::BlockedRedirect) => (
+            ErrorType::Hook,
+            ErrorCode::from(HookErrorCode::Uri.as_str()),
+            DeliveryError::BlockedRedirect.reason(),
+        ),
+        Err(err) => {
+            let error_type = if err == DeliveryError::Timeout {
+                ErrorType::Timeout
+            } else {
+                ErrorType::Http
+            };
+            let number = err.curl_code().unwrap_or_default();
+            (error_type, ErrorCode::from(number), err.reason())
+        }
     };
     let success = matches!(result, Ok(200..=299));
-    let retry = properties.retry == RetryMode::Forever;
+    let retry =
+        properties.retry == RetryMode::Forever && result != Err(DeliveryError::BlockedRedirect);
     let (status, outcome) = match (success, retry) {
         (true, _) => (RequestStatus::Sent, DeliveryOutcome::Sent),
         (false, true) => (RequestStatus::Queued, DeliveryOutcome::Retry),
@@ -51,11 +74,12 @@ pub fn after_attempt(
                 RequestResult::Fail
             },
             epoch,
-            properties: properties.rewritten(error_type, &code),
+            properties: properties.rewritten(error_type, code.clone()),
         },
         outcome,
         class,
-        code,
+        code: code.to_string(),
+        reason: class,
     }
 }
 
@@ -72,26 +96,28 @@ pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
         outcome: DeliveryOutcome::Failed,
         class: "hook",
         code: code.as_str().to_string(),
+        reason: "hook",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tls::TlsFailure;
 
     fn props(retry: &str) -> RequestProperties {
         RequestProperties::parse(&format!(r#"{{"retry":"{retry}","x":1}}"#)).unwrap()
     }
 
     #[test]
-    fn success_is_sent_okay_with_the_status_code() {
+    fn success_is_sent_okay_with_the_status_as_an_integer() {
         let d = after_attempt(&props("never"), Ok(204), 7);
         assert_eq!(d.row.status, RequestStatus::Sent);
         assert_eq!(d.row.result, RequestResult::Okay);
         assert_eq!(d.row.epoch, 7);
         assert_eq!(
             d.row.properties,
-            r#"{"retry":"never","x":1,"errorType":"http","errorCode":"204"}"#
+            r#"{"retry":"never","x":1,"errorType":"http","errorCode":204}"#
         );
         assert_eq!((d.outcome, d.class), (DeliveryOutcome::Sent, "2xx"));
     }
@@ -116,19 +142,47 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_and_transport_errors_use_short_codes() {
+    fn transport_failures_write_curl_numbers_and_keep_the_reason_for_logs() {
         let d = after_attempt(&props("never"), Err(DeliveryError::Timeout), 1);
         assert!(d
             .row
             .properties
-            .ends_with(r#""errorType":"timeout","errorCode":"timeout"}"#));
+            .ends_with(r#""errorType":"timeout","errorCode":28}"#));
         assert_eq!(d.class, "timeout");
-        let d = after_attempt(&props("never"), Err(DeliveryError::Reset), 1);
+        let d = after_attempt(&props("forever"), Err(DeliveryError::ConnectionRefused), 1);
         assert!(d
             .row
             .properties
-            .ends_with(r#""errorType":"http","errorCode":"reset"}"#));
-        assert_eq!((d.class, d.code.as_str()), ("transport", "reset"));
+            .ends_with(r#""errorType":"http","errorCode":7}"#));
+        assert_eq!(
+            (d.row.status, d.class, d.code.as_str(), d.reason),
+            (
+                RequestStatus::Queued,
+                "connection-refused",
+                "7",
+                "connection-refused"
+            )
+        );
+        let d = after_attempt(
+            &props("never"),
+            Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
+            1,
+        );
+        assert!(d.row.properties.ends_with(r#""errorCode":60}"#));
+        assert_eq!(d.reason, "certificate-not-trusted");
+    }
+
+    #[test]
+    fn a_blocked_redirect_is_phorges_uri_error_and_is_not_retried() {
+        let d = after_attempt(&props("forever"), Err(DeliveryError::BlockedRedirect), 3);
+        assert_eq!(
+            (d.row.status, d.row.result, d.row.epoch),
+            (RequestStatus::Failed, RequestResult::Fail, 3)
+        );
+        assert!(d
+            .row
+            .properties
+            .ends_with(r#""errorType":"hook","errorCode":"uri"}"#));
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! Mirrors Phorge's `security.outbound-blacklist` check (`requireValidRemoteURIForFetch`):
 //! only `http`/`https`, the host is resolved once, and *every* resolved address must be outside
-//! the blacklist. The checked addresses are then pinned into the HTTP client (see
-//! [`PinnedResolver`]) so no second DNS lookup can swap in a private address (DNS rebinding).
+//! the blacklist. The checked addresses travel with the URI in a [`CheckedTarget`]; the
+//! connector (`client.rs`) dials only those and refuses any blacklisted address itself, so no
+//! second DNS lookup (DNS rebinding) and no pooled connection can get past the policy.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -11,9 +12,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use ureq::http::Uri;
-use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::NextTimeout;
+use url::{Host, Url};
 
 /// Phorge's default `security.outbound-blacklist`, verbatim.
 pub const PHORGE_DEFAULT_BLACKLIST: &str = "0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 127.0.0.0/8 \
@@ -25,8 +24,8 @@ pub const PHORGE_DEFAULT_BLACKLIST: &str = "0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 1
 /// The value that configures an empty blacklist.
 pub const NO_BLACKLIST: &str = "none";
 
-/// ureq keeps at most this many addresses from a resolver.
-const MAX_PINNED_ADDRS: usize = 16;
+/// Addresses kept from one lookup: each is tried in turn when connecting fails.
+pub const MAX_PINNED_ADDRS: usize = 16;
 
 /// A list of networks never to connect to.
 #[derive(Debug, Clone)]
@@ -38,7 +37,7 @@ pub struct OutboundPolicy {
 /// Phorge's `hook`/`uri` error; an unresolvable host is a transport failure (`dns`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PolicyError {
-    /// Not an absolute `http`/`https` URI with a host.
+    /// Not an absolute `http`/`https` URI with a host and a valid port (1–65535).
     InvalidUri,
     /// A resolved address is in the blacklist.
     Blocked(IpAddr),
@@ -49,7 +48,9 @@ pub enum PolicyError {
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PolicyError::InvalidUri => f.write_str("not an http/https URI with a host"),
+            PolicyError::InvalidUri => {
+                f.write_str("not an http/https URI with a host and a valid port")
+            }
             PolicyError::Blocked(ip) => write!(f, "address {ip} is in the outbound blacklist"),
             PolicyError::Unresolvable => f.write_str("host did not resolve"),
         }
@@ -59,7 +60,7 @@ impl fmt::Display for PolicyError {
 /// A URI that passed the policy, with the exact addresses that were checked.
 #[derive(Debug, Clone)]
 pub struct CheckedTarget {
-    pub uri: Uri,
+    pub uri: Url,
     pub addrs: Vec<SocketAddr>,
 }
 
@@ -112,12 +113,44 @@ impl OutboundPolicy {
         self.blacklist.iter().any(|net| net.contains(&ip))
     }
 
-    /// Checks a URI: scheme, then resolves the host once (bounded by `timeout`) and checks
-    /// every address. Blocking: call it off the async runtime.
+    /// Checks a URI: scheme and port, then resolves the host once (bounded by `timeout`) and
+    /// checks every address. Blocking: call it off the async runtime (or use
+    /// [`OutboundPolicy::check_async`]).
     pub fn check(&self, uri: &str, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
-        let uri: Uri = uri.trim().parse().map_err(|_| PolicyError::InvalidUri)?;
+        let uri = parse_uri(uri)?;
         let (host, port) = host_and_port(&uri).ok_or(PolicyError::InvalidUri)?;
-        let addrs = resolve(&host, port, timeout)?;
+        let addrs = match literal_addr(&uri, port) {
+            Some(addr) => vec![addr],
+            None => resolve(&host, port, timeout)?,
+        };
+        self.checked(uri, addrs)
+    }
+
+    /// [`OutboundPolicy::check`] for an already parsed URI on the async runtime (redirect
+    /// hops): the lookup runs on tokio's blocking pool and is abandoned after `timeout`.
+    pub async fn check_async(
+        &self,
+        uri: Url,
+        timeout: Duration,
+    ) -> Result<CheckedTarget, PolicyError> {
+        let (host, port) = host_and_port(&uri).ok_or(PolicyError::InvalidUri)?;
+        let addrs = match literal_addr(&uri, port) {
+            Some(addr) => vec![addr],
+            None => {
+                let lookup = tokio::net::lookup_host((host, port));
+                match tokio::time::timeout(timeout, lookup).await {
+                    Ok(Ok(addrs)) => addrs.take(MAX_PINNED_ADDRS).collect(),
+                    _ => return Err(PolicyError::Unresolvable),
+                }
+            }
+        };
+        if addrs.is_empty() {
+            return Err(PolicyError::Unresolvable);
+        }
+        self.checked(uri, addrs)
+    }
+
+    fn checked(&self, uri: Url, addrs: Vec<SocketAddr>) -> Result<CheckedTarget, PolicyError> {
         if let Some(bad) = addrs.iter().find(|a| self.is_blocked(a.ip())) {
             return Err(PolicyError::Blocked(bad.ip()));
         }
@@ -125,81 +158,56 @@ impl OutboundPolicy {
     }
 }
 
-/// `(host, port)` of an absolute `http`/`https` URI; the host keeps IPv6 brackets.
-fn host_and_port(uri: &Uri) -> Option<(String, u16)> {
-    let default_port = match uri.scheme_str()? {
-        s if s.eq_ignore_ascii_case("http") => 80,
-        s if s.eq_ignore_ascii_case("https") => 443,
-        _ => return None,
-    };
-    let authority = uri.authority()?;
-    let host = authority.host();
-    if host.is_empty() {
+/// Parses a hook URI. `url` refuses ports above 65535 (`http` would quietly use port 80 for
+/// `:65536`); port 0 cannot be connected to either.
+pub fn parse_uri(uri: &str) -> Result<Url, PolicyError> {
+    let uri = Url::parse(uri.trim()).map_err(|_| PolicyError::InvalidUri)?;
+    if !matches!(uri.scheme(), "http" | "https") || uri.port() == Some(0) {
+        return Err(PolicyError::InvalidUri);
+    }
+    Ok(uri)
+}
+
+/// `(host, port)` of an absolute `http`/`https` URI; the host without IPv6 brackets.
+fn host_and_port(uri: &Url) -> Option<(String, u16)> {
+    if !matches!(uri.scheme(), "http" | "https") {
         return None;
     }
-    Some((
-        host.to_string(),
-        authority.port_u16().unwrap_or(default_port),
-    ))
+    let host = match uri.host()? {
+        Host::Domain(name) if !name.is_empty() => name.to_string(),
+        Host::Domain(_) => return None,
+        Host::Ipv4(ip) => ip.to_string(),
+        Host::Ipv6(ip) => ip.to_string(),
+    };
+    Some((host, uri.port_or_known_default()?))
+}
+
+/// The address of a URI whose host is an IP literal: nothing to resolve.
+fn literal_addr(uri: &Url, port: u16) -> Option<SocketAddr> {
+    match uri.host()? {
+        Host::Ipv4(ip) => Some(SocketAddr::new(IpAddr::V4(ip), port)),
+        Host::Ipv6(ip) => Some(SocketAddr::new(IpAddr::V6(ip), port)),
+        Host::Domain(_) => None,
+    }
 }
 
 /// Resolves on a helper thread so a hanging resolver cannot outlive the delivery timeout.
 fn resolve(host: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>, PolicyError> {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, port)]);
-    }
-    let target = format!("{host}:{port}");
+    let target = (host.to_string(), port);
     let (tx, rx) = mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("webhook-resolve".into())
         .spawn(move || {
-            let _ = tx.send(target.to_socket_addrs().map(|it| it.collect::<Vec<_>>()));
+            let _ = tx.send(
+                target
+                    .to_socket_addrs()
+                    .map(|it| it.take(MAX_PINNED_ADDRS).collect::<Vec<_>>()),
+            );
         })
         .map_err(|_| PolicyError::Unresolvable)?;
     match rx.recv_timeout(timeout) {
         Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
         _ => Err(PolicyError::Unresolvable),
-    }
-}
-
-/// A ureq resolver that answers only for the one authority it was built for, with the
-/// addresses the policy already checked. Any other host is refused, so the client can never
-/// connect anywhere the policy has not seen.
-#[derive(Debug)]
-pub struct PinnedResolver {
-    host: String,
-    port: u16,
-    addrs: Vec<SocketAddr>,
-}
-
-impl PinnedResolver {
-    pub fn new(target: &CheckedTarget) -> Option<Self> {
-        let (host, port) = host_and_port(&target.uri)?;
-        Some(Self {
-            host,
-            port,
-            addrs: target.addrs.clone(),
-        })
-    }
-}
-
-impl Resolver for PinnedResolver {
-    fn resolve(
-        &self,
-        uri: &Uri,
-        _config: &ureq::config::Config,
-        _timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        match host_and_port(uri) {
-            Some((host, port)) if host.eq_ignore_ascii_case(&self.host) && port == self.port => {}
-            _ => return Err(ureq::Error::HostNotFound),
-        }
-        let mut out = self.empty();
-        for addr in self.addrs.iter().take(MAX_PINNED_ADDRS) {
-            out.push(*addr);
-        }
-        Ok(out)
     }
 }
 
@@ -306,15 +314,51 @@ mod tests {
             .check("http://127.0.0.1:8080/x", Duration::from_secs(2))
             .unwrap();
         assert_eq!(target.addrs, vec!["127.0.0.1:8080".parse().unwrap()]);
-        let resolver = PinnedResolver::new(&target).unwrap();
-        let config = ureq::config::Config::default();
-        let got = resolver
-            .resolve(&target.uri, &config, NextTimeout::default())
+        let target = policy
+            .check("https://[::1]/x", Duration::from_secs(2))
             .unwrap();
-        assert_eq!(got.to_vec(), target.addrs);
-        let elsewhere: Uri = "http://127.0.0.2:8080/x".parse().unwrap();
-        assert!(resolver
-            .resolve(&elsewhere, &config, NextTimeout::default())
-            .is_err());
+        assert_eq!(target.addrs, vec!["[::1]:443".parse().unwrap()]);
+    }
+
+    #[test]
+    fn invalid_ports_are_invalid_uris() {
+        // Issue 9 W6: `http` parsed these as "no port" and delivered to port 80.
+        let policy = OutboundPolicy::parse("").unwrap();
+        let t = Duration::from_secs(2);
+        for uri in [
+            "http://127.0.0.1:65536/",
+            "http://127.0.0.1:99999/",
+            "http://127.0.0.1:0/",
+            "http://127.0.0.1:-1/",
+            "http://127.0.0.1:8o/",
+        ] {
+            assert_eq!(
+                policy.check(uri, t).unwrap_err(),
+                PolicyError::InvalidUri,
+                "{uri}"
+            );
+        }
+        assert_eq!(
+            policy.check("http://127.0.0.1:65535/", t).unwrap().addrs,
+            vec!["127.0.0.1:65535".parse().unwrap()]
+        );
+    }
+
+    #[tokio::test]
+    async fn async_check_resolves_and_blocks_like_the_blocking_one() {
+        let policy = OutboundPolicy::phorge_default();
+        let t = Duration::from_secs(2);
+        let uri = parse_uri("http://localhost:9/").unwrap();
+        assert!(matches!(
+            policy.check_async(uri, t).await.unwrap_err(),
+            PolicyError::Blocked(_)
+        ));
+        let open = OutboundPolicy::parse("").unwrap();
+        let uri = parse_uri("http://localhost:9/").unwrap();
+        let target = open.check_async(uri, t).await.unwrap();
+        assert!(target
+            .addrs
+            .iter()
+            .all(|a| a.ip().is_loopback() && a.port() == 9));
     }
 }

@@ -23,9 +23,11 @@ const KEY: &str = "abcdefghijklmnopqrstuvwxyz012345";
 /// `errorCode`, in an order that must survive.
 const RICH: &str = r#"{"retry":"never","transactionPHIDs":{"12":"PHID-XACT-TASK-bbbbbbbbbbbbbbb","7":"PHID-XACT-TASK-aaaaaaaaaaaaaaa"},"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":true,"test":true,"custom":{"nested":[1,2.5,"x"]},"errorCode":"old"}"#;
 
+/// `code` is the JSON text of `errorCode`: `200` (an integer, as Phorge writes statuses and
+/// cURL numbers) or `"uri"` (a hook code).
 fn rich_after(error_type: &str, code: &str) -> String {
     format!(
-        r#"{{"retry":"never","transactionPHIDs":{{"12":"PHID-XACT-TASK-bbbbbbbbbbbbbbb","7":"PHID-XACT-TASK-aaaaaaaaaaaaaaa"}},"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":true,"test":true,"custom":{{"nested":[1,2.5,"x"]}},"errorCode":"{code}","errorType":"{error_type}"}}"#
+        r#"{{"retry":"never","transactionPHIDs":{{"12":"PHID-XACT-TASK-bbbbbbbbbbbbbbb","7":"PHID-XACT-TASK-aaaaaaaaaaaaaaa"}},"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":true,"test":true,"custom":{{"nested":[1,2.5,"x"]}},"errorCode":{code},"errorType":"{error_type}"}}"#
     )
 }
 
@@ -37,7 +39,7 @@ fn with_retry(retry: &str) -> String {
 
 fn with_retry_after(retry: &str, error_type: &str, code: &str) -> String {
     format!(
-        r#"{{"retry":"{retry}","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":[],"silent":false,"secure":false,"test":false,"errorType":"{error_type}","errorCode":"{code}"}}"#
+        r#"{{"retry":"{retry}","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":[],"silent":false,"secure":false,"test":false,"errorType":"{error_type}","errorCode":{code}}}"#
     )
 }
 
@@ -213,13 +215,13 @@ async fn timeout_is_error_type_timeout() {
         "failed",
         "fail",
         NOW,
-        &with_retry_after("never", "timeout", "timeout"),
+        &with_retry_after("never", "timeout", "28"),
     );
     case.finish().await;
 }
 
 #[tokio::test]
-async fn connection_refused_is_a_short_stable_code() {
+async fn connection_refused_is_curl_7() {
     let case = Case::new().await;
     let port = common::free_port();
     case.insert_hook(&format!("http://127.0.0.1:{port}/gone"), "enabled")
@@ -232,7 +234,7 @@ async fn connection_refused_is_a_short_stable_code() {
         "queued",
         "fail",
         NOW,
-        &with_retry_after("forever", "http", "connection-refused"),
+        &with_retry_after("forever", "http", "7"),
     );
     case.finish().await;
 }
@@ -259,14 +261,14 @@ async fn disabled_and_missing_hooks_fail_without_a_request() {
         "failed",
         "none",
         0,
-        &rich_after("hook", "disabled"),
+        &rich_after("hook", r#""disabled""#),
     );
     assert_row(
         &case.row(missing).await,
         "failed",
         "none",
         0,
-        &rich_after("hook", "not-found"),
+        &rich_after("hook", r#""not-found""#),
     );
     assert_eq!(receiver.count(), 0);
     assert_eq!(
@@ -328,7 +330,7 @@ async fn blocked_private_address_fails_with_hook_uri() {
         "failed",
         "none",
         0,
-        &rich_after("hook", "uri"),
+        &rich_after("hook", r#""uri""#),
     );
     assert_eq!(
         receiver.count(),
@@ -373,7 +375,7 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
         "failed",
         "fail",
         NOW,
-        &rich_after("http", "blocked-redirect"),
+        &rich_after("hook", r#""uri""#),
     );
     assert_row(
         &case.row(ids[1]).await,
@@ -390,19 +392,40 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
         &rich_after("http", "204"),
     );
     assert_eq!(metrics.policy_blocks.get(), 1);
-    let finals: Vec<(String, usize)> = receiver
+    let finals: Vec<(String, usize, bool)> = receiver
         .requests()
         .iter()
         .filter(|r| r.path == "/final")
-        .map(|r| (r.method.clone(), r.body.len()))
+        .map(|r| {
+            (
+                r.method.clone(),
+                r.body.len(),
+                r.header("content-length").is_some(),
+            )
+        })
         .collect();
     assert_eq!(finals.len(), 2);
-    // 307 re-POSTs the body; 303 continues as GET without one.
+    // As Phorge's cURL call: 307 re-POSTs the body; 303 continues as a POST without a body
+    // (and without Content-Length), keeping Content-Type and the signature.
     assert!(
-        finals.iter().any(|(m, len)| m == "POST" && *len > 0),
+        finals
+            .iter()
+            .any(|(m, len, cl)| m == "POST" && *len > 0 && *cl),
         "{finals:?}"
     );
-    assert!(finals.contains(&("GET".to_string(), 0)), "{finals:?}");
+    assert!(
+        finals.contains(&("POST".to_string(), 0, false)),
+        "{finals:?}"
+    );
+    for request in receiver.requests().iter().filter(|r| r.path == "/final") {
+        assert_eq!(request.header("content-type"), Some("application/json"));
+        assert_eq!(
+            request
+                .header("x-phabricator-webhook-signature")
+                .map(str::len),
+            Some(64)
+        );
+    }
     assert!(receiver
         .requests()
         .iter()
@@ -411,7 +434,7 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
 }
 
 #[tokio::test]
-async fn redirect_loops_stop_after_five_hops() {
+async fn redirect_loops_stop_after_twenty_hops_with_curl_47() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Redirect(308, "/again".into()));
     case.insert_hook(&receiver.url("/start"), "enabled").await;
@@ -423,9 +446,13 @@ async fn redirect_loops_stop_after_five_hops() {
         "failed",
         "fail",
         NOW,
-        &with_retry_after("never", "http", "too-many-redirects"),
+        &with_retry_after("never", "http", "47"),
     );
-    assert_eq!(receiver.count(), 6, "the first request and five redirects");
+    assert_eq!(
+        receiver.count(),
+        21,
+        "the first request and twenty redirects"
+    );
     case.finish().await;
 }
 
@@ -445,5 +472,39 @@ async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
         &with_retry_after("never", "http", "200"),
     );
     assert_eq!(metrics.response_bodies_truncated.get(), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn ports_above_65535_are_a_uri_failure_not_port_80() {
+    // Issue 9 W6: `http` parsed `:65536` as "no port", and the POST went to port 80.
+    let case = Case::new().await;
+    let mut ids = Vec::new();
+    for port in ["65536", "99999"] {
+        let phid = format!("{}-{port}", case.hook);
+        case.db
+            .insert_hook(
+                &phid,
+                &format!("http://127.0.0.1:{port}/hook"),
+                "enabled",
+                KEY,
+            )
+            .await
+            .unwrap();
+        let request = NewRequest::new(&phid, "PHID-TASK-badport000000000").with_properties(RICH);
+        ids.push(case.db.insert_request(&request, T0).await.unwrap());
+    }
+    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
+    dispatcher.run_round().await.unwrap();
+    for id in ids {
+        assert_row(
+            &case.row(id).await,
+            "failed",
+            "none",
+            0,
+            &rich_after("hook", r#""uri""#),
+        );
+    }
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "hook"), 2);
     case.finish().await;
 }

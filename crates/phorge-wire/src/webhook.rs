@@ -221,8 +221,52 @@ impl RequestProperties {
     }
 
     /// The column text with `errorType` / `errorCode` set (see [`rewrite_properties`]).
-    pub fn rewritten(&self, error_type: ErrorType, error_code: &str) -> String {
+    pub fn rewritten(&self, error_type: ErrorType, error_code: impl Into<ErrorCode>) -> String {
         rewrite_properties(&self.original, error_type, error_code)
+    }
+}
+
+/// An `errorCode` value as Phorge's worker writes it: a JSON integer for an HTTP status or
+/// a cURL error number (`$status->getStatusCode()`), a string for the hook errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorCode {
+    Number(u16),
+    Text(String),
+}
+
+impl From<u16> for ErrorCode {
+    fn from(code: u16) -> Self {
+        ErrorCode::Number(code)
+    }
+}
+
+impl From<&str> for ErrorCode {
+    fn from(code: &str) -> Self {
+        ErrorCode::Text(code.to_owned())
+    }
+}
+
+impl From<String> for ErrorCode {
+    fn from(code: String) -> Self {
+        ErrorCode::Text(code)
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ErrorCode::Number(code) => write!(f, "{code}"),
+            ErrorCode::Text(code) => f.write_str(code),
+        }
+    }
+}
+
+impl From<ErrorCode> for Value {
+    fn from(code: ErrorCode) -> Self {
+        match code {
+            ErrorCode::Number(code) => Value::from(code),
+            ErrorCode::Text(code) => Value::from(code),
+        }
     }
 }
 
@@ -232,14 +276,14 @@ impl RequestProperties {
 pub fn rewrite_properties(
     original: &Map<String, Value>,
     error_type: ErrorType,
-    error_code: &str,
+    error_code: impl Into<ErrorCode>,
 ) -> String {
     let mut properties = original.clone();
     properties.insert(
         keys::ERROR_TYPE.to_owned(),
         Value::from(error_type.as_str()),
     );
-    properties.insert(keys::ERROR_CODE.to_owned(), Value::from(error_code));
+    properties.insert(keys::ERROR_CODE.to_owned(), Value::from(error_code.into()));
     phutil_json::encode_compact(&Value::Object(properties))
 }
 
@@ -378,9 +422,15 @@ mod tests {
         let text = r#"{"zeta":{"n":1.50},"retry":"never","errorCode":"old","transactionPHIDs":{"2":"PHID-XACT-A"},"unknown/key":"é","test":false}"#;
         let props = RequestProperties::parse(text).unwrap();
         assert_eq!(
-            props.rewritten(ErrorType::Http, "200"),
-            r#"{"zeta":{"n":1.50},"retry":"never","errorCode":"200","transactionPHIDs":{"2":"PHID-XACT-A"},"unknown/key":"\u00e9","test":false,"errorType":"http"}"#
+            props.rewritten(ErrorType::Http, 200),
+            r#"{"zeta":{"n":1.50},"retry":"never","errorCode":200,"transactionPHIDs":{"2":"PHID-XACT-A"},"unknown/key":"\u00e9","test":false,"errorType":"http"}"#
         );
+        // Phorge writes the HTTP status and cURL numbers as integers, hook codes as strings.
+        assert_eq!(
+            props.rewritten(ErrorType::Hook, "uri"),
+            r#"{"zeta":{"n":1.50},"retry":"never","errorCode":"uri","transactionPHIDs":{"2":"PHID-XACT-A"},"unknown/key":"\u00e9","test":false,"errorType":"hook"}"#
+        );
+        assert_eq!(ErrorCode::from(7).to_string(), "7");
     }
 
     #[test]

@@ -216,18 +216,12 @@ impl Dispatcher {
         let signature = sign(hook.hmac_key.as_bytes(), &body);
         let result = match target {
             Ok(target) => {
-                let deliverer = self.deliverer.clone();
                 let started = std::time::Instant::now();
-                let joined = tokio::task::spawn_blocking(move || {
-                    deliverer.deliver(target, &body, &signature)
-                })
-                .await;
+                let result = self.deliverer.deliver(target, &body, &signature).await;
                 self.metrics
                     .attempt_seconds
                     .observe(started.elapsed().as_secs_f64());
-                // A panic inside the client is a transport failure of this attempt, not of
-                // the process.
-                joined.unwrap_or(Err(DeliveryError::Connection))
+                result
             }
             Err(err) => Err(err),
         };
@@ -244,7 +238,7 @@ impl Dispatcher {
             } else {
                 warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
-                    "status" => decision.row.status.as_str());
+                    "reason" => decision.reason, "status" => decision.row.status.as_str());
             }
         }
         Ok(RowEnd::Done)

@@ -1,0 +1,271 @@
+//! The HTTP/1.1 client webhook POSTs go through: hyper with title-cased header names
+//! (`X-Phabricator-Webhook-Signature`, as Phorge's cURL sends it) over hyper-util's pooled
+//! legacy client, and a connector that dials only addresses the outbound policy checked.
+//!
+//! The legacy client pools connections by the request URI's (scheme, authority). Requests
+//! are therefore addressed to `scheme://<hex(host)>@<checked address>:<port>/…` (the real
+//! `Host` header is set explicitly), which makes the pool key (scheme, host, port, pinned
+//! address): a connection made for one host or address is never reused for another, and
+//! the connector re-checks every address against the policy before it dials, so neither a
+//! pooled connection nor a second lookup can get past it (webhook.md §9).
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::policy::OutboundPolicy;
+use crate::tls::{self, ExtraRoots, TlsFailure};
+
+/// Idle keep-alive connections kept per (scheme, host, port, address). One delivery per
+/// hook runs at a time, but many hooks may point at one receiver.
+pub const POOL_MAX_IDLE_PER_KEY: usize = 16;
+
+/// How long an idle connection is kept. Below common server keep-alive timeouts (Apache's
+/// default is 5 s), so a reused connection is rarely one the server is just closing.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// How the client is built.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// CAs trusted on top of the bundled Mozilla roots and the system store.
+    pub extra_roots: ExtraRoots,
+    /// Keep connections alive between deliveries (off: one connection per request, as
+    /// Phorge's worker does).
+    pub keep_alive: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            extra_roots: ExtraRoots::default(),
+            keep_alive: true,
+        }
+    }
+}
+
+/// Connections made, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub struct ConnectCounts {
+    pub tcp: AtomicU64,
+    pub tls: AtomicU64,
+}
+
+pub type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// Builds the pooled client.
+pub fn build(
+    policy: Arc<OutboundPolicy>,
+    options: &ClientOptions,
+) -> (HttpClient, Arc<ConnectCounts>) {
+    let counts = Arc::new(ConnectCounts::default());
+    let connector = Connector {
+        policy,
+        tls: TlsConnector::from(tls::client_config(&options.extra_roots)),
+        counts: counts.clone(),
+    };
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .http1_title_case_headers(true)
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(if options.keep_alive {
+            POOL_MAX_IDLE_PER_KEY
+        } else {
+            0
+        })
+        // `Host` is always set by the caller; the URI's authority is the pool key.
+        .set_host(false);
+    (builder.build(connector), counts)
+}
+
+/// The URI a request is sent to: see the module comment. `path_and_query` starts with `/`.
+pub fn pool_uri(https: bool, host: &str, addr: SocketAddr, path_and_query: &str) -> Option<Uri> {
+    let scheme = if https { "https" } else { "http" };
+    let mut key = String::with_capacity(host.len() * 2);
+    for byte in host.bytes() {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    format!("{scheme}://{key}@{addr}{path_and_query}")
+        .parse()
+        .ok()
+}
+
+/// (https, host, address) from a [`pool_uri`].
+fn parse_pool_uri(uri: &Uri) -> Option<(bool, String, SocketAddr)> {
+    let https = match uri.scheme_str()? {
+        "https" => true,
+        "http" => false,
+        _ => return None,
+    };
+    let (key, addr) = uri.authority()?.as_str().rsplit_once('@')?;
+    if key.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..key.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(key.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((https, String::from_utf8(bytes).ok()?, addr.parse().ok()?))
+}
+
+/// Why no connection was made.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The address is in the outbound blacklist (never dialled).
+    Blocked(IpAddr),
+    /// The URI was not one of ours.
+    BadTarget,
+    Tcp(io::Error),
+    Tls(TlsFailure, String),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Blocked(ip) => write!(f, "address {ip} is in the outbound blacklist"),
+            ConnectError::BadTarget => f.write_str("not a checked target"),
+            ConnectError::Tcp(err) => write!(f, "connect: {err}"),
+            ConnectError::Tls(failure, detail) => write!(f, "{}: {detail}", failure.reason()),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// Dials checked addresses, plain or TLS.
+#[derive(Clone)]
+pub struct Connector {
+    policy: Arc<OutboundPolicy>,
+    tls: TlsConnector,
+    counts: Arc<ConnectCounts>,
+}
+
+impl Connector {
+    async fn connect(self, dst: Uri) -> Result<TokioIo<Stream>, ConnectError> {
+        let (https, host, addr) = parse_pool_uri(&dst).ok_or(ConnectError::BadTarget)?;
+        if self.policy.is_blocked(addr.ip()) {
+            return Err(ConnectError::Blocked(addr.ip()));
+        }
+        let tcp = TcpStream::connect(addr).await.map_err(ConnectError::Tcp)?;
+        self.counts.tcp.fetch_add(1, Ordering::Relaxed);
+        // Small request, small response: do not wait for Nagle.
+        let _ = tcp.set_nodelay(true);
+        if !https {
+            return Ok(TokioIo::new(Stream::Plain(tcp)));
+        }
+        let name = ServerName::try_from(host.clone())
+            .map_err(|_| ConnectError::Tls(TlsFailure::WrongHost, format!("host {host}")))?;
+        self.counts.tls.fetch_add(1, Ordering::Relaxed);
+        match self.tls.connect(name, tcp).await {
+            Ok(tls) => Ok(TokioIo::new(Stream::Tls(Box::new(tls)))),
+            Err(err) => {
+                let failure = TlsFailure::from_io(&err).unwrap_or(TlsFailure::Handshake);
+                Err(ConnectError::Tls(failure, format!("host {host}: {err}")))
+            }
+        }
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        Box::pin(self.clone().connect(dst))
+    }
+}
+
+/// A receiver connection.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_uris_carry_host_and_address() {
+        let addr: SocketAddr = "[2001:db8::1]:8443".parse().unwrap();
+        let uri = pool_uri(true, "hooks.example.com", addr, "/a/b?c=d").unwrap();
+        assert_eq!(uri.path_and_query().unwrap().as_str(), "/a/b?c=d");
+        assert_eq!(
+            parse_pool_uri(&uri).unwrap(),
+            (true, "hooks.example.com".to_string(), addr)
+        );
+        // Different hosts on one address are different pool keys.
+        let other = pool_uri(true, "other.example.com", addr, "/").unwrap();
+        assert_ne!(uri.authority(), other.authority());
+        assert!(parse_pool_uri(&"http://127.0.0.1:80/".parse().unwrap()).is_none());
+    }
+}
