@@ -189,7 +189,11 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         poll_loop_up,
         log.clone(),
     ));
-    tokio::spawn(sample_loop(Arc::clone(&dispatcher), db_up, shutdown.clone()));
+    tokio::spawn(sample_loop(
+        Arc::clone(&dispatcher),
+        db_up,
+        shutdown.clone(),
+    ));
 
     let drain_log = log.clone();
     let drain = Box::new(move || {

@@ -12,7 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{
-    HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, LOCATION, USER_AGENT,
+    HeaderName, HeaderValue, ACCEPT, ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST, LOCATION,
+    USER_AGENT,
 };
 use hyper::{Method, Request};
 use phorge_wire::webhook;
@@ -371,7 +372,10 @@ impl Deliverer {
             .header(
                 HeaderName::from_static(SIGNATURE_HEADER_LOWER),
                 signature.clone(),
-            );
+            )
+            // cURL (Phorge's client) offers gzip; sent for parity only, since the answer's
+            // body is read and dropped, never decoded.
+            .header(ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
         if with_body {
             builder = builder.header(CONTENT_LENGTH, body.len());
         }
