@@ -9,9 +9,11 @@ mod app;
 mod client;
 mod config;
 mod drain;
+mod fanout;
 mod metrics;
 mod peers;
 mod session;
+mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::app::{App, ConnectionLimits};
 use crate::config::{Config, ServerKind, DEFAULT_HEALTH_PORT};
+use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
@@ -90,8 +93,15 @@ async fn serve(config: Config, log: &slog::Logger) -> i32 {
         log.new(o!("component" => "peers")),
     );
     let probes = Probes::new(registry, Probes::always_ready());
+    let hub = Arc::new(Hub::new(config.hub.clone(), MonotonicClock::new()));
+    let fanout = Fanout::start(
+        hub.clone(),
+        metrics.clone(),
+        log.new(o!("component" => "fanout")),
+    );
     let app = Arc::new(App {
-        hub: Arc::new(Hub::new(config.hub.clone(), MonotonicClock::new())),
+        hub,
+        fanout,
         fingerprint: fingerprint.clone(),
         metrics,
         probes: probes.clone(),

@@ -168,6 +168,8 @@ struct State {
     sockets: HashMap<SocketId, Socket>,
     history: History,
     next_id: SocketId,
+    /// Sequence number of the last published message.
+    published: u64,
 }
 
 /// The notification hub. Share it as `Arc<Hub>`.
@@ -198,6 +200,7 @@ impl Hub {
                 sockets: HashMap::new(),
                 history,
                 next_id: 1,
+                published: 0,
             }),
             limits,
             clock,
@@ -210,7 +213,8 @@ impl Hub {
         &self.limits
     }
 
-    fn caps(&self) -> QueueCaps {
+    /// The bounds of every socket's outbound queue.
+    pub fn caps(&self) -> QueueCaps {
         QueueCaps {
             frames: self.limits.queue_frames,
             bytes: self.limits.queue_bytes,
@@ -354,13 +358,21 @@ impl Hub {
         }
     }
 
-    /// Stores a message in history and queues it (the same bytes) to every socket of
-    /// `instance` subscribed to any of `subscribers`. Never waits on a socket.
+    /// Counts one message in `messages.in` (every POST that parsed, duplicates included, as
+    /// Aphlict counts). The admin port counts when it accepts, before the fan-out runs.
+    pub fn count_message_in(&self) {
+        self.messages_in.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stores `frame` (an encoded message) in history and delivers the same bytes to every
+    /// socket of `instance` subscribed to any of `subscribers`. The lock is held only to
+    /// append and to list the targets; delivery happens after it, and never waits on a
+    /// socket (an idle socket is written at once, a busy one queues, a full one closes).
     pub fn publish(
         &self,
         instance: &str,
         subscribers: &[String],
-        body: Bytes,
+        frame: Bytes,
     ) -> Result<PublishOutcome, InstanceNameTooLong> {
         if !self.instance_name_ok(instance) {
             return Err(InstanceNameTooLong);
@@ -368,60 +380,49 @@ impl Hub {
         let caps = self.caps();
         let now = self.clock.now_ms();
         let mut outcome = PublishOutcome::default();
-        let mut state = self.lock();
-        self.messages_in.fetch_add(1, Ordering::Relaxed);
-        let State {
-            instances, history, ..
-        } = &mut *state;
-        let instance_entry = instances.get_key_value(instance);
-        let history_instance = match instance_entry {
-            Some((key, _)) => key.clone(),
-            None => Arc::from(instance),
+        let (seq, targets) = {
+            let mut state = self.lock();
+            state.published += 1;
+            let seq = state.published;
+            let State {
+                instances, history, ..
+            } = &mut *state;
+            let instance_entry = instances.get_key_value(instance);
+            let history_instance = match instance_entry {
+                Some((key, _)) => key.clone(),
+                None => Arc::from(instance),
+            };
+            let targets = instance_entry.map_or_else(Vec::new, |(_, target)| {
+                targets(&target.by_phid, subscribers)
+            });
+            history.append(
+                Entry {
+                    instance: history_instance,
+                    at_ms: now,
+                    subscribers: subscribers.iter().map(|s| Box::from(s.as_str())).collect(),
+                    body: frame.clone(),
+                },
+                now,
+            );
+            (outcome.history_entries, outcome.history_bytes) = history.totals();
+            (seq, targets)
         };
-        if let Some((_, target)) = instance_entry {
-            let mut deliver = |outbound: &Outbound| match outbound.push(body.clone(), caps) {
-                Push::Queued => outcome.queued += 1,
+        for outbound in &targets {
+            // Counted before the write so `messages.out` never lags a frame a client holds.
+            self.messages_out.fetch_add(1, Ordering::Relaxed);
+            match outbound.push(frame.clone(), seq, caps) {
+                Push::Written | Push::Queued => {
+                    outcome.queued += 1;
+                    continue;
+                }
                 Push::Overflowed { dropped } => {
                     outcome.slow_consumers += 1;
                     outcome.dropped_frames += dropped;
                 }
-                Push::Closing => {}
-            };
-            if let [only] = subscribers {
-                for outbound in target
-                    .by_phid
-                    .get(only.as_str())
-                    .into_iter()
-                    .flat_map(|s| s.values())
-                {
-                    deliver(outbound);
-                }
-            } else {
-                let mut seen = HashSet::new();
-                for sockets in subscribers
-                    .iter()
-                    .filter_map(|p| target.by_phid.get(p.as_str()))
-                {
-                    for (id, outbound) in sockets {
-                        if seen.insert(*id) {
-                            deliver(outbound);
-                        }
-                    }
-                }
+                Push::Closing | Push::Replayed => {}
             }
+            self.messages_out.fetch_sub(1, Ordering::Relaxed);
         }
-        history.append(
-            Entry {
-                instance: history_instance,
-                at_ms: now,
-                subscribers: subscribers.iter().map(|s| Box::from(s.as_str())).collect(),
-                body,
-            },
-            now,
-        );
-        (outcome.history_entries, outcome.history_bytes) = history.totals();
-        self.messages_out
-            .fetch_add(outcome.queued as u64, Ordering::Relaxed);
         Ok(outcome)
     }
 
@@ -432,12 +433,15 @@ impl Hub {
         let now = self.clock.now_ms();
         let mut outcome = ReplayOutcome::default();
         let mut state = self.lock();
+        let published = state.published;
         let State {
             sockets, history, ..
         } = &mut *state;
         let Some(socket) = sockets.get(&handle.id) else {
             return outcome;
         };
+        // Live frames published so far are covered here; any still being delivered skip it.
+        socket.outbound.mark_replayed(published);
         let matching: Vec<Bytes> = history
             .since(&socket.instance, now.saturating_sub(age_ms), now)
             .filter(|e| {
@@ -504,6 +508,28 @@ impl Hub {
     }
 }
 
+/// The queues of the sockets subscribed to any of `subscribers`, each once.
+fn targets(
+    by_phid: &HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
+    subscribers: &[String],
+) -> Vec<Arc<Outbound>> {
+    if let [only] = subscribers {
+        return by_phid
+            .get(only.as_str())
+            .map_or_else(Vec::new, |s| s.values().cloned().collect());
+    }
+    let mut seen = HashSet::new();
+    let mut targets = Vec::new();
+    for sockets in subscribers.iter().filter_map(|p| by_phid.get(p.as_str())) {
+        for (id, outbound) in sockets {
+            if seen.insert(*id) {
+                targets.push(outbound.clone());
+            }
+        }
+    }
+    targets
+}
+
 fn remove_from_index(
     by_phid: &mut HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
     phid: &str,
@@ -537,7 +563,7 @@ mod tests {
     }
 
     fn frames(handle: &SocketHandle) -> Vec<Bytes> {
-        handle.outbound().take().frames.into_iter().collect()
+        handle.outbound().take_frames()
     }
 
     fn publish(
@@ -653,6 +679,10 @@ mod tests {
         publish(&hub, "a", &["P"], "1");
         publish(&hub, "b", &["P"], "2");
         publish(&hub, "b", &["nobody"], "3");
+        // The admin port counts what it accepts; publish itself does not.
+        for _ in 0..3 {
+            hub.count_message_in();
+        }
         hub.replay(&a, 60_000);
         let sa = hub.status("a");
         assert_eq!(sa.messages_in, 3);
@@ -759,9 +789,11 @@ mod tests {
             assert!(!frames(&fast).is_empty());
         }
         assert_eq!((slow_consumers, dropped), (1, 3));
-        let batch = slow.outbound().take();
-        assert!(batch.frames.is_empty());
-        assert_eq!(batch.close, Some(CloseReason::SlowConsumer));
+        assert!(slow.outbound().take_frames().is_empty());
+        assert_eq!(
+            slow.outbound().close_reason(),
+            Some(CloseReason::SlowConsumer)
+        );
     }
 
     #[test]

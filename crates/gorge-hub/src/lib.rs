@@ -16,4 +16,4 @@ pub use hub::{
     ConnectError, Hub, HubStatus, InstanceNameTooLong, Limits, PublishOutcome, ReplayOutcome,
     SocketHandle, SocketId, SubscribeOutcome,
 };
-pub use outbound::{Batch, CloseReason, Outbound};
+pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink};

@@ -1,0 +1,95 @@
+//! The fan-out worker: the admin port hands it each accepted message and answers PHP at once;
+//! this thread stores the message and delivers it to every subscribed socket.
+//!
+//! Phorge's PHP posts synchronously inside the request of the user who acted, so nothing on
+//! the admin path may scale with the number or slowness of subscribers. One thread keeps
+//! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
+//! and a full hand-off refuses the POST (503) and counts it rather than grow.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use gorge_hub::Hub;
+use slog::{debug, Logger};
+
+use crate::metrics::Metrics;
+
+/// Messages waiting for the fan-out thread, at most.
+pub const HANDOFF_MESSAGES: usize = 4096;
+
+/// Bytes of messages waiting for the fan-out thread, at most.
+pub const HANDOFF_BYTES: usize = 64 << 20;
+
+/// One accepted message.
+pub struct Job {
+    pub instance: String,
+    pub subscribers: Vec<String>,
+    /// The encoded WebSocket frame.
+    pub frame: Bytes,
+    pub accepted_at: Instant,
+}
+
+/// The admin side of the hand-off.
+pub struct Fanout {
+    tx: SyncSender<Job>,
+    waiting_bytes: Arc<AtomicUsize>,
+}
+
+/// The hand-off is full.
+#[derive(Debug)]
+pub struct Full;
+
+impl Fanout {
+    /// Starts the fan-out thread.
+    pub fn start(hub: Arc<Hub>, metrics: Metrics, log: Logger) -> Fanout {
+        let (tx, rx) = sync_channel::<Job>(HANDOFF_MESSAGES);
+        let waiting_bytes = Arc::new(AtomicUsize::new(0));
+        let waiting = waiting_bytes.clone();
+        std::thread::Builder::new()
+            .name("fanout".into())
+            .spawn(move || {
+                for job in rx {
+                    waiting.fetch_sub(job.frame.len(), Ordering::Relaxed);
+                    deliver(&hub, &metrics, &log, job);
+                }
+            })
+            .expect("spawn the fan-out thread");
+        Fanout { tx, waiting_bytes }
+    }
+
+    /// Hands a message over without waiting.
+    pub fn submit(&self, job: Job) -> Result<(), Full> {
+        let len = job.frame.len();
+        if self.waiting_bytes.fetch_add(len, Ordering::Relaxed) + len > HANDOFF_BYTES {
+            self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(Full);
+        }
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
+                Err(Full)
+            }
+        }
+    }
+}
+
+fn deliver(hub: &Hub, m: &Metrics, log: &Logger, job: Job) {
+    // The admin port checked the instance name already.
+    let Ok(outcome) = hub.publish(&job.instance, &job.subscribers, job.frame) else {
+        return;
+    };
+    m.fanout_seconds
+        .observe(job.accepted_at.elapsed().as_secs_f64());
+    m.messages_out.inc_by(outcome.queued as u64);
+    m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
+    m.slow_consumer_disconnects
+        .inc_by(outcome.slow_consumers as u64);
+    m.set_history(outcome.history_entries, outcome.history_bytes);
+    debug!(log, "NOTIFY_MESSAGE_DELIVERED";
+        "instance" => &job.instance, "subscribers" => job.subscribers.len(),
+        "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers);
+}
