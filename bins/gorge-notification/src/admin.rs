@@ -54,6 +54,8 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
         "/" if request.method() == Method::POST => post_message(&app, request).await,
         "/" => method_not_allowed("POST"),
         "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
+            // Counters include every message whose POST was answered before this request.
+            app.fanout.settled().await;
             status(&app, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),

@@ -5,15 +5,20 @@
 //! the admin path may scale with the number or slowness of subscribers. One thread keeps
 //! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
 //! and a full hand-off refuses the POST (503) and counts it rather than grow.
+//!
+//! A client cannot tell the hand-off from a synchronous publish: a `ping` or `replay`, and
+//! a status read, first wait until every message accepted before them has been delivered
+//! ([`Fanout::settled`]), so a `pong` still proves every earlier POST's frame went first.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
 use gorge_hub::Hub;
 use slog::{debug, Logger};
+use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 
@@ -34,7 +39,12 @@ pub struct Job {
 
 /// The admin side of the hand-off.
 pub struct Fanout {
-    tx: SyncSender<Job>,
+    /// Sending and counting happen together, so `accepted` is the number of the last job
+    /// in the channel.
+    tx: Mutex<SyncSender<Job>>,
+    accepted: AtomicU64,
+    /// How many jobs the thread has finished.
+    delivered: watch::Sender<u64>,
     waiting_bytes: Arc<AtomicUsize>,
 }
 
@@ -48,16 +58,33 @@ impl Fanout {
         let (tx, rx) = sync_channel::<Job>(HANDOFF_MESSAGES);
         let waiting_bytes = Arc::new(AtomicUsize::new(0));
         let waiting = waiting_bytes.clone();
+        let delivered = watch::Sender::new(0);
+        let done = delivered.clone();
         std::thread::Builder::new()
             .name("fanout".into())
             .spawn(move || {
                 for job in rx {
                     waiting.fetch_sub(job.frame.len(), Ordering::Relaxed);
                     deliver(&hub, &metrics, &log, job);
+                    done.send_modify(|n| *n += 1);
                 }
             })
             .expect("spawn the fan-out thread");
-        Fanout { tx, waiting_bytes }
+        Fanout {
+            tx: Mutex::new(tx),
+            accepted: AtomicU64::new(0),
+            delivered,
+            waiting_bytes,
+        }
+    }
+
+    /// Completes once every message accepted so far has been delivered.
+    pub async fn settled(&self) {
+        let target = self.accepted.load(Ordering::Acquire);
+        if *self.delivered.borrow() >= target {
+            return;
+        }
+        let _ = self.delivered.subscribe().wait_for(|n| *n >= target).await;
     }
 
     /// Hands a message over without waiting.
@@ -67,8 +94,12 @@ impl Fanout {
             self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(Full);
         }
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
+        let tx = self.tx.lock().expect("fan-out lock poisoned");
+        match tx.try_send(job) {
+            Ok(()) => {
+                self.accepted.fetch_add(1, Ordering::Release);
+                Ok(())
+            }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
                 Err(Full)

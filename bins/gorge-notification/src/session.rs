@@ -29,6 +29,11 @@ use crate::wire::{self, Inbound, Violation};
 /// How long a closing socket may take to take its last frames and answer our close.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
+/// The kernel's send buffer per socket (Linux doubles it). Left to autotuning it grows to
+/// megabytes: a backlog there is outside the queue's bound, and a ping behind it could not
+/// be answered within the idle timeout by a slow but live client.
+const SEND_BUFFER_BYTES: usize = 128 * 1024;
+
 /// Bytes read from the socket at a time (on the stack; an idle socket keeps no buffer).
 const READ_CHUNK: usize = 4096;
 
@@ -133,7 +138,9 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
             return;
         }
     };
-    let stream = Arc::new(Stream(parts.io.into_inner()));
+    let tcp = parts.io.into_inner();
+    let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
+    let stream = Arc::new(Stream(tcp));
     let outbound = registration.handle.outbound().clone();
     outbound.attach(stream.clone());
     let mut reader = wire::Reader::new(parts.read_buf, app.limits.max_frame_bytes);
@@ -221,15 +228,28 @@ fn read_some(stream: &Stream, reader: &mut wire::Reader) -> io::Result<usize> {
     Ok(n)
 }
 
-/// Writes until the queue is empty or the socket is full; returns whether it is full.
-fn write_some(outbound: &Outbound) -> Result<bool, ()> {
+/// What one round of writing found.
+struct Written {
+    /// The socket is full: wait until it is writable.
+    blocked: bool,
+    /// The client took bytes (a dead peer stops acknowledging, and its buffers fill).
+    progress: bool,
+}
+
+/// Writes until the queue is empty or the socket is full.
+fn write_some(outbound: &Outbound) -> Result<Written, ()> {
+    let mut progress = false;
     loop {
-        match outbound.flush() {
-            Flush::Empty | Flush::Busy | Flush::Detached => return Ok(false),
-            Flush::More => {}
-            Flush::WouldBlock => return Ok(true),
+        let blocked = match outbound.flush() {
+            Flush::Empty | Flush::Busy | Flush::Detached => false,
+            Flush::More => {
+                progress = true;
+                continue;
+            }
+            Flush::WouldBlock => true,
             Flush::Failed => return Err(()),
-        }
+        };
+        return Ok(Written { blocked, progress });
     }
 }
 
@@ -243,15 +263,26 @@ async fn serve(
     let limits = &app.limits;
     let mut last_heard = Instant::now();
     let mut next_ping = last_heard + limits.ping_interval;
+    // Whether the socket's buffers were full (and the queue not empty) since it last took
+    // everything.
+    let mut backlogged = false;
     let timer = tokio::time::sleep_until(next_ping);
     tokio::pin!(timer);
     loop {
         if let Some(reason) = outbound.close_reason() {
             return End::Hub(reason);
         }
-        let Ok(blocked) = write_some(outbound) else {
+        let Ok(Written { blocked, progress }) = write_some(outbound) else {
             return End::Gone;
         };
+        if progress && backlogged {
+            // A backlogged client that still takes bytes is alive, even when the backlog in
+            // the kernel's buffers delays its answer to our ping past the idle timeout. (A
+            // socket with no backlog is judged by its answers alone: its kernel may ack for
+            // an application that is gone.)
+            last_heard = Instant::now();
+        }
+        backlogged = blocked || (backlogged && progress);
         tokio::select! {
             biased;
             () = outbound.closing() => {}
@@ -276,7 +307,7 @@ async fn serve(
                         Ok(None) => break,
                         Ok(Some(inbound)) => {
                             last_heard = Instant::now();
-                            if let Some(end) = inbound_frame(app, handle, inbound) {
+                            if let Some(end) = inbound_frame(app, handle, inbound).await {
                                 return end;
                             }
                         }
@@ -290,7 +321,7 @@ async fn serve(
                     return End::Idle;
                 }
                 if now >= next_ping {
-                    control(app, outbound, wire::PING.clone());
+                    urgent(app, outbound, wire::PING.clone());
                     next_ping = now + limits.ping_interval;
                 }
             }
@@ -302,15 +333,20 @@ async fn serve(
 }
 
 /// Handles one client frame; returns how the session ends, if it does.
-fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
+async fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
     match inbound {
         Inbound::Text(text) => {
-            if command(app, handle, &text) {
+            let command = aphlict::parse_client_command(&text);
+            if matches!(command, ClientCommand::Ping | ClientCommand::Replay { .. }) {
+                // Messages whose POST was answered before this command come first.
+                app.fanout.settled().await;
+            }
+            if apply(app, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
                 control(app, handle.outbound(), wire::APHLICT_PONG.clone());
             }
         }
-        Inbound::Ping(payload) => control(app, handle.outbound(), wire::pong(&payload)),
+        Inbound::Ping(payload) => urgent(app, handle.outbound(), wire::pong(&payload)),
         Inbound::Close(payload) => return Some(End::ClientClosed(payload)),
         // Pongs only prove liveness; binary frames mean nothing to Aphlict.
         Inbound::Pong | Inbound::Binary => {}
@@ -318,18 +354,29 @@ fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<E
     None
 }
 
-/// Queues a frame of our own; over the queue's bound the socket becomes a slow consumer.
+/// Queues a frame of our own behind everything queued; over the queue's bound the socket
+/// becomes a slow consumer.
 fn control(app: &App, outbound: &Outbound, frame: Bytes) {
-    if let Push::Overflowed { dropped } = outbound.push_control(frame, app.hub.caps()) {
+    counted(app, outbound.push_control(frame, app.hub.caps()));
+}
+
+/// Queues a control frame ahead of the backlog (a ping must be answerable however much
+/// is queued), within the same bound.
+fn urgent(app: &App, outbound: &Outbound, frame: Bytes) {
+    counted(app, outbound.push_urgent(frame, app.hub.caps()));
+}
+
+fn counted(app: &App, push: Push) {
+    if let Push::Overflowed { dropped } = push {
         app.metrics.slow_consumer_disconnects.inc();
         app.metrics.queue_dropped_frames.inc_by(dropped as u64);
     }
 }
 
 /// Applies one client command; returns whether it was a `ping` that needs a `pong`.
-fn command(app: &App, handle: &SocketHandle, text: &str) -> bool {
+fn apply(app: &App, handle: &SocketHandle, command: ClientCommand) -> bool {
     let m = &app.metrics;
-    match aphlict::parse_client_command(text) {
+    match command {
         ClientCommand::Subscribe(phids) => {
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);

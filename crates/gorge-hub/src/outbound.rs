@@ -58,9 +58,9 @@ pub enum Push {
 /// What one [`Outbound::flush`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flush {
-    /// Nothing (left) to write.
+    /// Nothing to write.
     Empty,
-    /// Some bytes went out and more are queued: call again.
+    /// Some bytes went out: call again.
     More,
     /// The socket takes nothing now: wait until it is writable, then call again.
     WouldBlock,
@@ -93,6 +93,8 @@ struct QueueState {
     close: Option<CloseReason>,
     /// Someone is writing to the socket right now (outside the lock).
     writing: bool,
+    /// How many front frames that writer holds: they stay where they are until it is done.
+    in_flight: usize,
     sink: Option<Arc<dyn Sink>>,
     /// The session ended: nothing is queued or written any more.
     detached: bool,
@@ -108,28 +110,32 @@ impl QueueState {
         self.close.is_some() || self.detached || self.sealed
     }
 
-    /// Drops every queued frame except a partly written front one.
+    /// Frames at the front that must stay first: a started one, and those being written.
+    fn pinned(&self) -> usize {
+        self.in_flight
+            .max(usize::from(self.front_started))
+            .min(self.frames.len())
+    }
+
+    /// Drops every queued frame except the pinned ones.
     fn drop_unstarted(&mut self) -> usize {
-        let keep = if self.front_started {
-            self.frames.pop_front()
-        } else {
-            None
-        };
-        let dropped = self.frames.len();
-        self.frames.clear();
-        self.bytes = 0;
-        if let Some(front) = keep {
-            self.bytes = front.len();
-            self.frames.push_back(front);
+        let keep = self.pinned();
+        let dropped = self.frames.len() - keep;
+        self.frames.truncate(keep);
+        if self.frames.is_empty() {
+            self.frames = VecDeque::new();
         }
+        self.bytes = self.frames.iter().map(Bytes::len).sum();
         dropped
     }
 
     /// Removes `written` bytes from the front.
     fn consume(&mut self, mut written: usize) {
-        self.bytes -= written;
+        self.bytes = self.bytes.saturating_sub(written);
         while written > 0 {
-            let front = self.frames.front_mut().expect("wrote more than was queued");
+            let Some(front) = self.frames.front_mut() else {
+                break;
+            };
             if written >= front.len() {
                 written -= front.len();
                 self.frames.pop_front();
@@ -255,6 +261,25 @@ impl Outbound {
         self.enqueue(state, frame, caps)
     }
 
+    /// Queues a control frame (a ping, a pong to a client's ping) ahead of every frame not
+    /// yet started, within the same bounds: a ping that waited behind a long backlog could
+    /// not be answered in time, and a live but slow client would look dead.
+    pub fn push_urgent(&self, frame: Bytes, caps: QueueCaps) -> Push {
+        let mut state = self.lock();
+        if state.refuses() {
+            return Push::Closing;
+        }
+        if state.frames.len() + 1 > caps.frames || state.bytes + frame.len() > caps.bytes {
+            return self.enqueue(state, frame, caps);
+        }
+        let at = state.pinned();
+        state.bytes += frame.len();
+        state.frames.insert(at, frame);
+        drop(state);
+        self.ready.notify_one();
+        Push::Queued
+    }
+
     /// Queues the final (close) frame: ignores bounds and the close request; nothing is
     /// queued after it.
     pub fn push_final(&self, frame: Bytes) {
@@ -358,21 +383,19 @@ impl Outbound {
                 *slot = frame.clone();
                 count += 1;
             }
+            state.in_flight = count;
             (sink, count)
         };
         let slices: [IoSlice<'_>; WRITE_BATCH] = std::array::from_fn(|i| IoSlice::new(&held[i]));
         let result = sink.try_write_vectored(&slices[..count]);
         let mut state = self.lock();
         state.writing = false;
+        state.in_flight = 0;
         match result {
             Ok(0) => Flush::Failed,
             Ok(written) => {
                 state.consume(written);
-                if state.frames.is_empty() {
-                    Flush::Empty
-                } else {
-                    Flush::More
-                }
+                Flush::More
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Flush::WouldBlock,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Flush::More,
@@ -465,6 +488,7 @@ mod tests {
         assert_eq!(q.push(Bytes::from_static(b"de"), 2, CAPS), Push::Queued);
         assert_eq!(q.flush(), Flush::WouldBlock);
         *socket.room.lock().unwrap() = 100;
+        assert_eq!(q.flush(), Flush::More);
         assert_eq!(q.flush(), Flush::Empty);
         assert_eq!(&*socket.got.lock().unwrap(), b"abcde");
     }
@@ -507,6 +531,25 @@ mod tests {
             Push::Overflowed { dropped: 4 }
         );
         assert_eq!(q.close_reason(), Some(CloseReason::SlowConsumer));
+    }
+
+    #[test]
+    fn urgent_frames_go_ahead_of_unstarted_ones_only() {
+        let (q, socket) = attached(1);
+        q.push(Bytes::from_static(b"ab"), 1, CAPS);
+        q.push(Bytes::from_static(b"cd"), 2, CAPS);
+        assert_eq!(q.push_urgent(Bytes::from_static(b"P"), CAPS), Push::Queued);
+        *socket.room.lock().unwrap() = 100;
+        assert_eq!(q.flush(), Flush::More);
+        assert_eq!(q.flush(), Flush::Empty);
+        assert_eq!(&*socket.got.lock().unwrap(), b"abPcd");
+        let q = Outbound::default();
+        q.push(Bytes::from_static(b"ab"), 1, CAPS);
+        q.push_urgent(Bytes::from_static(b"P"), CAPS);
+        assert_eq!(
+            take_all(&q),
+            [Bytes::from_static(b"P"), Bytes::from_static(b"ab")]
+        );
     }
 
     #[test]
