@@ -37,7 +37,7 @@ for r in rows:
     p99, fp99 = g(r, "post_to_frame_ms", "p99_ms"), g(f, "post_to_frame_ms", "p99_ms")
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "–"
     print(f"| {r['scenario']} | {r['server']} | {cpu} | {ratio(cpu, fcpu)} | {p99} | {ratio(p99, fp99)} "
-          f"| {g(r, "admin_post_ms", "p99_ms")} | {r.get('server_rss_per_socket_bytes')} "
+          f"| {g(r, 'admin_post_ms', 'p99_ms')} | {r.get('server_rss_per_socket_bytes')} "
           f"| {r.get('server_rss_per_socket_end_bytes')} | {r.get('lost')} |")
 EOF
 fi
