@@ -7,7 +7,9 @@
 #   NEW=target/release/gorge-notification OLD=/path/to/old/gorge-notification \
 #   BENCH=target/release/gorge-bench SOCKETS=2000 bins/gorge-bench/floor_compare.sh
 #
-# Loopback only; every run ends within its --timeout.
+# SERVERS="new" limits the servers, BURST_ONLY=1 runs only the 64 KiB burst, PRELOAD=path
+# runs gorge under another allocator (LD_PRELOAD). Loopback only; every run ends within its
+# --timeout.
 set -eu
 
 BENCH=${BENCH:-target/release/gorge-bench}
@@ -89,16 +91,18 @@ scenario() {
     echo "$name $server done" >&2
 }
 
-servers="floor new"
-[ -n "$OLD" ] && servers="$servers previous"
+servers=${SERVERS:-floor new${OLD:+ previous}}
 for server in $servers; do
     # One 64 KiB message at a time to every socket: CPU per frame, latency, RSS after.
     scenario "burst64k-$SOCKETS" "$server" --sockets "$SOCKETS" --messages 10 --rate 2 \
         --fanout all --payload-bytes 65536
+    [ -n "${BURST_ONLY:-}" ] && continue
     # Many small messages to many live sockets: the admin POST must not scale with them.
     scenario "live-$LIVE" "$server" --sockets "$LIVE" --messages 100 --rate 10 --fanout all
 done
-for server in new ${OLD:+previous}; do
+[ -n "${BURST_ONLY:-}" ] && exit 0
+for server in $servers; do
+    [ "$server" = floor ] && continue
     # 500 subscribers that never read (the floor has no queue to bound them).
     scenario "stuck-500" "$server" --sockets 100 --stuck 500 --messages 600 --rate 100 \
         --payload-bytes 4096

@@ -129,8 +129,16 @@ impl QueueState {
         dropped
     }
 
-    /// Removes `written` bytes from the front.
-    fn consume(&mut self, mut written: usize) {
+    /// Removes `written` bytes from the front; an emptied queue gives its capacity back, so
+    /// a burst leaves nothing behind.
+    fn consume(&mut self, written: usize) {
+        self.consume_bytes(written);
+        if self.frames.is_empty() && self.frames.capacity() > 0 {
+            self.frames = VecDeque::new();
+        }
+    }
+
+    fn consume_bytes(&mut self, mut written: usize) {
         self.bytes = self.bytes.saturating_sub(written);
         while written > 0 {
             let Some(front) = self.frames.front_mut() else {
