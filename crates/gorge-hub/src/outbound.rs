@@ -14,23 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::{Buf, Bytes};
 use tokio::sync::Notify;
 
-/// Why the hub wants a socket closed; the writer sends the matching close frame.
+/// Why the hub wants a socket closed; the writer maps it to its protocol's close frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The outbound queue overflowed: close with 1008 (policy violation), queued frames dropped.
+    /// The outbound queue overflowed: queued frames are dropped.
     SlowConsumer,
-    /// The server is draining: send what is queued, then close with 1001 (going away).
+    /// The server is draining: send what is queued, then close.
     GoingAway,
-}
-
-impl CloseReason {
-    /// The WebSocket close code for this reason.
-    pub fn code(self) -> u16 {
-        match self {
-            CloseReason::SlowConsumer => 1008,
-            CloseReason::GoingAway => 1001,
-        }
-    }
 }
 
 /// Where a queue's frames go: a non-blocking socket.
@@ -515,7 +505,6 @@ mod tests {
         assert_eq!(q.close_reason(), Some(CloseReason::SlowConsumer));
         // "bc" (the rest of the started frame) must still go out before a close frame.
         assert_eq!(take_all(&q), [Bytes::from_static(b"bc")]);
-        assert_eq!(CloseReason::SlowConsumer.code(), 1008);
     }
 
     #[test]
@@ -588,7 +577,6 @@ mod tests {
         assert!(!q.close(CloseReason::SlowConsumer));
         assert_eq!(take_all(&q).len(), 1);
         assert_eq!(q.close_reason(), Some(CloseReason::GoingAway));
-        assert_eq!(CloseReason::GoingAway.code(), 1001);
     }
 
     #[test]
