@@ -284,12 +284,19 @@ async fn serve(
         }
         backlogged = blocked || (backlogged && progress);
         tokio::select! {
+            // Writes happen at the top of every turn whichever branch woke it; the order
+            // only makes sure a socket that is always writable still gets its reads (the
+            // client's pongs) and its timer.
             biased;
             () = outbound.closing() => {}
-            () = outbound.ready(), if !blocked => {}
-            writable = stream.0.writable(), if blocked => {
-                if writable.is_err() {
-                    return End::Gone;
+            () = &mut timer => {
+                let now = Instant::now();
+                if now >= last_heard + limits.idle_timeout {
+                    return End::Idle;
+                }
+                if now >= next_ping {
+                    urgent(app, outbound, wire::PING.clone());
+                    next_ping = now + limits.ping_interval;
                 }
             }
             readable = stream.0.readable() => {
@@ -315,14 +322,10 @@ async fn serve(
                     }
                 }
             }
-            () = &mut timer => {
-                let now = Instant::now();
-                if now >= last_heard + limits.idle_timeout {
-                    return End::Idle;
-                }
-                if now >= next_ping {
-                    urgent(app, outbound, wire::PING.clone());
-                    next_ping = now + limits.ping_interval;
+            () = outbound.ready(), if !blocked => {}
+            writable = stream.0.writable(), if blocked => {
+                if writable.is_err() {
+                    return End::Gone;
                 }
             }
         }
