@@ -5,8 +5,10 @@
 //! written to every open socket in one tight non-blocking loop (no queues, no per-socket
 //! tasks woken, no subscriptions: every socket gets every message). What is left is the
 //! kernel's loopback path, so gorge's CPU per frame and POST→frame latency are reported as
-//! ratios to this, measured in the same run. One thread; a socket that cannot take a whole
-//! frame at once is counted (`short_writes`) and dropped, since the floor keeps no queue.
+//! ratios to this, measured in the same run. The fan-out runs inline in the admin connection's
+//! task; sockets get the same fixed kernel send buffer as gorge's, so only user space differs.
+//! A socket that cannot take a whole frame at once is counted (`short_writes`) and dropped,
+//! since the floor keeps no queue.
 
 use std::io::{self, Cursor};
 use std::net::SocketAddr;
@@ -62,8 +64,10 @@ fn frame(opcode: OpCode, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Serves until `--timeout`; run it as its own process (in a single-threaded runtime, so
-/// its CPU time is one loop's).
+/// Gorge-notification's fixed kernel send buffer per client socket.
+const SEND_BUFFER_BYTES: usize = 128 * 1024;
+
+/// Serves until `--timeout`; run it as its own process.
 pub async fn run(args: FloorArgs) -> Value {
     let client = match TcpListener::bind(args.client).await {
         Ok(l) => l,
@@ -124,6 +128,7 @@ async fn websocket(floor: Arc<Floor>, mut stream: TcpStream) {
         return;
     }
     let _ = stream.set_nodelay(true);
+    let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER_BYTES);
     let stream = Arc::new(stream);
     floor.sockets.lock().unwrap().push(stream.clone());
     floor.counters.sockets.fetch_add(1, Ordering::Relaxed);

@@ -55,18 +55,12 @@ pub fn work_deadline(timeout_s: u64) -> Instant {
 
 fn main() {
     let cli = Cli::parse();
-    // Two workers: the machine has two cores and the server under test needs them too. The
-    // floor is one loop on one thread.
-    let built = if matches!(cli.command, Command::Floor(_)) {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-    };
+    // Two workers: the machine has two cores and the server under test needs them too (the
+    // floor gets the same two, as gorge does, so a loaded machine treats both alike).
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
     let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
