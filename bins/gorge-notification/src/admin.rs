@@ -47,6 +47,10 @@ fn decode_form(text: &str) -> String {
 /// Routes one admin request.
 pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
     let path = request.uri().path().to_string();
+    if path == "/metrics" {
+        // Gauges of hub state are read when scraped, not kept up to date on every change.
+        app.metrics.set_usage(app.hub.usage());
+    }
     if let Some(response) = app.probes.handle(request.method(), &path).await {
         return response;
     }
@@ -125,6 +129,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
         subscribers: message.subscribers,
         frame: frame.clone(),
         accepted_at,
+        at_ms: 0,
     };
     let instance = job.instance.clone();
     if app.fanout.submit(job).is_err() {

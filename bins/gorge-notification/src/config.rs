@@ -554,6 +554,7 @@ fn build(
         instances: positive("max_instances", settings.max_instances)?,
         instance_name_bytes: positive("max_instance_name_bytes", settings.max_instance_name_bytes)?,
         sockets: positive("max_sockets", settings.max_sockets)?,
+        ..Limits::default()
     };
     let ping = positive("ping_interval_seconds", settings.ping_interval_seconds)?;
     let idle = positive("idle_timeout_seconds", settings.idle_timeout_seconds)?;

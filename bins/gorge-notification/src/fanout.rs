@@ -35,10 +35,14 @@ pub struct Job {
     /// The encoded WebSocket frame.
     pub frame: Bytes,
     pub accepted_at: Instant,
+    /// The hub's time of acceptance (set by [`Fanout::submit`], in acceptance order), so
+    /// history ages from the POST, not from the moment the thread got to it.
+    pub at_ms: u64,
 }
 
 /// The admin side of the hand-off.
 pub struct Fanout {
+    hub: Arc<Hub>,
     /// Sending and counting happen together, so `accepted` is the number of the last job
     /// in the channel.
     tx: Mutex<SyncSender<Job>>,
@@ -56,6 +60,7 @@ impl Fanout {
     /// Starts the fan-out thread.
     pub fn start(hub: Arc<Hub>, metrics: Metrics, log: Logger) -> Fanout {
         let (tx, rx) = sync_channel::<Job>(HANDOFF_MESSAGES);
+        let hub_handle = hub.clone();
         let waiting_bytes = Arc::new(AtomicUsize::new(0));
         let waiting = waiting_bytes.clone();
         let delivered = watch::Sender::new(0);
@@ -71,6 +76,7 @@ impl Fanout {
             })
             .expect("spawn the fan-out thread");
         Fanout {
+            hub: hub_handle,
             tx: Mutex::new(tx),
             accepted: AtomicU64::new(0),
             delivered,
@@ -88,13 +94,14 @@ impl Fanout {
     }
 
     /// Hands a message over without waiting.
-    pub fn submit(&self, job: Job) -> Result<(), Full> {
+    pub fn submit(&self, mut job: Job) -> Result<(), Full> {
         let len = job.frame.len();
         if self.waiting_bytes.fetch_add(len, Ordering::Relaxed) + len > HANDOFF_BYTES {
             self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(Full);
         }
         let tx = self.tx.lock().expect("fan-out lock poisoned");
+        job.at_ms = self.hub.now_ms();
         match tx.try_send(job) {
             Ok(()) => {
                 self.accepted.fetch_add(1, Ordering::Release);
@@ -110,7 +117,7 @@ impl Fanout {
 
 fn deliver(hub: &Hub, m: &Metrics, log: &Logger, job: Job) {
     // The admin port checked the instance name already.
-    let Ok(outcome) = hub.publish(&job.instance, &job.subscribers, job.frame) else {
+    let Ok(outcome) = hub.publish_at(&job.instance, &job.subscribers, job.frame, job.at_ms) else {
         return;
     };
     m.fanout_seconds

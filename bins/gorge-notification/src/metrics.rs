@@ -52,6 +52,16 @@ pub struct Metrics {
     pub history_entries: Gauge,
     pub history_bytes: Gauge,
     pub draining: Gauge,
+    pub replays_refused: Counter,
+    pub subscriptions_over_total: Counter,
+    pub subscription_bytes: Gauge,
+    pub instances: Family<KindLabel, Gauge>,
+    pub accept_errors: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
 }
 
 impl Metrics {
@@ -76,6 +86,11 @@ impl Metrics {
             history_entries: Gauge::default(),
             history_bytes: Gauge::default(),
             draining: Gauge::default(),
+            replays_refused: Counter::default(),
+            subscriptions_over_total: Counter::default(),
+            subscription_bytes: Gauge::default(),
+            instances: Family::default(),
+            accept_errors: Counter::default(),
         };
         let m = metrics.clone();
         registry.register(
@@ -168,7 +183,46 @@ impl Metrics {
             "1 while draining after SIGTERM",
             m.draining,
         );
+        registry.register(
+            "gorge_notification_replays_refused",
+            "Replay commands refused by the per-socket replay rate limit",
+            m.replays_refused,
+        );
+        registry.register(
+            "gorge_notification_subscriptions_over_limit",
+            "PHIDs refused because all sockets together hold the total subscription bytes",
+            m.subscriptions_over_total,
+        );
+        registry.register(
+            "gorge_notification_subscription_bytes",
+            "Bytes charged for the subscriptions of all sockets",
+            m.subscription_bytes,
+        );
+        registry.register(
+            "gorge_notification_instances",
+            "Instances with state, by kind (confirmed: default or posted to; anonymous)",
+            m.instances,
+        );
+        registry.register(
+            "gorge_notification_accept_errors",
+            "Failed accepts on any listener (out of file descriptors and the like)",
+            m.accept_errors,
+        );
         metrics
+    }
+
+    /// Sets the hub's instance and subscription gauges.
+    pub fn set_usage(&self, usage: gorge_hub::HubUsage) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.subscription_bytes.set(gauge(usage.subscription_bytes));
+        for (kind, n) in [
+            ("confirmed", usage.confirmed_instances),
+            ("anonymous", usage.anonymous_instances),
+        ] {
+            self.instances
+                .get_or_create(&KindLabel { kind })
+                .set(gauge(n));
+        }
     }
 
     /// Sets the history gauges.

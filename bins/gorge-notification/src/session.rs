@@ -211,7 +211,7 @@ async fn finish(
             Err(_) => return,
         }
         loop {
-            match reader.next() {
+            match reader.next_frame() {
                 Ok(Some(Inbound::Close(_))) | Err(_) => return,
                 Ok(Some(_)) => {}
                 Ok(None) => break,
@@ -310,7 +310,7 @@ async fn serve(
                     Err(_) => return End::Gone,
                 }
                 loop {
-                    match reader.next() {
+                    match reader.next_frame() {
                         Ok(None) => break,
                         Ok(Some(inbound)) => {
                             last_heard = Instant::now();
@@ -383,10 +383,14 @@ fn apply(app: &App, handle: &SocketHandle, command: ClientCommand) -> bool {
         ClientCommand::Subscribe(phids) => {
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
+            m.subscriptions_over_total.inc_by(outcome.over_total as u64);
         }
         ClientCommand::Unsubscribe(phids) => app.hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {
             let outcome = app.hub.replay(handle, age_ms);
+            if outcome.refused {
+                m.replays_refused.inc();
+            }
             m.replayed_frames.inc_by(outcome.queued as u64);
             m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
         }

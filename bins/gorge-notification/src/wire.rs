@@ -128,7 +128,7 @@ impl Reader {
     }
 
     /// The next complete message or control frame, if the bytes so far hold one.
-    pub fn next(&mut self) -> Result<Option<Inbound>, Violation> {
+    pub fn next_frame(&mut self) -> Result<Option<Inbound>, Violation> {
         loop {
             let mut cursor = Cursor::new(&self.buf[..]);
             let (header, length) = match FrameHeader::parse(&mut cursor) {
@@ -265,7 +265,7 @@ mod tests {
     fn read(bytes: &[u8]) -> Result<Option<Inbound>, Violation> {
         let mut reader = Reader::new(Bytes::new(), 64);
         reader.extend(bytes);
-        reader.next()
+        reader.next_frame()
     }
 
     #[test]
@@ -285,13 +285,13 @@ mod tests {
     fn reads_frames_split_anywhere() {
         let frame = client(0x81, b"{\"command\":\"ping\"}");
         let mut reader = Reader::new(Bytes::from(frame[..3].to_vec()), 64);
-        assert_eq!(reader.next(), Ok(None));
+        assert_eq!(reader.next_frame(), Ok(None));
         reader.extend(&frame[3..]);
         assert_eq!(
-            reader.next(),
+            reader.next_frame(),
             Ok(Some(Inbound::Text("{\"command\":\"ping\"}".into())))
         );
-        assert_eq!(reader.next(), Ok(None));
+        assert_eq!(reader.next_frame(), Ok(None));
         assert_eq!(reader.buf.capacity(), 0);
     }
 
@@ -302,10 +302,10 @@ mod tests {
         bytes.extend(client(0x80, b"cd"));
         let mut reader = Reader::new(Bytes::from(bytes), 64);
         assert_eq!(
-            reader.next(),
+            reader.next_frame(),
             Ok(Some(Inbound::Ping(Bytes::from_static(b"p"))))
         );
-        assert_eq!(reader.next(), Ok(Some(Inbound::Text("abcd".into()))));
+        assert_eq!(reader.next_frame(), Ok(Some(Inbound::Text("abcd".into()))));
     }
 
     #[test]

@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{http, raw_http, Server};
+use common::{http, raw_http, InProcess, Server};
 
 const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
@@ -109,9 +107,11 @@ async fn instances_are_isolated() {
     assert_eq!(server.status("?instance=b").await["clients.active"], 1);
 }
 
+/// In-process with the hub's manual clock: the old messages age past a short replay window
+/// because the test moves time, not because it sleeps.
 #[tokio::test]
 async fn replay_by_subscription_and_age_within_the_instance() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     server
         .post("", r#"{"m":"old-1","subscribers":["P1"]}"#)
         .await;
@@ -121,8 +121,7 @@ async fn replay_by_subscription_and_age_within_the_instance() {
     server
         .post("?instance=other", r#"{"m":"other","subscribers":["P1"]}"#)
         .await;
-    // Let the first messages age past a short replay window (real time is what ages them).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.clock.advance(300);
     server
         .post("", r#"{"m":"new-1","subscribers":["P1","P2"]}"#)
         .await;
@@ -134,7 +133,8 @@ async fn replay_by_subscription_and_age_within_the_instance() {
     ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
         .await;
     assert_eq!(messages(ws.sync().await), ["old-1", "new-1"]);
-    // Missing, zero, negative or too large ages mean 60 s.
+    // Missing, zero, negative or too large ages mean 60 s. A fresh socket for each: replays
+    // are rate-limited per socket (a browser replays once per connection).
     for data in [
         r#"null"#,
         r#"{"age":0}"#,
@@ -142,10 +142,26 @@ async fn replay_by_subscription_and_age_within_the_instance() {
         r#"{"age":999999}"#,
         r#"{"age":"x"}"#,
     ] {
+        let mut ws = server.ws("/").await;
+        ws.subscribe(&["P1"]).await;
         ws.send(&format!(r#"{{"command":"replay","data":{data}}}"#))
             .await;
         assert_eq!(messages(ws.sync().await), ["old-1", "new-1"], "{data}");
     }
+    // The same socket asking again and again is refused beyond its burst, and counted.
+    for _ in 0..3 {
+        ws.send(r#"{"command":"replay"}"#).await;
+    }
+    assert_eq!(
+        messages(ws.sync().await),
+        ["old-1", "new-1", "old-1", "new-1"]
+    );
+    assert_eq!(
+        server
+            .metric("gorge_notification_replays_refused_total")
+            .await,
+        Some(1.0)
+    );
 
     let mut other = server.ws("/~elsewhere/").await;
     other.subscribe(&["P1", "P2"]).await;
@@ -326,10 +342,28 @@ async fn instance_limits_are_enforced_and_counted() {
     );
     assert_eq!(
         server
+            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        server
             .metric(r#"notify_sockets_rejected_total{reason="instance_name"}"#)
             .await,
         Some(1.0)
     );
+    // Once PHP has posted to an instance, its browsers are never kept out by anonymous ones.
+    assert_eq!(server.refused_upgrade("/~acme/").await, 503);
+    server
+        .post("?instance=acme", r#"{"m":"first","subscribers":["P"]}"#)
+        .await;
+    let mut acme = server.ws("/~acme/").await;
+    acme.subscribe(&["P"]).await;
+    acme.send(r#"{"command":"replay"}"#).await;
+    assert_eq!(messages(acme.sync().await), ["first"]);
+    // `default` always gets in.
+    let mut default = server.ws("/").await;
+    assert_eq!(default.sync().await, Vec::<String>::new());
     // Once "first" is idle it can be forgotten to make room.
     drop(busy);
     let deadline = std::time::Instant::now() + common::PATIENCE;
@@ -339,4 +373,93 @@ async fn instance_limits_are_enforced_and_counted() {
     }
     let mut second = server.ws("/~second/").await;
     assert_eq!(second.sync().await, Vec::<String>::new());
+}
+
+/// Anonymous sockets flooding `replay` get one burst each; the rest is refused and counted,
+/// and PHP's POST is answered and delivered meanwhile.
+#[tokio::test]
+async fn replay_floods_are_refused_and_counted_while_posts_go_through() {
+    let server = InProcess::start(|_| {}).await;
+    for n in 0..300 {
+        let body = format!(r#"{{"m":"m{n}","subscribers":["P"]}}"#);
+        assert_eq!(server.post("", &body).await.status, 200);
+    }
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let mut ws = server.ws("/").await;
+        ws.subscribe(&["P"]).await;
+        for _ in 0..25 {
+            ws.send(r#"{"command":"replay"}"#).await;
+        }
+        attackers.push(ws);
+    }
+    let mut reader = server.ws("/").await;
+    reader.subscribe(&["Q"]).await;
+    let receipt = server.post("", r#"{"m":"live","subscribers":["Q"]}"#).await;
+    assert_eq!(receipt.status, 200);
+    assert_eq!(messages(reader.sync().await), ["live"]);
+    // Every attacker's commands have been handled once its pong arrives.
+    for ws in &mut attackers {
+        ws.sync().await;
+    }
+    assert_eq!(
+        server
+            .metric("gorge_notification_replays_refused_total")
+            .await,
+        Some(4.0 * 21.0)
+    );
+}
+
+/// Numbers keep every digit; only the exponent marker is normalised (docs/notification.md).
+#[tokio::test]
+async fn numbers_keep_their_digits_and_exponents_are_normalised() {
+    let server = InProcess::start(|_| {}).await;
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&["P"]).await;
+    let body = r#"{"a":1e5,"b":1E-7,"c":2.50,"d":123456789012345678901234567890,"e":-0,"subscribers":["P"]}"#;
+    server.post("", body).await;
+    let frames = ws.sync().await;
+    let expected = format!(
+        r#"{{"a":1e+5,"b":1e-7,"c":2.50,"d":123456789012345678901234567890,"e":-0,"subscribers":["P"],"touched":["{}"]}}"#,
+        server.fingerprint
+    );
+    assert_eq!(frames, [expected]);
+}
+
+/// Issue 9 N2: 1 024 anonymous sockets on distinct `~names` fill the anonymous instance table,
+/// yet an instance PHP has posted to, and `default`, still get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squatting_sockets_cannot_keep_a_real_instance_out() {
+    // Both ends of every socket live in this process.
+    let _ = gorge_notification::fdlimit::raise_to_hard();
+    let server = InProcess::start(|_| {}).await;
+    let mut squatters = Vec::new();
+    for i in 0..1024 {
+        squatters.push(server.ws(&format!("/~squat{i}/")).await);
+    }
+    let port = server.client_port;
+    let refused = Server::refused_upgrade_on(port, "/~one-more/").await;
+    assert_eq!(refused, 503);
+    assert_eq!(Server::refused_upgrade_on(port, "/~acme/").await, 503);
+
+    server
+        .post("?instance=acme", r#"{"m":"hello","subscribers":["P"]}"#)
+        .await;
+    let mut acme = server.ws("/~acme/").await;
+    acme.subscribe(&["P"]).await;
+    acme.send(r#"{"command":"replay"}"#).await;
+    assert_eq!(messages(acme.sync().await), ["hello"]);
+    server
+        .post("?instance=acme", r#"{"m":"live","subscribers":["P"]}"#)
+        .await;
+    assert_eq!(messages(acme.sync().await), ["live"]);
+    let mut default = server.ws("/").await;
+    assert_eq!(default.sync().await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
+            .await,
+        Some(1024.0)
+    );
+    assert_eq!(squatters.len(), 1024);
 }

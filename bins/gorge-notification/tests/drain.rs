@@ -1,12 +1,14 @@
-//! SIGTERM: readiness turns 503, new upgrades get 503, every socket gets close 1001 spread
-//! over the drain window, and the process exits 0 within the deadline.
+//! SIGTERM: readiness turns 503 and the listeners close, every socket gets close 1001 spread
+//! over the drain window, and the process exits 0 within the deadline; meanwhile a new
+//! process on the same ports takes every new socket and admin POST (same-host restart).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{http, Server, PATIENCE};
+use common::{try_raw_http, Server, PATIENCE};
 use futures_util::future::join_all;
+use serde_json::Value;
 
 const SOCKETS: usize = 200;
 
@@ -27,20 +29,25 @@ async fn sigterm_drains_sockets_over_the_window_and_exits_0() {
     let signalled = Instant::now();
     server.sigterm();
 
-    // Readiness turns 503 before anything else happens.
+    // Readiness turns 503 and then the listeners close (a new process may take the ports).
     let deadline = Instant::now() + PATIENCE;
-    loop {
-        let r = http(server.admin_port, "GET", "/readyz", &[], b"").await;
+    let readyz = b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    while let Some(r) = try_raw_http(server.admin_port, readyz).await {
         if r.status == 503 {
             assert_eq!(r.body, br#"{"status":"draining"}"#);
-            break;
+        } else {
+            assert_eq!(r.status, 200);
         }
-        assert_eq!(r.status, 200);
-        assert!(Instant::now() < deadline, "readyz never turned 503");
+        assert!(Instant::now() < deadline, "listeners never closed");
         tokio::task::yield_now().await;
     }
-    // New upgrades are refused while draining.
-    assert_eq!(server.refused_upgrade("/").await, 503);
+    server.wait_for_log("LISTENERS_CLOSED").await;
+    // No new socket gets in while draining.
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
+            .await
+            .is_err()
+    );
 
     let mut closed_after = Vec::new();
     for result in join_all(closing).await {
@@ -78,4 +85,41 @@ async fn sigterm_drains_sockets_over_the_window_and_exits_0() {
         server.log_events("NOTIFY_DRAIN_STARTED")[0]["sockets"],
         SOCKETS as u64
     );
+}
+
+/// `kill; start` with no pause (`bin/aphlict restart`, systemd): the new process binds the
+/// same ports at once, takes every admin POST and new socket while the old one drains, and the
+/// browser that reconnects replays what it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_on_the_same_ports_takes_over_while_the_old_one_drains() {
+    let mut old = Server::start(&[("GORGE_NOTIFICATION_DRAIN_SECONDS", "3")]);
+    let mut browser = old.ws("/").await;
+    browser.subscribe(&["PHID-P"]).await;
+
+    old.sigterm();
+    let new = Server::start_on(old.client_port, old.admin_port, &[])
+        .expect("a new process binds the ports of a draining one");
+    old.wait_for_log("LISTENERS_CLOSED").await;
+
+    let receipt = new
+        .post("", r#"{"m":"while draining","subscribers":["PHID-P"]}"#)
+        .await;
+    assert_eq!(receipt.status, 200);
+    assert_eq!(receipt.json()["fingerprint"], new.fingerprint.as_str());
+
+    // The old process closes its socket within its window; the browser reconnects (to the new
+    // process, the only one listening) and replays.
+    assert_eq!(browser.until_closed().await.code, Some(1001));
+    let mut browser = new.ws("/").await;
+    browser.subscribe(&["PHID-P"]).await;
+    browser.send(r#"{"command":"replay"}"#).await;
+    let frames = browser.sync().await;
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    let message: Value = serde_json::from_str(&frames[0]).unwrap();
+    assert_eq!(message["m"], "while draining");
+
+    let status = tokio::task::spawn_blocking(move || old.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
 }

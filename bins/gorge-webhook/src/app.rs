@@ -1,7 +1,12 @@
 //! Wiring: builds the store, dispatcher, API and probes from [`Settings`] and runs them
 //! under `gorge_service::run` until SIGTERM, then drains in the order the spec requires:
 //! stop polling → in-flight deliveries finish and write their results → close the pool.
+//!
+//! The poll loop is supervised: if it ever ends outside a shutdown (a panic, a return),
+//! readiness fails at once and the process exits non-zero — a service that answers 200
+//! while delivering nothing is the failure this guards against.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +14,7 @@ use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
 use gorge_service::{bind_all, ListenerSpec, Probes, ReadinessCheck, RunOptions, Shutdown};
 use prometheus_client::registry::Registry;
 use slog::{error, info, warn, Logger};
+use tokio::task::JoinHandle;
 
 use crate::api::Api;
 use crate::clock::SystemClock;
@@ -26,6 +32,47 @@ const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Time for in-flight HTTP requests on the status port once it stops accepting.
 const REQUEST_GRACE: Duration = Duration::from_secs(5);
+
+/// Exit code when the poll loop died (distinct from a listener failure's 1).
+pub const POLL_LOOP_DIED_EXIT: i32 = 3;
+
+/// Whether the poll loop is still running; shared by the supervisor and readiness.
+#[derive(Debug, Default)]
+pub struct PollHealth {
+    dead: AtomicBool,
+}
+
+impl PollHealth {
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+/// Awaits the poll loop. If it ends while `shutdown` was not triggered (it panicked or
+/// returned), marks `health` dead, logs `WEBHOOK_POLL_LOOP_DIED` and triggers shutdown so
+/// the process drains and exits with [`POLL_LOOP_DIED_EXIT`].
+pub async fn supervise_poll_loop(
+    polling: JoinHandle<()>,
+    shutdown: Shutdown,
+    health: Arc<PollHealth>,
+    up: prometheus_client::metrics::gauge::Gauge,
+    log: Logger,
+) {
+    up.set(1);
+    let ended = polling.await;
+    up.set(0);
+    if shutdown.is_triggered() {
+        return;
+    }
+    health.dead.store(true, Ordering::SeqCst);
+    let why = match ended {
+        Ok(()) => "returned".to_string(),
+        Err(err) if err.is_panic() => "panicked".to_string(),
+        Err(err) => err.to_string(),
+    };
+    error!(log, "WEBHOOK_POLL_LOOP_DIED"; "why" => why, "exit_code" => POLL_LOOP_DIED_EXIT);
+    shutdown.trigger();
+}
 
 impl From<&Settings> for DispatcherConfig {
     fn from(settings: &Settings) -> Self {
@@ -52,6 +99,10 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         "mysql_pass" => settings.mysql_pass.clone(),
         "poll_interval_ms" => settings.poll_interval.as_millis() as u64,
         "max_concurrent" => settings.max_concurrent,
+        "mysql_max_connections" => settings.mysql_max_connections,
+        "mysql_max_lock_connections" => settings.mysql_max_lock_connections,
+        "mysql_connection_budget" => settings.connection_budget(),
+        "mysql_query_timeout_sec" => settings.mysql_query_timeout.as_secs(),
         "delivery_timeout_sec" => settings.delivery_timeout.as_secs(),
         "lease_sec" => settings.lease_sec,
         "retry_backoff_sec" => settings.retry_backoff_sec,
@@ -69,8 +120,23 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let store = ClaimStore::new(settings.mysql_opts(), &settings.database());
-    let probes = Probes::new(registry, readiness(store.clone()));
+    let store = ClaimStore::with_options(
+        settings.mysql_opts(),
+        &settings.database(),
+        settings.store_options(),
+    );
+    let health = Arc::new(PollHealth::default());
+    let progress_slot: Arc<std::sync::OnceLock<Arc<Dispatcher>>> = Arc::default();
+    let stall_limit = stall_limit(&settings);
+    let probes = Probes::new(
+        registry,
+        readiness(
+            store.clone(),
+            Arc::clone(&health),
+            Arc::clone(&progress_slot),
+            stall_limit,
+        ),
+    );
     let api = Api::new(
         store.clone(),
         probes.clone(),
@@ -97,6 +163,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         settings.delivery_timeout,
         metrics.response_bodies_truncated.clone(),
     );
+    let poll_loop_up = metrics.poll_loop_up.clone();
     let dispatcher = Dispatcher::new(
         store.clone(),
         Arc::new(SystemClock),
@@ -105,8 +172,16 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         DispatcherConfig::from(&settings),
         log.clone(),
     );
+    let _ = progress_slot.set(Arc::clone(&dispatcher));
     let shutdown = Shutdown::new();
     let polling = tokio::spawn(Arc::clone(&dispatcher).run(shutdown.clone()));
+    let supervisor = tokio::spawn(supervise_poll_loop(
+        polling,
+        shutdown.clone(),
+        Arc::clone(&health),
+        poll_loop_up,
+        log.clone(),
+    ));
     tokio::spawn(sample_loop(Arc::clone(&dispatcher), shutdown.clone()));
 
     let drain_log = log.clone();
@@ -114,31 +189,66 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         Box::pin(async move {
             // `run` has triggered `shutdown`: the loop stops polling and returns once every
             // in-flight delivery has written its result; only then is the pool closed.
-            let _ = polling.await;
+            let _ = supervisor.await;
             info!(drain_log, "WEBHOOK_DRAINED");
             store.close().await;
         }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
     });
     let options = RunOptions {
-        // A POST may take the whole delivery timeout, then its result write (with retries).
-        drain_deadline: settings.delivery_timeout + Duration::from_secs(10),
+        // A POST may take the whole delivery timeout, then its result write retries for as
+        // long as the lease protects the row.
+        drain_deadline: Duration::from_secs(settings.lease_sec) + Duration::from_secs(10),
         request_grace: REQUEST_GRACE,
         shutdown,
     };
-    gorge_service::run(listeners, probes, drain, options, &log)
+    let ran = gorge_service::run(listeners, probes, drain, options, &log)
         .await
         .map_err(|err| {
             error!(log, "WEBHOOK_FAILED"; "error" => %err);
             1
-        })
+        });
+    if health.is_dead() {
+        return Err(POLL_LOOP_DIED_EXIT);
+    }
+    ran
 }
 
-/// `/readyz`: a bounded round trip on `{namespace}_herald`. A missing database is "not
-/// ready" (Phorge has not run `bin/storage upgrade` yet), never a crash.
-fn readiness(store: ClaimStore) -> ReadinessCheck {
+/// How long without progress (a completed poll round or a written result) before the
+/// service reports not ready: a POST may take the whole delivery timeout, and a poll or a
+/// write the query timeout, twice over.
+pub fn stall_limit(settings: &Settings) -> Duration {
+    settings.delivery_timeout
+        + settings.mysql_query_timeout * 2
+        + settings.poll_interval
+        + Duration::from_secs(5)
+}
+
+/// `/readyz`: the poll loop is alive and has made progress within `stall_limit`, and a
+/// bounded round trip on `{namespace}_herald` succeeds. A missing database is "not ready"
+/// (Phorge has not run `bin/storage upgrade` yet), never a crash.
+pub fn readiness(
+    store: ClaimStore,
+    health: Arc<PollHealth>,
+    dispatcher: Arc<std::sync::OnceLock<Arc<Dispatcher>>>,
+    stall_limit: Duration,
+) -> ReadinessCheck {
     Arc::new(move || {
         let store = store.clone();
+        let health = Arc::clone(&health);
+        let dispatcher = Arc::clone(&dispatcher);
         Box::pin(async move {
+            if health.is_dead() {
+                return Err("the poll loop stopped; the process is exiting".to_string());
+            }
+            if let Some(dispatcher) = dispatcher.get() {
+                let idle = dispatcher.since_progress();
+                if idle > stall_limit {
+                    return Err(format!(
+                        "no poll round or result write for {} s",
+                        idle.as_secs()
+                    ));
+                }
+            }
             match tokio::time::timeout(READINESS_TIMEOUT, store.ping()).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(err)) => Err(readiness_reason(&err)),

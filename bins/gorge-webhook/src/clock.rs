@@ -1,7 +1,8 @@
-//! The dispatcher's notion of "now", in Unix seconds.
+//! The dispatcher's notion of "now": Unix seconds for the row columns, milliseconds for
+//! its own short waits (hook rests, the result-write deadline, progress for readiness).
 //!
-//! Leases, retry backoff and the breaker window are all compared against this clock and
-//! passed into SQL as parameters, so tests can move time without sleeping through minutes.
+//! Leases, retry backoff, the breaker window and every local rest are compared against
+//! this clock, so tests can move time without sleeping through minutes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,6 +11,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A source of the current Unix time in whole seconds (the precision of Phorge's columns).
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> u64;
+
+    /// The same clock in milliseconds (for waits shorter than a second).
+    fn now_millis(&self) -> u64 {
+        self.now().saturating_mul(1000)
+    }
 }
 
 /// The wall clock.
@@ -18,9 +24,13 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> u64 {
+        self.now_millis() / 1000
+    }
+
+    fn now_millis(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
+            .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
     }
 }
@@ -28,28 +38,37 @@ impl Clock for SystemClock {
 /// A clock that only moves when told to; clones share the same time.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
-    now: Arc<AtomicU64>,
+    millis: Arc<AtomicU64>,
 }
 
 impl ManualClock {
+    /// A clock at `now` Unix seconds.
     pub fn new(now: u64) -> Self {
         Self {
-            now: Arc::new(AtomicU64::new(now)),
+            millis: Arc::new(AtomicU64::new(now * 1000)),
         }
     }
 
     pub fn set(&self, now: u64) {
-        self.now.store(now, Ordering::SeqCst);
+        self.millis.store(now * 1000, Ordering::SeqCst);
     }
 
     pub fn advance(&self, secs: u64) {
-        self.now.fetch_add(secs, Ordering::SeqCst);
+        self.millis.fetch_add(secs * 1000, Ordering::SeqCst);
+    }
+
+    pub fn advance_millis(&self, millis: u64) {
+        self.millis.fetch_add(millis, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> u64 {
-        self.now.load(Ordering::SeqCst)
+        self.now_millis() / 1000
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.millis.load(Ordering::SeqCst)
     }
 }
 
@@ -66,6 +85,8 @@ mod tests {
         assert_eq!(clock.now(), 1_005);
         clock.set(7);
         assert_eq!(other.now(), 7);
+        clock.advance_millis(1500);
+        assert_eq!((other.now(), other.now_millis()), (8, 8500));
     }
 
     #[test]

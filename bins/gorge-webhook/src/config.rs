@@ -33,12 +33,15 @@ pub const SERVICE_TOKEN_VAR: &str = "GORGE_SERVICE_TOKEN";
 /// claim a row whose POST is still running.
 pub const LEASE_MARGIN_SEC: u64 = 5;
 
-/// Upper bound on `max_concurrent`: each delivery holds a database connection for its hook
-/// lock, so the pool (and the server's `max_connections`) must stay sane.
+/// Upper bound on `max_concurrent`.
 pub const MAX_CONCURRENT_LIMIT: u64 = 256;
 
-/// How long surplus idle database connections are kept.
-const POOL_IDLE_TTL: Duration = Duration::from_secs(60);
+/// Upper bound on either connection pool: MariaDB's default `max_connections` is 151 and
+/// Phorge needs its own.
+pub const MAX_CONNECTIONS_LIMIT: u64 = 128;
+
+/// How long idle database connections are kept (one query connection always stays).
+const POOL_IDLE_TTL: Duration = Duration::from_secs(30);
 
 /// Settings exactly as layered, before validation. Keys are the environment variable names
 /// without the prefix, lower-cased.
@@ -49,6 +52,10 @@ struct RawSettings {
     mysql_user: String,
     #[serde(serialize_with = "serialize_secret")]
     mysql_pass: Secret,
+    mysql_socket: String,
+    mysql_max_connections: u64,
+    mysql_max_lock_connections: u64,
+    mysql_query_timeout_sec: u64,
     namespace: String,
     poll_interval_ms: i64,
     max_concurrent: u64,
@@ -149,6 +156,10 @@ impl Default for RawSettings {
             mysql_port: 3306,
             mysql_user: "phorge".into(),
             mysql_pass: Secret::default(),
+            mysql_socket: String::new(),
+            mysql_max_connections: 4,
+            mysql_max_lock_connections: 16,
+            mysql_query_timeout_sec: 10,
             namespace: "phabricator".into(),
             poll_interval_ms: 1000,
             max_concurrent: 8,
@@ -171,9 +182,18 @@ pub struct Settings {
     pub mysql_port: u16,
     pub mysql_user: String,
     pub mysql_pass: Secret,
+    /// A Unix socket to connect through instead of host and port; empty: TCP only.
+    pub mysql_socket: String,
+    /// Query pool bound (polls, claims, result writes, the API).
+    pub mysql_max_connections: usize,
+    /// Lock pool bound: connections holding a per-hook lock across a POST.
+    pub mysql_max_lock_connections: usize,
+    pub mysql_query_timeout: Duration,
     pub namespace: String,
     pub poll_interval: Duration,
+    /// Effective: at most one delivery per lock connection.
     pub max_concurrent: usize,
+    pub configured_max_concurrent: usize,
     pub delivery_timeout: Duration,
     /// As configured; see [`Settings::lease_sec`] for the effective value.
     pub configured_lease_sec: u64,
@@ -238,6 +258,25 @@ impl Settings {
                 format!("must be between 1 and {MAX_CONCURRENT_LIMIT}"),
             ));
         }
+        for (key, value) in [
+            ("mysql_max_connections", raw.mysql_max_connections),
+            ("mysql_max_lock_connections", raw.mysql_max_lock_connections),
+        ] {
+            if value == 0 || value > MAX_CONNECTIONS_LIMIT {
+                return Err(ConfigError::new(
+                    var(key),
+                    value,
+                    format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}"),
+                ));
+            }
+        }
+        if raw.mysql_query_timeout_sec == 0 {
+            return Err(ConfigError::new(
+                var("mysql_query_timeout_sec"),
+                raw.mysql_query_timeout_sec,
+                "must be at least 1 second",
+            ));
+        }
         if raw.delivery_timeout == 0 {
             return Err(ConfigError::new(
                 var("delivery_timeout"),
@@ -294,10 +333,15 @@ impl Settings {
             mysql_port: raw.mysql_port,
             mysql_user: raw.mysql_user,
             mysql_pass: raw.mysql_pass,
+            mysql_socket: raw.mysql_socket,
+            mysql_max_connections: raw.mysql_max_connections as usize,
+            mysql_max_lock_connections: raw.mysql_max_lock_connections as usize,
+            mysql_query_timeout: Duration::from_secs(raw.mysql_query_timeout_sec),
+            configured_max_concurrent: raw.max_concurrent as usize,
             outbound_blacklist_is_default: raw.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST,
             namespace: raw.namespace,
             poll_interval: Duration::from_millis(raw.poll_interval_ms as u64),
-            max_concurrent: raw.max_concurrent as usize,
+            max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections) as usize,
             delivery_timeout: Duration::from_secs(raw.delivery_timeout),
             configured_lease_sec: raw.claim_lease_sec,
             lease_sec,
@@ -315,31 +359,50 @@ impl Settings {
         format!("{}_herald", self.namespace)
     }
 
-    /// Connection options for the MariaDB/MySQL server (the database is set by the store).
+    /// Connection options for the MariaDB/MySQL server (the database and pools are set by
+    /// the store). TCP to the configured host and port unless a socket is configured:
+    /// mysql_async would otherwise move every connection onto the server's `@@socket`
+    /// whenever that path exists locally, which with two local servers is the wrong one.
     pub fn mysql_opts(&self) -> mysql_async::Opts {
-        // A delivery holds one connection for its hook lock and briefly needs another for
-        // the claim and the result write; add a few for polling and the API.
-        let max = self.max_concurrent * 2 + 4;
-        let constraints = mysql_async::PoolConstraints::new(self.max_concurrent + 2, max)
-            .unwrap_or(mysql_async::DEFAULT_POOL_CONSTRAINTS);
-        // With a zero idle TTL the pool keeps only `min` idle connections and closes every
-        // other one on return: a fresh connect and handshake per query under load.
-        let pool_opts = mysql_async::PoolOpts::default()
-            .with_constraints(constraints)
-            .with_inactive_connection_ttl(POOL_IDLE_TTL);
+        let socket = (!self.mysql_socket.is_empty()).then(|| self.mysql_socket.clone());
         mysql_async::OptsBuilder::default()
             .ip_or_hostname(self.mysql_host.clone())
             .tcp_port(self.mysql_port)
             .user(Some(self.mysql_user.clone()))
             .pass((!self.mysql_pass.is_empty()).then(|| self.mysql_pass.expose().to_string()))
-            .pool_opts(pool_opts)
+            .prefer_socket(false)
+            .socket(socket)
             .into()
+    }
+
+    /// Pool bounds and the statement timeout for the claim store.
+    pub fn store_options(&self) -> gorge_claim::StoreOptions {
+        gorge_claim::StoreOptions {
+            query_timeout: self.mysql_query_timeout,
+            max_connections: self.mysql_max_connections,
+            max_lock_connections: self.mysql_max_lock_connections,
+            idle_timeout: POOL_IDLE_TTL,
+        }
+    }
+
+    /// The most database connections one process opens (query pool + lock pool, the lock
+    /// pool never more than the deliveries that can run).
+    pub fn connection_budget(&self) -> usize {
+        self.mysql_max_connections + self.max_concurrent
     }
 
     /// Effective values that differ from the configured ones, as `(key, configured,
     /// effective, why)`; logged once at startup.
     pub fn adjustments(&self) -> Vec<(&'static str, u64, u64, &'static str)> {
         let mut out = Vec::new();
+        if self.max_concurrent != self.configured_max_concurrent {
+            out.push((
+                "GORGE_WEBHOOK_MAX_CONCURRENT",
+                self.configured_max_concurrent as u64,
+                self.max_concurrent as u64,
+                "lowered to GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS: each delivery holds one lock connection",
+            ));
+        }
         if self.lease_sec != self.configured_lease_sec {
             out.push((
                 "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
@@ -383,6 +446,30 @@ impl Settings {
                 mask_secret(self.mysql_pass.expose()).to_string(),
             ),
             (
+                "GORGE_WEBHOOK_MYSQL_SOCKET",
+                if self.mysql_socket.is_empty() {
+                    "(none: TCP to host and port)".to_string()
+                } else {
+                    self.mysql_socket.clone()
+                },
+            ),
+            (
+                "GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS",
+                self.mysql_max_connections.to_string(),
+            ),
+            (
+                "GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS",
+                format!(
+                    "{} (connection budget: {} per process)",
+                    self.mysql_max_lock_connections,
+                    self.connection_budget()
+                ),
+            ),
+            (
+                "GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC",
+                self.mysql_query_timeout.as_secs().to_string(),
+            ),
+            (
                 "GORGE_WEBHOOK_NAMESPACE",
                 format!("{} (database {})", self.namespace, self.database()),
             ),
@@ -392,7 +479,14 @@ impl Settings {
             ),
             (
                 "GORGE_WEBHOOK_MAX_CONCURRENT",
-                self.max_concurrent.to_string(),
+                if self.max_concurrent == self.configured_max_concurrent {
+                    self.max_concurrent.to_string()
+                } else {
+                    format!(
+                        "{} (configured {}, limited by the lock connections)",
+                        self.max_concurrent, self.configured_max_concurrent
+                    )
+                },
             ),
             (
                 "GORGE_WEBHOOK_DELIVERY_TIMEOUT",
@@ -546,8 +640,12 @@ mod tests {
                 "listen_addr",
                 "max_concurrent",
                 "mysql_host",
+                "mysql_max_connections",
+                "mysql_max_lock_connections",
                 "mysql_pass",
                 "mysql_port",
+                "mysql_query_timeout_sec",
+                "mysql_socket",
                 "mysql_user",
                 "namespace",
                 "outbound_blacklist",
@@ -571,5 +669,35 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.warnings().len(), 1);
+    }
+
+    #[test]
+    fn connections_are_bounded_apart_from_concurrency_and_tcp_by_default() {
+        let s = validate(|_| {}).unwrap();
+        assert_eq!(
+            (s.mysql_max_connections, s.mysql_max_lock_connections),
+            (4, 16)
+        );
+        assert_eq!(s.connection_budget(), 4 + 8);
+        // W8: never moved onto the local Unix socket unless one is configured.
+        assert!(!s.mysql_opts().prefer_socket());
+        assert_eq!(s.mysql_opts().socket(), None);
+        let s = validate(|r| r.mysql_socket = "/run/mysqld/mysqld.sock".into()).unwrap();
+        assert_eq!(s.mysql_opts().socket(), Some("/run/mysqld/mysqld.sock"));
+
+        let s = validate(|r| r.max_concurrent = 256).unwrap();
+        assert_eq!(s.max_concurrent, 16, "one lock connection per delivery");
+        assert_eq!(s.connection_budget(), 20);
+        assert_eq!(s.adjustments()[0].0, "GORGE_WEBHOOK_MAX_CONCURRENT");
+
+        let err = validate(|r| r.mysql_max_connections = 0).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS"));
+        let err = validate(|r| r.mysql_max_lock_connections = 1000).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS"));
+        assert!(validate(|r| r.mysql_query_timeout_sec = 0).is_err());
     }
 }

@@ -1,12 +1,10 @@
 //! The `gorge-webhook` binary: command line, configuration, logging, runtime.
 
-use std::net::SocketAddr;
-
 use clap::Parser;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::logging::init_logging;
-use gorge_webhook::config::{Settings, DEFAULT_HEALTH_PORT, LISTEN_ADDR_VAR};
+use gorge_webhook::config::Settings;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,11 +24,9 @@ struct Cli {
 fn main() {
     let cli = Cli::parse();
     if let Some(Command::Healthcheck { port }) = cli.command {
-        exit_healthcheck(port.unwrap_or_else(|| {
-            gorge_service::config::env_value(LISTEN_ADDR_VAR)
-                .and_then(|addr| addr.parse::<SocketAddr>().ok())
-                .map_or(DEFAULT_HEALTH_PORT, |addr| addr.port())
-        }));
+        exit_healthcheck(port, || {
+            Settings::load(cli.common.config.as_deref()).map(|s| s.listen_addr)
+        });
     }
     let settings =
         Settings::load(cli.common.config.as_deref()).unwrap_or_else(|e| exit_config_error(&e));

@@ -26,11 +26,48 @@ pub struct Metrics {
     pub exclusions_capped: Counter,
     pub response_bodies_truncated: Counter,
     pub breaker_open_hooks: Gauge,
+    invalid_rows: Family<Labels1, Counter>,
+    pub rows_unaddressable: Counter,
+    pub rows_quarantined: Counter,
+    object_unchecked: Family<Labels1, Counter>,
+    pub result_write_retries: Counter,
+    pub db_timeouts: Counter,
+    pub poll_loop_up: Gauge,
     pub in_flight: Gauge,
     pub queue_depth: Gauge,
     pub oldest_queued_age_seconds: Gauge,
-    db_pool: Family<Labels1, Gauge>,
+    db_pool: Family<Labels2, Gauge>,
 }
+
+/// Why a row was failed with `invalid-row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidRowReason {
+    /// A column of the request row is not readable (e.g. a PHID that is not UTF-8).
+    Unreadable,
+    /// The server kept rejecting a statement about the row (e.g. the claim UPDATE).
+    Rejected,
+    /// The row's hook has columns that are not readable.
+    HookRow,
+}
+
+impl InvalidRowReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            InvalidRowReason::Unreadable => "unreadable",
+            InvalidRowReason::Rejected => "rejected",
+            InvalidRowReason::HookRow => "hook-row",
+        }
+    }
+}
+
+/// The `(pool, state)` series of the pool gauge, in [`Metrics::set_pool`] order.
+const POOL_SERIES: [(&str, &str); 5] = [
+    ("query", "open"),
+    ("query", "in_use"),
+    ("query", "waiting"),
+    ("lock", "open"),
+    ("lock", "held"),
+];
 
 /// Where a delivered (or not delivered) request ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +137,13 @@ impl Metrics {
             exclusions_capped: Counter::default(),
             response_bodies_truncated: Counter::default(),
             breaker_open_hooks: Gauge::default(),
+            invalid_rows: Family::default(),
+            rows_unaddressable: Counter::default(),
+            rows_quarantined: Counter::default(),
+            object_unchecked: Family::default(),
+            result_write_retries: Counter::default(),
+            db_timeouts: Counter::default(),
+            poll_loop_up: Gauge::default(),
             in_flight: Gauge::default(),
             queue_depth: Gauge::default(),
             oldest_queued_age_seconds: Gauge::default(),
@@ -109,8 +153,18 @@ impl Metrics {
         for result in ["won", "lost"] {
             let _ = metrics.claims.get_or_create(&[("result", result)]);
         }
-        for state in ["open", "in_use", "waiting"] {
-            let _ = metrics.db_pool.get_or_create(&[("state", state)]);
+        for (pool, state) in POOL_SERIES {
+            let _ = metrics
+                .db_pool
+                .get_or_create(&[("pool", pool), ("state", state)]);
+        }
+        for reason in ["unreadable", "rejected", "hook-row"] {
+            let _ = metrics.invalid_rows.get_or_create(&[("reason", reason)]);
+        }
+        for reason in ["unknown-type", "no-table", "refused"] {
+            let _ = metrics
+                .object_unchecked
+                .get_or_create(&[("reason", reason)]);
         }
         let r = registry.sub_registry_with_prefix("gorge_webhook");
         r.register(
@@ -185,8 +239,43 @@ impl Metrics {
         );
         r.register(
             "db_pool_connections",
-            "Database pool connections by state (open, in_use, waiting)",
+            "Database connections by pool (query, lock) and state (query: open, in_use, waiting; lock: open, held)",
             metrics.db_pool.clone(),
+        );
+        r.register(
+            "invalid_rows",
+            "Requests failed with hook/invalid-row, by reason (unreadable, rejected, hook-row)",
+            metrics.invalid_rows.clone(),
+        );
+        r.register(
+            "rows_unaddressable",
+            "Candidate rows whose id or version could not be read (skipped)",
+            metrics.rows_unaddressable.clone(),
+        );
+        r.register(
+            "rows_quarantined",
+            "Rows that could be neither delivered nor failed; skipped until restart",
+            metrics.rows_quarantined.clone(),
+        );
+        r.register(
+            "object_unchecked",
+            "Deliveries whose object/transactions could not be checked, by reason (unknown-type, no-table, refused)",
+            metrics.object_unchecked.clone(),
+        );
+        r.register(
+            "result_write_retries",
+            "Result writes retried after a database error (within the claim's lease)",
+            metrics.result_write_retries.clone(),
+        );
+        r.register(
+            "db_timeouts",
+            "Database statements that hit the query timeout (their connection was closed)",
+            metrics.db_timeouts.clone(),
+        );
+        r.register(
+            "poll_loop_up",
+            "1 while the poll loop runs; 0 once it ended (the process then exits non-zero)",
+            metrics.poll_loop_up.clone(),
         );
         metrics
     }
@@ -227,12 +316,49 @@ impl Metrics {
             .inc();
     }
 
-    pub fn set_pool(&self, open: u64, in_use: u64, waiting: u64) {
-        for (state, value) in [("open", open), ("in_use", in_use), ("waiting", waiting)] {
+    pub fn set_pool(&self, pool: &gorge_claim::PoolState) {
+        let values = [
+            pool.connections,
+            pool.in_use,
+            pool.waiting,
+            pool.lock_connections,
+            pool.locks_held,
+        ];
+        for ((pool, state), value) in POOL_SERIES.into_iter().zip(values) {
             self.db_pool
-                .get_or_create(&[("state", state)])
+                .get_or_create(&[("pool", pool), ("state", state)])
                 .set(value as i64);
         }
+    }
+
+    pub fn pool_gauge(&self, pool: &'static str, state: &'static str) -> i64 {
+        self.db_pool
+            .get_or_create(&[("pool", pool), ("state", state)])
+            .get()
+    }
+
+    pub fn invalid_row(&self, reason: InvalidRowReason) {
+        self.invalid_rows
+            .get_or_create(&[("reason", reason.label())])
+            .inc();
+    }
+
+    pub fn invalid_rows(&self, reason: InvalidRowReason) -> u64 {
+        self.invalid_rows
+            .get_or_create(&[("reason", reason.label())])
+            .get()
+    }
+
+    pub fn object_unchecked(&self, reason: &'static str) {
+        self.object_unchecked
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    pub fn objects_unchecked(&self, reason: &'static str) -> u64 {
+        self.object_unchecked
+            .get_or_create(&[("reason", reason)])
+            .get()
     }
 }
 
@@ -249,7 +375,13 @@ mod tests {
         m.claim_lost();
         m.delivered(DeliveryOutcome::Sent, status_class(204));
         m.skip(SkipReason::HookBusy);
-        m.set_pool(3, 1, 0);
+        m.set_pool(&gorge_claim::PoolState {
+            connections: 3,
+            in_use: 1,
+            waiting: 0,
+            lock_connections: 2,
+            locks_held: 1,
+        });
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -257,7 +389,11 @@ mod tests {
             "gorge_webhook_claims_total{result=\"won\"} 1",
             "gorge_webhook_deliveries_total{outcome=\"sent\",class=\"2xx\"} 1",
             "gorge_webhook_skipped_total{reason=\"hook-busy\"} 1",
-            "gorge_webhook_db_pool_connections{state=\"open\"} 3",
+            "gorge_webhook_db_pool_connections{pool=\"query\",state=\"open\"} 3",
+            "gorge_webhook_db_pool_connections{pool=\"lock\",state=\"held\"} 1",
+            "gorge_webhook_invalid_rows_total{reason=\"rejected\"} 0",
+            "gorge_webhook_object_unchecked_total{reason=\"refused\"} 0",
+            "gorge_webhook_poll_loop_up 0",
             "gorge_webhook_breaker_open_hooks 0",
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",

@@ -139,9 +139,10 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 10);
 
-    // The window slid past the failures: closed, delivered, logged once.
+    // The window slid past the failures and the hook's rest (5 s of clock time after the
+    // last check) is over: closed, delivered, logged once.
     receiver.set_behaviour(|_, _| common::Reply::Status(200));
-    clock.set(T0 + 1 + 301);
+    clock.set(T0 + 1 + 299 + 5);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 11);
     let row = db.read_request(next).await.unwrap();
@@ -263,6 +264,12 @@ async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
         || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
     )
     .await;
+    // The slow hook's first POST may still be on its way (its row went through the same
+    // steps in parallel): wait for it, then check that nothing else of it came.
+    let waiting = receiver.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_for(2, std::time::Duration::from_secs(20)))
+        .await
+        .unwrap();
     let mut paths: Vec<String> = receiver.requests().into_iter().map(|r| r.path).collect();
     paths.sort();
     assert_eq!(

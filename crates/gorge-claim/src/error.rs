@@ -5,6 +5,11 @@ use std::fmt;
 /// MySQL/MariaDB `ER_BAD_DB_ERROR`: the `{namespace}_herald` database does not exist.
 const ER_BAD_DB_ERROR: u16 = 1049;
 
+/// Server errors caused by a row's values: `ER_BAD_NULL_ERROR`, `ER_WARN_DATA_OUT_OF_RANGE`,
+/// `WARN_DATA_TRUNCATED`, `ER_TRUNCATED_WRONG_VALUE`, `ER_TRUNCATED_WRONG_VALUE_FOR_FIELD`,
+/// `ER_DATA_TOO_LONG`, and MariaDB's `ER_CONSTRAINT_FAILED` (e.g. a JSON check).
+const ROW_DATA_ERRORS: [u16; 7] = [1048, 1264, 1265, 1292, 1366, 1406, 4025];
+
 /// Why a claim-store operation failed.
 #[derive(Debug)]
 pub enum ClaimError {
@@ -20,6 +25,11 @@ pub enum ClaimError {
     InvalidOutcome(&'static str),
     /// The server answered `NULL` where a value is required (e.g. `GET_LOCK` failed).
     UnexpectedNull(&'static str),
+    /// A statement (or the wait for a connection) did not finish within the query timeout;
+    /// its connection was closed.
+    Timeout(&'static str),
+    /// A row read from the server cannot be used as stored (e.g. bytes that are not UTF-8).
+    InvalidRow(&'static str),
 }
 
 impl ClaimError {
@@ -32,6 +42,19 @@ impl ClaimError {
                 }
             }
             _ => ClaimError::Database(err),
+        }
+    }
+
+    /// True when the server rejected a statement because of the values of the row it is
+    /// about (a value out of range, too long, not valid for its column) — as opposed to a
+    /// lost connection, a timeout, a missing privilege or database: repeating it for the
+    /// same row will fail the same way, while other rows are fine.
+    pub fn is_row_data_error(&self) -> bool {
+        match self {
+            ClaimError::Database(mysql_async::Error::Server(server)) => {
+                ROW_DATA_ERRORS.contains(&server.code)
+            }
+            _ => false,
         }
     }
 
@@ -51,6 +74,8 @@ impl fmt::Display for ClaimError {
             ClaimError::Database(err) => write!(f, "database error: {err}"),
             ClaimError::InvalidOutcome(why) => write!(f, "invalid outcome: {why}"),
             ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
+            ClaimError::Timeout(what) => write!(f, "database timeout: {what}"),
+            ClaimError::InvalidRow(why) => write!(f, "invalid row: {why}"),
         }
     }
 }
@@ -61,5 +86,28 @@ impl std::error::Error for ClaimError {
             ClaimError::Database(err) => Some(err),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: u16) -> ClaimError {
+        ClaimError::Database(mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: String::new(),
+            state: String::new(),
+        }))
+    }
+
+    #[test]
+    fn only_value_errors_are_blamed_on_the_row() {
+        // Out of range: the poison row (dateModified = 4294967295).
+        assert!(server(1264).is_row_data_error());
+        // A missing privilege or table concerns every row: never a reason to fail one.
+        assert!(!server(1142).is_row_data_error());
+        assert!(!server(1146).is_row_data_error());
+        assert!(!ClaimError::Timeout("claim").is_row_data_error());
     }
 }

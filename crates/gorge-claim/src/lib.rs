@@ -11,8 +11,10 @@
 //! - A result write sets `dateModified = lastRequestEpoch`, the marker for "not in flight",
 //!   so the claim lease (in-flight rows) and the retry backoff (rows with a result) are
 //!   independent settings.
-//! - [`ClaimStore::try_hook_lock`] serialises deliveries per hook across replicas with a
-//!   MySQL named lock held on a dedicated connection.
+//! - [`ClaimStore::try_hook_lock`] serialises deliveries per hook across replicas (and with
+//!   Phorge's own PHP worker) with Phorge's MySQL named lock, held on a dedicated connection.
+//! - [`ClaimStore::load_object`] loads a request's object and transactions as Phorge's
+//!   worker does ([`objects`] says where each PHID type is stored).
 //!
 //! Every query takes `now` (Unix seconds) from the caller: time is injected, never read with
 //! `UNIX_TIMESTAMP()`, so tests move the clock instead of sleeping.
@@ -30,6 +32,7 @@
 
 mod error;
 mod lock;
+pub mod objects;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testdb;
@@ -38,6 +41,6 @@ pub use error::ClaimError;
 pub use lock::{hook_lock_name, HookLock};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use store::{
-    Candidate, Claim, ClaimStore, ClaimTiming, Hook, PoolState, QueueDepth, RowOutcome, Stats,
-    MAX_EXCLUDED_HOOKS,
+    Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, ObjectLoad, PoolState,
+    QueueDepth, RowOutcome, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
 };

@@ -6,35 +6,55 @@
 //! background and, as a second line, the connection is reset when it returns to the pool
 //! (`COM_RESET_CONNECTION` frees named locks), so a lock never outlives its holder.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use ring::digest;
 
 use crate::error::ClaimError;
 
-/// MySQL 5.7+ rejects lock names longer than this many characters.
-const MAX_LOCK_NAME_CHARS: usize = 64;
+/// Characters of Phorge's `PhabricatorHash::digestForIndex`, indexed by `byte & 0x3F`.
+const INDEX_ALPHABET: &[u8; 64] =
+    b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._";
 
-/// The lock name for a hook: `webhook(<hookPHID>)` (the name Phorge's worker used), or,
-/// when that exceeds MySQL's 64-character limit, `webhook-sha256(<48 hex>)` from the
-/// SHA-256 of the PHID, stable across processes and versions.
-pub fn hook_lock_name(hook_phid: &str) -> String {
-    let plain = format!("webhook({hook_phid})");
-    if plain.chars().count() <= MAX_LOCK_NAME_CHARS {
-        return plain;
-    }
-    let hash = digest::digest(&digest::SHA256, hook_phid.as_bytes());
-    let hex: String = hash.as_ref()[..24]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("webhook-sha256({hex})")
+/// Phorge's `PhabricatorHash::digestToLength(s, 20)`: the first 7 bytes of `s`, `-`, and 12
+/// characters of its SHA-1 (always hashed, however short `s` is).
+fn digest_to_length_20(s: &str) -> String {
+    let hash = digest::digest(&digest::SHA1_FOR_LEGACY_USE_ONLY, s.as_bytes());
+    let prefix = &s.as_bytes()[..s.len().min(7)];
+    let mut out = String::from_utf8_lossy(prefix).into_owned();
+    out.push('-');
+    out.extend(
+        hash.as_ref()[..12]
+            .iter()
+            .map(|b| char::from(INDEX_ALPHABET[usize::from(b & 0x3F)])),
+    );
+    out
+}
+
+/// The MySQL lock name Phorge's `HeraldWebhookWorker` takes for a hook:
+/// `PhabricatorGlobalLock::newLock('webhook(<hookPHID>)')`, i.e.
+/// `ph:<D(namespace)>:<D("webhook(<hookPHID>)()")>` (the trailing `()` is the empty
+/// parameter list). Taking the same name makes a PHP worker still running during the
+/// hand-over and this service exclude each other per hook. Always 44 characters or fewer.
+pub fn hook_lock_name(namespace: &str, hook_phid: &str) -> String {
+    format!(
+        "ph:{}:{}",
+        digest_to_length_20(namespace),
+        digest_to_length_20(&format!("webhook({hook_phid})()"))
+    )
 }
 
 /// A held per-hook lock. Release it after the result write with [`HookLock::release`].
 pub struct HookLock {
     conn: Option<Conn>,
     name: String,
+    /// The store's gauge of held locks; decremented when the connection is given up.
+    held: Arc<AtomicUsize>,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for HookLock {
@@ -47,13 +67,21 @@ impl std::fmt::Debug for HookLock {
 
 impl HookLock {
     /// Wraps the connection on which `GET_LOCK(name, …)` returned 1.
-    pub(crate) fn held(mut conn: Conn, name: String) -> HookLock {
+    pub(crate) fn held(
+        mut conn: Conn,
+        name: String,
+        held: Arc<AtomicUsize>,
+        timeout: Duration,
+    ) -> HookLock {
         // Whatever the pool options say, a connection that carried a lock is reset
         // (which frees the lock) before anyone else gets it.
         conn.reset_connection(true);
+        held.fetch_add(1, Ordering::SeqCst);
         HookLock {
             conn: Some(conn),
             name,
+            held,
+            timeout,
         }
     }
 
@@ -67,20 +95,26 @@ impl HookLock {
         let Some(conn) = self.conn.take() else {
             return Ok(());
         };
-        release_on(conn, &self.name)
-            .await
-            .map_err(ClaimError::Database)
+        let released = release_on(conn, &self.name, self.timeout).await;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        released
     }
 }
 
-/// `RELEASE_LOCK(name)` on `conn`, then back to the pool. On error the session may still
-/// hold the lock: it is ended so that the server frees the lock.
-async fn release_on(mut conn: Conn, name: &str) -> Result<(), mysql_async::Error> {
-    let released = conn.exec_drop("DO RELEASE_LOCK(?)", (name,)).await;
-    if released.is_err() {
-        let _ = conn.disconnect().await;
+/// `RELEASE_LOCK(name)` on `conn`, then back to the pool. On error or timeout the session
+/// may still hold the lock: it is ended so that the server frees the lock.
+async fn release_on(mut conn: Conn, name: &str, timeout: Duration) -> Result<(), ClaimError> {
+    match tokio::time::timeout(timeout, conn.exec_drop("DO RELEASE_LOCK(?)", (name,))).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => {
+            crate::store::discard(conn);
+            Err(ClaimError::Database(err))
+        }
+        Err(_) => {
+            crate::store::discard(conn);
+            Err(ClaimError::Timeout("RELEASE_LOCK"))
+        }
     }
-    released
 }
 
 impl Drop for HookLock {
@@ -89,10 +123,14 @@ impl Drop for HookLock {
             return;
         };
         let name = std::mem::take(&mut self.name);
+        let (held, timeout) = (Arc::clone(&self.held), self.timeout);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = release_on(conn, &name).await;
+                let _ = release_on(conn, &name, timeout).await;
+                held.fetch_sub(1, Ordering::SeqCst);
             });
+        } else {
+            held.fetch_sub(1, Ordering::SeqCst);
         }
         // Without a runtime the connection returns to the pool, which resets it.
     }
@@ -103,26 +141,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_phid_uses_phorge_name() {
+    fn names_are_phorges() {
         assert_eq!(
-            hook_lock_name("PHID-HWBH-abcdefghijklmnopqrst"),
-            "webhook(PHID-HWBH-abcdefghijklmnopqrst)"
+            hook_lock_name("phabricator", "PHID-HWBH-aaaaaaaaaaaaaaaaaaaa"),
+            "ph:phabric-6rILUDHKjHKu:webhook-5PEtnTSnIh3k"
+        );
+        // A namespace shorter than the prefix is still hashed.
+        assert_eq!(
+            hook_lock_name("x", "PHID-HWBH-aaaaaaaaaaaaaaaaaaaa"),
+            "ph:x-hSJe5GF4HGZY:webhook-5PEtnTSnIh3k"
         );
     }
 
     #[test]
-    fn long_phid_is_hashed_within_the_limit() {
-        let phid = format!("PHID-HWBH-{}", "x".repeat(60));
-        let name = hook_lock_name(&phid);
-        assert_eq!(name.len(), 64);
-        assert!(name.starts_with("webhook-sha256("));
-        assert_eq!(name, hook_lock_name(&phid));
-        assert_ne!(name, hook_lock_name(&format!("{phid}y")));
-    }
-
-    #[test]
-    fn limit_is_inclusive() {
-        let phid = "P".repeat(64 - "webhook()".len());
-        assert_eq!(hook_lock_name(&phid), format!("webhook({phid})"));
+    fn long_phids_stay_within_mysql_limit() {
+        let phid = format!("PHID-HWBH-{}", "x".repeat(200));
+        assert!(hook_lock_name(&"n".repeat(64), &phid).len() <= 64);
     }
 }

@@ -1,14 +1,25 @@
 //! `ClaimStore`: every SQL statement the webhook service runs against `{namespace}_herald`.
 //!
-//! Only `SELECT`/`UPDATE` on `herald_webhookrequest` and `SELECT` on `herald_webhook`
-//! (plus `GET_LOCK`, see `lock.rs`). See the crate doc for the row states.
+//! Only `SELECT`/`UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook` and on
+//! the object and transaction tables of Phorge's applications (see `objects.rs`), plus
+//! `GET_LOCK` (see `lock.rs`). See the crate doc for the row states.
+//!
+//! Every statement is bounded by [`StoreOptions::query_timeout`]; a connection whose
+//! statement timed out is closed, never returned to the pool (a silently dead connection
+//! would otherwise be handed out again). Columns are read as bytes and checked here, so a
+//! row holding bytes that are not UTF-8 is reported as a [`BrokenRow`], never a panic.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Pool, Value};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, Row, Value};
 use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
 use crate::lock::{hook_lock_name, HookLock};
+use crate::objects::{object_kind, phid_type, ObjectKind};
 
 /// Lease and backoff, in seconds; independent of each other (see the crate doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +28,30 @@ pub struct ClaimTiming {
     pub lease_sec: u64,
     /// How long a failed `retry=forever` row waits before it is a candidate again.
     pub retry_backoff_sec: u64,
+}
+
+/// Limits of the store's two connection pools and statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Bound on every statement, and on waiting for a connection from a pool.
+    pub query_timeout: Duration,
+    /// Connections for queries (polls, claims, result writes, the API).
+    pub max_connections: usize,
+    /// Connections that hold a per-hook lock across a POST (one per delivery in flight).
+    pub max_lock_connections: usize,
+    /// Idle connections above one (queries) or zero (locks) are closed after this long.
+    pub idle_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            query_timeout: Duration::from_secs(10),
+            max_connections: 4,
+            max_lock_connections: 16,
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// A `queued` row that may be claimed. Not ours until [`ClaimStore::claim`] says so.
@@ -33,6 +68,59 @@ pub struct Candidate {
     /// The row version the claim compares against.
     pub date_modified: u64,
     pub last_request_epoch: u64,
+}
+
+/// A candidate row that cannot be delivered as stored (e.g. a PHID that is not UTF-8).
+/// It can still be addressed by id and version, so it can be failed for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenRow {
+    pub id: u64,
+    pub date_modified: u64,
+    /// The `properties` text when it could be read.
+    pub properties: Option<String>,
+    /// Which column is unusable, for the log.
+    pub reason: &'static str,
+}
+
+/// What one candidate query found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Usable rows, oldest id first.
+    pub rows: Vec<Candidate>,
+    pub broken: Vec<BrokenRow>,
+    /// Rows whose id or version could not be read (cannot be written to at all).
+    pub unaddressable: usize,
+    /// Rows returned by the server, all three kinds.
+    pub fetched: usize,
+}
+
+/// Why an object's transactions were not checked against its transaction table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unchecked {
+    /// The PHID type is not in Phorge's table (an extension application).
+    UnknownType(String),
+    /// The type has no Lisk table or no transaction table (e.g. `APPS`).
+    NoTable(String),
+    /// The server refused or did not know the table; `grant` is the statement that fixes it.
+    Refused {
+        database: String,
+        grant: String,
+        error: String,
+    },
+}
+
+/// The object of a request, loaded as Phorge's worker loads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectLoad {
+    /// The object exists. `transactions` is what the payload lists: the stored PHIDs that
+    /// exist for this object, newest first — or, when `unchecked` says why that could not be
+    /// looked up, the stored list as is.
+    Found {
+        transactions: Vec<String>,
+        unchecked: Option<Unchecked>,
+    },
+    /// No such object (or a PHID without a type part): Phorge's `ERROR_OBJECT`.
+    Missing,
 }
 
 /// A won claim: the row is ours while its `dateModified` is still `version`.
@@ -101,22 +189,30 @@ pub struct QueueDepth {
     pub oldest_age_sec: Option<u64>,
 }
 
-/// Connection pool gauges (read from the driver's counters, no I/O).
+/// Connection gauges of both pools (read from counters, no I/O).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolState {
-    /// Open connections, idle or in use.
+    /// Query pool: open connections, idle or in use.
     pub connections: u64,
-    /// Connections checked out (queries in progress and held hook locks).
+    /// Query pool: connections checked out.
     pub in_use: u64,
-    /// Callers waiting for a connection.
+    /// Query pool: callers waiting for a connection.
     pub waiting: u64,
+    /// Lock pool: open connections, idle or holding a lock.
+    pub lock_connections: u64,
+    /// Hook locks held right now (each on its own connection).
+    pub locks_held: u64,
 }
 
-/// The claim protocol over one `{namespace}_herald` database. Cheap to clone (shared pool).
+/// The claim protocol over one `{namespace}_herald` database. Cheap to clone (shared pools).
 #[derive(Clone)]
 pub struct ClaimStore {
     pool: Pool,
+    locks: Pool,
+    locks_held: Arc<AtomicUsize>,
     database: String,
+    namespace: String,
+    options: StoreOptions,
 }
 
 impl std::fmt::Debug for ClaimStore {
@@ -126,9 +222,6 @@ impl std::fmt::Debug for ClaimStore {
             .finish_non_exhaustive()
     }
 }
-
-/// The columns of the candidate query, in order.
-type CandidateRow = (u64, String, String, String, String, u64, u64, u64);
 
 /// The candidate query up to the optional hook exclusion; [`candidates_sql`] completes it.
 const CANDIDATES_SQL_HEAD: &str = "\
@@ -165,15 +258,121 @@ UPDATE herald_webhookrequest \
 SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ?";
 
+const FAIL_UNCLAIMABLE_SQL: &str = "\
+UPDATE herald_webhookrequest \
+SET status = 'failed', lastRequestResult = 'none', lastRequestEpoch = 0, properties = ? \
+WHERE id = ? AND status = 'queued' AND dateModified = ?";
+
+/// Most transaction PHIDs looked up in one statement.
+const XACTION_CHUNK: usize = 500;
+
+/// Server errors that mean "this user may not read that table" or "no such table/database".
+const ER_DBACCESS_DENIED: u16 = 1044;
+const ER_BAD_DB: u16 = 1049;
+const ER_TABLEACCESS_DENIED: u16 = 1142;
+const ER_COLUMNACCESS_DENIED: u16 = 1143;
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
+/// Bound on closing a connection that timed out (it may be dead: nothing is waited for).
+const DISCARD_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn pool_opts(min: usize, max: usize, idle: Duration) -> PoolOpts {
+    let max = max.max(1);
+    let constraints =
+        PoolConstraints::new(min.min(max), max).unwrap_or(mysql_async::DEFAULT_POOL_CONSTRAINTS);
+    PoolOpts::default()
+        .with_constraints(constraints)
+        .with_inactive_connection_ttl(idle)
+        .with_ttl_check_interval(idle.max(Duration::from_secs(1)))
+}
+
+/// A column as text; `None` when NULL, missing or not UTF-8.
+fn text(row: &mut Row, index: usize) -> Option<String> {
+    let bytes: Vec<u8> = row.take_opt(index)?.ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+fn int(row: &mut Row, index: usize) -> Option<u64> {
+    row.take_opt(index)?.ok()
+}
+
+/// Reads one candidate row; `Err(None)` when the row cannot even be addressed.
+fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
+    let (Some(id), Some(date_modified)) = (int(row, 0), int(row, 6)) else {
+        return Err(None);
+    };
+    let properties = text(row, 4);
+    let broken = |reason, properties: Option<String>| {
+        Err(Some(BrokenRow {
+            id,
+            date_modified,
+            properties,
+            reason,
+        }))
+    };
+    let Some(phid) = text(row, 1) else {
+        return broken("phid is not UTF-8 text", properties);
+    };
+    let Some(webhook_phid) = text(row, 2) else {
+        return broken("webhookPHID is not UTF-8 text", properties);
+    };
+    let Some(object_phid) = text(row, 3) else {
+        return broken("objectPHID is not UTF-8 text", properties);
+    };
+    let Some(properties) = properties else {
+        return broken("properties is not UTF-8 text", None);
+    };
+    let (Some(date_created), Some(last_request_epoch)) = (int(row, 5), int(row, 7)) else {
+        return broken(
+            "dateCreated or lastRequestEpoch is not a number",
+            Some(properties),
+        );
+    };
+    Ok(Candidate {
+        id,
+        phid,
+        webhook_phid,
+        object_phid,
+        properties,
+        date_created,
+        date_modified,
+        last_request_epoch,
+    })
+}
+
+/// The result of a statement raced against the timeout.
+type Timed<T> = Result<Result<T, mysql_async::Error>, tokio::time::error::Elapsed>;
+
 impl ClaimStore {
-    /// A store on `database` (e.g. `phabricator_herald`) of the server in `opts`; any database
-    /// name in `opts` is replaced. Connects lazily: a down server or a missing database shows
-    /// up as errors from the calls (see [`ClaimStore::ping`]), never here.
+    /// A store on `database` (e.g. `phabricator_herald`) with default [`StoreOptions`].
     pub fn new(opts: Opts, database: &str) -> Self {
-        let opts = OptsBuilder::from_opts(opts).db_name(Some(database));
+        Self::with_options(opts, database, StoreOptions::default())
+    }
+
+    /// A store on `database` of the server in `opts` (any database and pool options in
+    /// `opts` are replaced). The namespace is `database` without its `_herald` suffix.
+    /// Connects lazily: a down server or a missing database shows up as errors from the
+    /// calls (see [`ClaimStore::ping`]), never here.
+    pub fn with_options(opts: Opts, database: &str, options: StoreOptions) -> Self {
+        let base = OptsBuilder::from_opts(opts).db_name(Some(database));
+        let queries =
+            base.clone()
+                .pool_opts(pool_opts(1, options.max_connections, options.idle_timeout));
+        let locks = base.pool_opts(pool_opts(
+            0,
+            options.max_lock_connections,
+            options.idle_timeout,
+        ));
         ClaimStore {
-            pool: Pool::new(opts),
+            pool: Pool::new(queries),
+            locks: Pool::new(locks),
+            locks_held: Arc::new(AtomicUsize::new(0)),
             database: database.to_owned(),
+            namespace: database
+                .strip_suffix("_herald")
+                .unwrap_or(database)
+                .to_owned(),
+            options,
         }
     }
 
@@ -182,21 +381,63 @@ impl ClaimStore {
         &self.database
     }
 
+    /// The storage namespace (`phabricator` for `phabricator_herald`).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The limits this store was built with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
     async fn conn(&self) -> Result<Conn, ClaimError> {
-        self.pool.get_conn().await.map_err(|e| self.err(e))
+        Self::conn_from(&self.pool, &self.options, &self.database).await
+    }
+
+    async fn conn_from(pool: &Pool, options: &StoreOptions, db: &str) -> Result<Conn, ClaimError> {
+        match tokio::time::timeout(options.query_timeout, pool.get_conn()).await {
+            Ok(conn) => conn.map_err(|e| ClaimError::from_driver(e, db)),
+            Err(_) => Err(ClaimError::Timeout("waiting for a database connection")),
+        }
     }
 
     fn err(&self, err: mysql_async::Error) -> ClaimError {
         ClaimError::from_driver(err, &self.database)
     }
 
+    /// Finishes a timed statement: on timeout the connection is closed (never reused).
+    fn settle<T>(
+        &self,
+        conn: Conn,
+        out: Timed<T>,
+        what: &'static str,
+    ) -> Result<(Conn, T), ClaimError> {
+        match out {
+            Ok(Ok(value)) => Ok((conn, value)),
+            Ok(Err(err)) => Err(self.err(err)),
+            Err(_) => {
+                discard(conn);
+                Err(ClaimError::Timeout(what))
+            }
+        }
+    }
+
     /// Readiness: a round trip on the database. A missing database is
     /// [`ClaimError::UnknownDatabase`].
     pub async fn ping(&self) -> Result<(), ClaimError> {
         let mut conn = self.conn().await?;
-        conn.query_drop("SELECT 1 FROM herald_webhookrequest LIMIT 0")
-            .await
-            .map_err(|e| self.err(e))
+        let out = self
+            .timed(conn.query_drop("SELECT 1 FROM herald_webhookrequest LIMIT 0"))
+            .await;
+        self.settle(conn, out, "readiness ping").map(|_| ())
+    }
+
+    async fn timed<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Result<F::Output, tokio::time::error::Elapsed> {
+        tokio::time::timeout(self.options.query_timeout, fut).await
     }
 
     /// Up to `limit` claimable rows, oldest id first, leaving out the rows of the hooks in
@@ -216,6 +457,17 @@ impl ClaimStore {
         limit: usize,
         exclude_hooks: &[String],
     ) -> Result<Vec<Candidate>, ClaimError> {
+        Ok(self.batch(now, timing, limit, exclude_hooks).await?.rows)
+    }
+
+    /// [`ClaimStore::candidates`] with the rows that cannot be used reported apart.
+    pub async fn batch(
+        &self,
+        now: u64,
+        timing: &ClaimTiming,
+        limit: usize,
+        exclude_hooks: &[String],
+    ) -> Result<Batch, ClaimError> {
         let backoff_cutoff = now.saturating_sub(timing.retry_backoff_sec);
         let lease_cutoff = now.saturating_sub(timing.lease_sec);
         let excluded = &exclude_hooks[..exclude_hooks.len().min(MAX_EXCLUDED_HOOKS)];
@@ -233,34 +485,40 @@ impl ClaimStore {
         }
         params.push((limit as u64).into());
         let mut conn = self.conn().await?;
-        let rows: Vec<CandidateRow> = conn
-            .exec(candidates_sql(placeholders), params)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(
-                    id,
-                    phid,
-                    webhook_phid,
-                    object_phid,
-                    properties,
-                    date_created,
-                    date_modified,
-                    last_request_epoch,
-                )| Candidate {
-                    id,
-                    phid,
-                    webhook_phid,
-                    object_phid,
-                    properties,
-                    date_created,
-                    date_modified,
-                    last_request_epoch,
-                },
-            )
-            .collect())
+        let out = self
+            .timed(conn.exec::<Row, _, _>(candidates_sql(placeholders), params))
+            .await;
+        let (_conn, rows) = self.settle(conn, out, "candidate query")?;
+        let mut batch = Batch {
+            fetched: rows.len(),
+            ..Batch::default()
+        };
+        for mut row in rows {
+            match read_candidate(&mut row) {
+                Ok(candidate) => batch.rows.push(candidate),
+                Err(Some(broken)) => batch.broken.push(broken),
+                Err(None) => batch.unaddressable += 1,
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Fails a row for good without claiming it first: `failed`/`none`/epoch 0 with
+    /// `properties`, if the row is still `queued` at `seen_version`. For rows that cannot be
+    /// claimed (a version the claim UPDATE cannot advance) or used (a [`BrokenRow`]): the
+    /// status change itself is the compare-and-set, so of two processes only one writes.
+    pub async fn fail_unclaimable(
+        &self,
+        id: u64,
+        seen_version: u64,
+        properties: &str,
+    ) -> Result<bool, ClaimError> {
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec_drop(FAIL_UNCLAIMABLE_SQL, (properties, id, seen_version)))
+            .await;
+        let (conn, ()) = self.settle(conn, out, "invalid-row write")?;
+        Ok(conn.affected_rows() == 1)
     }
 
     /// Compare-and-set on the version seen in `candidate`. `None`: another claimant won.
@@ -275,9 +533,10 @@ impl ClaimStore {
     ) -> Result<Option<Claim>, ClaimError> {
         let version = (candidate.date_modified + 1).max(now);
         let mut conn = self.conn().await?;
-        conn.exec_drop(CLAIM_SQL, (version, candidate.id, candidate.date_modified))
-            .await
-            .map_err(|e| self.err(e))?;
+        let out = self
+            .timed(conn.exec_drop(CLAIM_SQL, (version, candidate.id, candidate.date_modified)))
+            .await;
+        let (conn, ()) = self.settle(conn, out, "claim")?;
         Ok((conn.affected_rows() == 1).then_some(Claim {
             id: candidate.id,
             version,
@@ -310,39 +569,178 @@ impl ClaimStore {
             (marker, marker)
         };
         let mut conn = self.conn().await?;
-        conn.exec_drop(
-            OUTCOME_SQL,
-            (
-                outcome.status.as_str(),
-                outcome.result.as_str(),
-                last_epoch,
-                version,
-                outcome.properties.as_str(),
-                claim.id,
-                claim.version,
-            ),
-        )
-        .await
-        .map_err(|e| self.err(e))?;
+        let out = self
+            .timed(conn.exec_drop(
+                OUTCOME_SQL,
+                (
+                    outcome.status.as_str(),
+                    outcome.result.as_str(),
+                    last_epoch,
+                    version,
+                    outcome.properties.as_str(),
+                    claim.id,
+                    claim.version,
+                ),
+            ))
+            .await;
+        let (conn, ()) = self.settle(conn, out, "result write")?;
         Ok(conn.affected_rows() == 1)
     }
 
-    /// The hook row, or `None` when it does not exist.
+    /// The hook row, or `None` when it does not exist. A hook whose columns are not UTF-8
+    /// text is [`ClaimError::InvalidRow`].
     pub async fn load_hook(&self, phid: &str) -> Result<Option<Hook>, ClaimError> {
         let mut conn = self.conn().await?;
-        let row: Option<(String, String, String, String)> = conn
-            .exec_first(
+        let out = self
+            .timed(conn.exec_first::<Row, _, _>(
                 "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid = ?",
                 (phid,),
-            )
+            ))
+            .await;
+        let (_conn, row) = self.settle(conn, out, "hook query")?;
+        let Some(mut row) = row else {
+            return Ok(None);
+        };
+        let hook = (|| {
+            Some(Hook {
+                phid: text(&mut row, 0)?,
+                uri: text(&mut row, 1)?,
+                status: text(&mut row, 2)?,
+                hmac_key: text(&mut row, 3)?,
+            })
+        })();
+        hook.map(Some).ok_or(ClaimError::InvalidRow(
+            "a herald_webhook column is not UTF-8 text",
+        ))
+    }
+
+    /// Loads the request's object as Phorge's worker does: the object must exist in its
+    /// application's table, and the payload lists only the stored transaction PHIDs that
+    /// exist for that object, newest first (`ORDER BY id DESC`).
+    ///
+    /// When that cannot be checked (a type Phorge's table does not list, a table the
+    /// server refuses), the object counts as found and the stored list is used as is;
+    /// `unchecked` says why, for the caller to log and count.
+    pub async fn load_object(
+        &self,
+        object_phid: &str,
+        stored: &[String],
+    ) -> Result<ObjectLoad, ClaimError> {
+        let kind = phid_type(object_phid).unwrap_or("????").to_owned();
+        let unchecked = |why: Unchecked| ObjectLoad::Found {
+            transactions: stored.to_vec(),
+            unchecked: Some(why),
+        };
+        let tables = match object_kind(object_phid) {
+            ObjectKind::Malformed => return Ok(ObjectLoad::Missing),
+            ObjectKind::Stored(tables) => tables,
+            ObjectKind::Virtual => return Ok(unchecked(Unchecked::NoTable(kind))),
+            ObjectKind::Unknown => return Ok(unchecked(Unchecked::UnknownType(kind))),
+        };
+        let database = format!("{}_{}", self.namespace, tables.database);
+        let sql = format!(
+            "SELECT 1 FROM `{database}`.`{}` WHERE phid = ? LIMIT 1",
+            tables.object_table
+        );
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec_first::<u8, _, _>(sql, (object_phid,)))
+            .await;
+        let found = match self.settle(conn, out, "object query") {
+            Ok((_, found)) => found.is_some(),
+            Err(err) => {
+                return self.refused(err, &database, tables.object_table, stored);
+            }
+        };
+        if !found {
+            return Ok(ObjectLoad::Missing);
+        }
+        let Some((xaction_db, xaction_table)) = tables.transactions else {
+            return Ok(unchecked(Unchecked::NoTable(kind)));
+        };
+        if stored.is_empty() {
+            return Ok(ObjectLoad::Found {
+                transactions: Vec::new(),
+                unchecked: None,
+            });
+        }
+        let xaction_database = format!("{}_{}", self.namespace, xaction_db);
+        match self
+            .existing_transactions(&xaction_database, xaction_table, object_phid, stored)
             .await
-            .map_err(|e| self.err(e))?;
-        Ok(row.map(|(phid, uri, status, hmac_key)| Hook {
-            phid,
-            uri,
-            status,
-            hmac_key,
-        }))
+        {
+            Ok(transactions) => Ok(ObjectLoad::Found {
+                transactions,
+                unchecked: None,
+            }),
+            Err(err) => self.refused(err, &xaction_database, xaction_table, stored),
+        }
+    }
+
+    /// The PHIDs of `stored` that exist in `table` for `object_phid`, newest (highest id)
+    /// first.
+    async fn existing_transactions(
+        &self,
+        database: &str,
+        table: &str,
+        object_phid: &str,
+        stored: &[String],
+    ) -> Result<Vec<String>, ClaimError> {
+        let mut found: Vec<(u64, String)> = Vec::new();
+        for chunk in stored.chunks(XACTION_CHUNK) {
+            let sql = format!(
+                "SELECT id, phid FROM `{database}`.`{table}` WHERE objectPHID = ? AND phid IN (?{})",
+                ", ?".repeat(chunk.len() - 1)
+            );
+            let mut params: Vec<Value> = Vec::with_capacity(chunk.len() + 1);
+            params.push(object_phid.into());
+            params.extend(chunk.iter().map(|phid| Value::from(phid.as_str())));
+            let mut conn = self.conn().await?;
+            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
+            let (_conn, rows) = self.settle(conn, out, "transaction query")?;
+            for mut row in rows {
+                if let (Some(id), Some(phid)) = (int(&mut row, 0), text(&mut row, 1)) {
+                    found.push((id, phid));
+                }
+            }
+        }
+        found.sort_by_key(|row| std::cmp::Reverse(row.0));
+        found.dedup_by(|a, b| a.1 == b.1);
+        Ok(found.into_iter().map(|(_, phid)| phid).collect())
+    }
+
+    /// Maps a refused or unknown application table to [`Unchecked::Refused`] (deliver with
+    /// the stored list); any other error is returned.
+    fn refused(
+        &self,
+        err: ClaimError,
+        database: &str,
+        table: &str,
+        stored: &[String],
+    ) -> Result<ObjectLoad, ClaimError> {
+        let code = match &err {
+            ClaimError::Database(mysql_async::Error::Server(server)) => server.code,
+            ClaimError::UnknownDatabase { .. } => ER_BAD_DB,
+            _ => return Err(err),
+        };
+        if !matches!(
+            code,
+            ER_DBACCESS_DENIED
+                | ER_BAD_DB
+                | ER_TABLEACCESS_DENIED
+                | ER_COLUMNACCESS_DENIED
+                | ER_NO_SUCH_TABLE
+        ) {
+            return Err(err);
+        }
+        Ok(ObjectLoad::Found {
+            transactions: stored.to_vec(),
+            unchecked: Some(Unchecked::Refused {
+                database: database.to_owned(),
+                grant: format!("GRANT SELECT ON `{database}`.`{table}` TO <gorge user>"),
+                error: err.to_string(),
+            }),
+        })
     }
 
     /// Circuit breaker input: rows of this hook whose last request failed at or after
@@ -353,28 +751,35 @@ impl ClaimStore {
         since_epoch: u64,
     ) -> Result<u64, ClaimError> {
         let mut conn = self.conn().await?;
-        let count: Option<u64> = conn
-            .exec_first(
+        let out = self
+            .timed(conn.exec_first::<u64, _, _>(
                 "SELECT COUNT(*) FROM herald_webhookrequest \
                  WHERE webhookPHID = ? AND lastRequestResult = 'fail' AND lastRequestEpoch >= ?",
                 (hook_phid, since_epoch),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            ))
+            .await;
+        let (_conn, count) = self.settle(conn, out, "breaker query")?;
         Ok(count.unwrap_or(0))
     }
 
-    /// Takes the per-hook named lock without waiting; `None`: another delivery of this hook
-    /// (in any process) holds it. The lock lives on a connection owned by the [`HookLock`].
+    /// Takes the per-hook named lock (Phorge's name, see [`hook_lock_name`]) without
+    /// waiting; `None`: another delivery of this hook (in any process, PHP's worker
+    /// included) holds it. The lock lives on a connection of the lock pool owned by the
+    /// [`HookLock`].
     pub async fn try_hook_lock(&self, hook_phid: &str) -> Result<Option<HookLock>, ClaimError> {
-        let name = hook_lock_name(hook_phid);
-        let mut conn = self.conn().await?;
-        let got: Option<Option<i64>> = conn
-            .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
-            .await
-            .map_err(|e| self.err(e))?;
+        let name = hook_lock_name(&self.namespace, hook_phid);
+        let mut conn = Self::conn_from(&self.locks, &self.options, &self.database).await?;
+        let out = self
+            .timed(conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (&name,)))
+            .await;
+        let (conn, got) = self.settle(conn, out, "GET_LOCK")?;
         match got.flatten() {
-            Some(1) => Ok(Some(HookLock::held(conn, name))),
+            Some(1) => Ok(Some(HookLock::held(
+                conn,
+                name,
+                Arc::clone(&self.locks_held),
+                self.options.query_timeout,
+            ))),
             Some(_) => Ok(None),
             None => Err(ClaimError::UnexpectedNull("GET_LOCK")),
         }
@@ -383,16 +788,18 @@ impl ClaimStore {
     /// Request counts by status and the number of active hooks.
     pub async fn stats(&self) -> Result<Stats, ClaimError> {
         let mut conn = self.conn().await?;
-        let by_status: Vec<(String, u64)> = conn
-            .query("SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status")
-            .await
-            .map_err(|e| self.err(e))?;
-        let active: Option<u64> = conn
-            .query_first(
+        let out = self
+            .timed(conn.query::<(String, u64), _>(
+                "SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status",
+            ))
+            .await;
+        let (mut conn, by_status) = self.settle(conn, out, "stats query")?;
+        let out = self
+            .timed(conn.query_first::<u64, _>(
                 "SELECT COUNT(*) FROM herald_webhook WHERE status IN ('enabled', 'firehose')",
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            ))
+            .await;
+        let (_conn, active) = self.settle(conn, out, "stats query")?;
         let mut stats = Stats {
             active_hooks: active.unwrap_or(0),
             ..Stats::default()
@@ -411,22 +818,22 @@ impl ClaimStore {
     /// Number of hooks, whatever their status.
     pub async fn hook_count(&self) -> Result<u64, ClaimError> {
         let mut conn = self.conn().await?;
-        let count: Option<u64> = conn
-            .query_first("SELECT COUNT(*) FROM herald_webhook")
-            .await
-            .map_err(|e| self.err(e))?;
+        let out = self
+            .timed(conn.query_first::<u64, _>("SELECT COUNT(*) FROM herald_webhook"))
+            .await;
+        let (_conn, count) = self.settle(conn, out, "hook count")?;
         Ok(count.unwrap_or(0))
     }
 
     /// Queued rows and the age of the oldest one.
     pub async fn queue_depth(&self, now: u64) -> Result<QueueDepth, ClaimError> {
         let mut conn = self.conn().await?;
-        let row: Option<(u64, Option<u64>)> = conn
-            .query_first(
+        let out = self
+            .timed(conn.query_first::<(u64, Option<u64>), _>(
                 "SELECT COUNT(*), MIN(dateCreated) FROM herald_webhookrequest WHERE status = 'queued'",
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            ))
+            .await;
+        let (_conn, row) = self.settle(conn, out, "queue depth")?;
         let (queued, oldest) = row.unwrap_or((0, None));
         Ok(QueueDepth {
             queued,
@@ -437,19 +844,35 @@ impl ClaimStore {
     /// Pool gauges for `/metrics`.
     pub fn pool_state(&self) -> PoolState {
         use std::sync::atomic::Ordering::Relaxed;
-        let metrics = self.pool.metrics();
+        let queries = self.pool.metrics();
+        let locks = self.locks.metrics();
         PoolState {
-            connections: metrics.connection_count.load(Relaxed) as u64,
-            in_use: metrics.connections_in_use.load(Relaxed) as u64,
-            waiting: metrics.active_wait_requests.load(Relaxed) as u64,
+            connections: queries.connection_count.load(Relaxed) as u64,
+            in_use: queries.connections_in_use.load(Relaxed) as u64,
+            waiting: queries.active_wait_requests.load(Relaxed) as u64,
+            lock_connections: locks.connection_count.load(Relaxed) as u64,
+            locks_held: self.locks_held.load(Ordering::SeqCst) as u64,
         }
     }
 
-    /// Disconnects the pool; waits until checked-out connections (held hook locks) are back.
-    /// Call only after in-flight results are written.
+    /// Disconnects both pools; waits until checked-out connections (held hook locks) are
+    /// back. Call only after in-flight results are written.
     pub async fn close(self) {
         // Errors here mean connections were already gone: nothing left to clean up.
         let _ = self.pool.disconnect().await;
+        let _ = self.locks.disconnect().await;
+    }
+}
+
+/// Closes a connection whose statement timed out, in the background and bounded: it may be
+/// dead, and returning it to the pool would hand a dead session to the next caller.
+/// `disconnect` marks it closed before any I/O, so even if the close itself times out the
+/// pool only counts it as gone.
+pub(crate) fn discard(conn: Conn) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(DISCARD_TIMEOUT, conn.disconnect()).await;
+        });
     }
 }
 

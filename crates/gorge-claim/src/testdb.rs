@@ -19,10 +19,13 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Mutex;
+
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
 use crate::error::ClaimError;
+use crate::objects::{object_kind, ObjectKind};
 use crate::store::ClaimStore;
 
 const SCHEMA: &str = include_str!("../../../compat/herald-schema.sql");
@@ -95,6 +98,9 @@ pub struct TestDb {
     database: String,
     pool: Pool,
     dropped: bool,
+    /// Application databases (`{namespace}_maniphest`, …) created for object and
+    /// transaction rows; dropped with this one.
+    extra: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for TestDb {
@@ -136,6 +142,7 @@ impl TestDb {
             database,
             pool,
             dropped: false,
+            extra: Mutex::new(Vec::new()),
         })
     }
 
@@ -204,6 +211,85 @@ impl TestDb {
         Ok(conn.last_insert_id().unwrap_or(0))
     }
 
+    /// Creates `{namespace}_<database>`.`table` with the columns the service reads from
+    /// Phorge's object and transaction tables (`id`, `phid`, `objectPHID`), unless it exists
+    /// (e.g. `herald_webhook`). Returns the qualified name.
+    pub async fn create_app_table(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> Result<String, ClaimError> {
+        let full_db = format!("{}_{database}", self.namespace);
+        let map = |e| ClaimError::from_driver(e, &full_db);
+        let mut conn = self.conn().await?;
+        if full_db != self.database {
+            let mut extra = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+            if !extra.contains(&full_db) {
+                extra.push(full_db.clone());
+            }
+        }
+        conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS `{full_db}`"))
+            .await
+            .map_err(map)?;
+        let qualified = format!("`{full_db}`.`{table}`");
+        conn.query_drop(format!(
+            "CREATE TABLE IF NOT EXISTS {qualified} (\
+             id INT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             phid VARBINARY(64) NOT NULL, \
+             objectPHID VARBINARY(64) NOT NULL DEFAULT '', \
+             UNIQUE KEY key_phid (phid))"
+        ))
+        .await
+        .map_err(map)?;
+        Ok(qualified)
+    }
+
+    /// Makes the object `phid` exist in its application's table (see `objects`). Objects
+    /// stored in `herald_webhook` (hooks) must be inserted with [`TestDb::insert_hook`].
+    pub async fn insert_object(&self, phid: &str) -> Result<(), ClaimError> {
+        let ObjectKind::Stored(tables) = object_kind(phid) else {
+            panic!("{phid}: not a PHID type with an object table");
+        };
+        if tables.object_table == "herald_webhook" {
+            return Ok(());
+        }
+        let table = self
+            .create_app_table(tables.database, tables.object_table)
+            .await?;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("INSERT IGNORE INTO {table} (phid) VALUES (?)"),
+            (phid,),
+        )
+        .await
+        .map_err(|e| ClaimError::from_driver(e, &self.database))
+    }
+
+    /// Inserts transaction `phid` (`PHID-XACT-<TYPE>-…`) of `object_phid` with row `id` into
+    /// the transaction table of `<TYPE>`, as Phorge's editor would.
+    pub async fn insert_transaction(
+        &self,
+        id: u64,
+        phid: &str,
+        object_phid: &str,
+    ) -> Result<(), ClaimError> {
+        let kind = phid.split('-').nth(2).unwrap_or("????");
+        let ObjectKind::Stored(tables) = object_kind(&format!("PHID-{kind}-x")) else {
+            panic!("{phid}: no transaction table for type {kind}");
+        };
+        let (database, table) = tables
+            .transactions
+            .unwrap_or_else(|| panic!("{phid}: type {kind} has no transactions"));
+        let table = self.create_app_table(database, table).await?;
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("INSERT IGNORE INTO {table} (id, phid, objectPHID) VALUES (?, ?, ?)"),
+            (id, phid, object_phid),
+        )
+        .await
+        .map_err(|e| ClaimError::from_driver(e, &self.database))
+    }
+
     /// Reads a request row back; panics if it does not exist (tests only look up ids they
     /// inserted).
     pub async fn read_request(&self, id: u64) -> Result<RequestRow, ClaimError> {
@@ -254,13 +340,21 @@ impl TestDb {
         })
     }
 
-    /// Drops the database and closes the pool.
+    fn all_databases(&self) -> Vec<String> {
+        let mut all = self.extra.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        all.push(self.database.clone());
+        all
+    }
+
+    /// Drops the database (and the application databases it created) and closes the pool.
     pub async fn drop_database(mut self) {
         self.dropped = true;
         if let Ok(mut conn) = self.pool.get_conn().await {
-            let _ = conn
-                .query_drop(format!("DROP DATABASE IF EXISTS `{}`", self.database))
-                .await;
+            for database in self.all_databases() {
+                let _ = conn
+                    .query_drop(format!("DROP DATABASE IF EXISTS `{database}`"))
+                    .await;
+            }
         }
         let _ = self.pool.clone().disconnect().await;
     }
@@ -273,7 +367,7 @@ impl Drop for TestDb {
         }
         // A test failed before cleanup: drop the database on a private runtime so this works
         // from inside or outside an async context.
-        let database = self.database.clone();
+        let databases = self.all_databases();
         let cleanup = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -283,9 +377,11 @@ impl Drop for TestDb {
             };
             runtime.block_on(async move {
                 if let Ok(mut conn) = Conn::new(server_opts()).await {
-                    let _ = conn
-                        .query_drop(format!("DROP DATABASE IF EXISTS `{database}`"))
-                        .await;
+                    for database in databases {
+                        let _ = conn
+                            .query_drop(format!("DROP DATABASE IF EXISTS `{database}`"))
+                            .await;
+                    }
                     let _ = conn.disconnect().await;
                 }
             });

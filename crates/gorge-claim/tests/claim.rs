@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use gorge_claim::testdb::{server_opts, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
-    Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
-    RowOutcome, MAX_EXCLUDED_HOOKS,
+    hook_lock_name, Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, RequestResult,
+    RequestStatus, RowOutcome, MAX_EXCLUDED_HOOKS,
 };
 use mysql_async::prelude::Queryable;
 
@@ -437,7 +437,7 @@ async fn hook_lock_is_exclusive_and_never_leaks() {
         .await
         .unwrap()
         .expect("free lock");
-    assert_eq!(held.name(), format!("webhook({hook})"));
+    assert_eq!(held.name(), hook_lock_name(db.namespace(), &hook));
     assert!(store.try_hook_lock(&hook).await.unwrap().is_none());
     assert!(other_replica.try_hook_lock(&hook).await.unwrap().is_none());
     // Another hook is independent.
@@ -474,21 +474,61 @@ async fn hook_lock_is_exclusive_and_never_leaks() {
     db.drop_database().await;
 }
 
+/// Issue 10 item 6: while Phorge's PHP worker holds `PhabricatorGlobalLock::newLock(
+/// 'webhook(<PHID>)')` (a plain `GET_LOCK` of Phorge's name on its own session), this
+/// service must not take the hook, and the other way round.
 #[tokio::test]
-async fn hook_lock_with_overlong_phid_uses_hashed_name() {
+async fn phorges_own_lock_and_ours_exclude_each_other() {
     let db = fresh_db().await;
     let store = db.store();
-    let hook = hook_phid(&db, &"x".repeat(60));
-    let held = store
-        .try_hook_lock(&hook)
+    let hook = hook_phid(&db, "php");
+    let phorge_name = hook_lock_name(db.namespace(), &hook);
+    assert!(phorge_name.starts_with("ph:"), "{phorge_name}");
+    let mut php_worker = mysql_async::Conn::new(server_opts()).await.unwrap();
+    let got: Option<i64> = php_worker
+        .exec_first("SELECT GET_LOCK(?, 0)", (&phorge_name,))
         .await
-        .unwrap()
-        .expect("free lock");
-    assert!(held.name().starts_with("webhook-sha256("));
-    assert!(store.try_hook_lock(&hook).await.unwrap().is_none());
-    held.release().await.unwrap();
+        .unwrap();
+    assert_eq!(got, Some(1));
+    assert!(
+        store.try_hook_lock(&hook).await.unwrap().is_none(),
+        "the PHP worker holds the hook"
+    );
+    let _: Option<i64> = php_worker
+        .exec_first("SELECT RELEASE_LOCK(?)", (&phorge_name,))
+        .await
+        .unwrap();
+    let ours = store.try_hook_lock(&hook).await.unwrap().expect("free");
+    let got: Option<i64> = php_worker
+        .exec_first("SELECT GET_LOCK(?, 0)", (&phorge_name,))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(0), "the PHP worker must wait for us too");
+    ours.release().await.unwrap();
+    let _ = php_worker.disconnect().await;
     store.close().await;
     db.drop_database().await;
+}
+
+/// Every name in `compat/phorge-lock-names.json` (computed by Phorge's PHP).
+#[test]
+fn lock_names_match_phorges_php() {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("../../../compat/phorge-lock-names.json")).unwrap();
+    let cases = fixture.as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for case in cases {
+        let (namespace, hook, expected) = (
+            case["namespace"].as_str().unwrap(),
+            case["hook_phid"].as_str().unwrap(),
+            case["mysql_lock_name"].as_str().unwrap(),
+        );
+        assert_eq!(
+            case["lock_key"].as_str().unwrap(),
+            format!("webhook({hook})")
+        );
+        assert_eq!(hook_lock_name(namespace, hook), expected, "{case}");
+    }
 }
 
 #[tokio::test]

@@ -4,7 +4,15 @@
 //! One `std::sync::Mutex` guards the state; it is held only to compute targets and push into
 //! queues (no I/O, no `.await`), which also gives every socket the messages in publish order.
 //! Subscriptions are indexed per instance by PHID, so delivering to one PHID among 50 000
-//! sockets touches only the sockets that want it.
+//! sockets touches only the sockets that want it. Replay, which a client can ask for at will,
+//! walks history in bounded slices and lets go of the lock between them, and each socket's
+//! replays are rate-limited: no client can hold the lock the publish path needs.
+//!
+//! Instances come in two kinds (issue 9 N2): *confirmed* ones — any instance the admin port
+//! has published to, i.e. one Phorge itself names — and *anonymous* ones, named only by a
+//! browser's URL. Each kind has its own table of `Limits::instances` slots, so anonymous
+//! sockets on made-up `~names` can fill only the anonymous table and never keep a real
+//! instance out. `default` needs no slot: it is always admitted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,8 +21,15 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::clock::Clock;
-use crate::history::{Entry, History, HistoryLimits};
+use crate::history::{Entry, History, HistoryLimits, Subscribers};
 use crate::outbound::{Outbound, Push, QueueCaps};
+use crate::subscriptions::{subscription_cost, SubscriptionIndex};
+
+pub use crate::subscriptions::SocketId;
+
+/// History entries (or, for entries with many subscribers, PHID lookups) one replay slice may
+/// examine before it lets go of the hub lock.
+const REPLAY_SLICE_WORK: usize = 256;
 
 /// Every bound the hub enforces.
 #[derive(Debug, Clone)]
@@ -25,10 +40,19 @@ pub struct Limits {
     pub history_age_ms: u64,
     pub history_bytes: usize,
     pub subscriptions_per_socket: usize,
+    /// Bytes of subscriptions per socket (see [`crate::SUBSCRIPTION_OVERHEAD_BYTES`]).
+    pub subscription_bytes_per_socket: usize,
+    /// Bytes of subscriptions of all sockets together.
+    pub subscription_bytes_total: usize,
     pub phid_bytes: usize,
+    /// Slots per kind of instance (confirmed, anonymous).
     pub instances: usize,
     pub instance_name_bytes: usize,
     pub sockets: usize,
+    /// Replays a socket may ask for at once...
+    pub replay_burst: u32,
+    /// ...and one more per this many milliseconds.
+    pub replay_refill_ms: u64,
 }
 
 impl Default for Limits {
@@ -40,16 +64,17 @@ impl Default for Limits {
             history_age_ms: 60_000,
             history_bytes: 16 << 20,
             subscriptions_per_socket: 4096,
+            subscription_bytes_per_socket: 512 << 10,
+            subscription_bytes_total: 256 << 20,
             phid_bytes: 512,
             instances: 1024,
             instance_name_bytes: 512,
             sockets: 100_000,
+            replay_burst: 4,
+            replay_refill_ms: 5_000,
         }
     }
 }
-
-/// Identifies one socket for the life of the hub.
-pub type SocketId = u64;
 
 /// Why a socket could not join.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,8 +149,10 @@ pub struct PublishOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SubscribeOutcome {
     pub added: usize,
-    /// PHIDs refused by the per-socket or per-PHID limit.
+    /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
     pub ignored: usize,
+    /// PHIDs refused because all sockets together hold the total subscription bytes.
+    pub over_total: usize,
 }
 
 /// What one replay did.
@@ -134,6 +161,10 @@ pub struct ReplayOutcome {
     pub queued: usize,
     /// Matching frames that did not fit in the socket's queue (the oldest are skipped).
     pub dropped_frames: usize,
+    /// The socket asked for replays faster than its rate limit; nothing was replayed.
+    pub refused: bool,
+    /// How many times the replay took the hub lock (each hold examines a bounded slice).
+    pub slices: usize,
 }
 
 /// An instance's counters for `/status/` (uptime and version are the caller's).
@@ -147,29 +178,86 @@ pub struct HubStatus {
     pub history_age_ms: Option<u64>,
 }
 
+/// Global gauges of the hub, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HubUsage {
+    pub confirmed_instances: usize,
+    pub anonymous_instances: usize,
+    pub subscription_bytes: usize,
+}
+
 #[derive(Debug, Default)]
 struct Instance {
     clients_active: u64,
     clients_total: u64,
-    /// PHID → sockets subscribed to it (with their queues, so fan-out needs no second lookup).
-    by_phid: HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
+    /// Published to by the admin port (see the module comment); `default` is neither kind.
+    confirmed: bool,
+    subscriptions: SubscriptionIndex,
+}
+
+/// A socket's replay allowance: a token bucket on the hub's clock.
+#[derive(Debug)]
+struct ReplayBudget {
+    tokens: u32,
+    refilled_at_ms: u64,
+}
+
+impl ReplayBudget {
+    fn new(limits: &Limits, now_ms: u64) -> Self {
+        ReplayBudget {
+            tokens: limits.replay_burst,
+            refilled_at_ms: now_ms,
+        }
+    }
+
+    fn take(&mut self, limits: &Limits, now_ms: u64) -> bool {
+        if self.tokens >= limits.replay_burst {
+            self.refilled_at_ms = now_ms;
+        } else if let Some(gained) = now_ms
+            .saturating_sub(self.refilled_at_ms)
+            .checked_div(limits.replay_refill_ms)
+            .filter(|gained| *gained > 0)
+        {
+            let gained = u32::try_from(gained).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(gained).min(limits.replay_burst);
+            self.refilled_at_ms += u64::from(gained) * limits.replay_refill_ms;
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
 }
 
 #[derive(Debug)]
 struct Socket {
     instance: Arc<str>,
-    subscriptions: HashSet<Arc<str>>,
     outbound: Arc<Outbound>,
+    replays: ReplayBudget,
 }
+
+/// The instance every single-instance Phorge uses; it takes no slot.
+const DEFAULT_INSTANCE: &str = "default";
 
 #[derive(Debug)]
 struct State {
     instances: HashMap<Arc<str>, Instance>,
+    /// Confirmed instances in `instances` (`default` excluded).
+    confirmed_instances: usize,
     sockets: HashMap<SocketId, Socket>,
+    subscription_bytes: usize,
     history: History,
     next_id: SocketId,
     /// Sequence number of the last published message.
     published: u64,
+}
+
+impl State {
+    fn anonymous_instances(&self) -> usize {
+        let default = usize::from(self.instances.contains_key(DEFAULT_INSTANCE));
+        self.instances.len() - self.confirmed_instances - default
+    }
 }
 
 /// The notification hub. Share it as `Arc<Hub>`.
@@ -197,7 +285,9 @@ impl Hub {
         Hub {
             state: Mutex::new(State {
                 instances: HashMap::new(),
+                confirmed_instances: 0,
                 sockets: HashMap::new(),
+                subscription_bytes: 0,
                 history,
                 next_id: 1,
                 published: 0,
@@ -230,11 +320,42 @@ impl Hub {
         name.len() <= self.limits.instance_name_bytes
     }
 
+    /// Makes room for one more instance of the given kind: true when its table has a free
+    /// slot, or an idle instance of that kind (no open socket) could be forgotten.
+    fn make_room(&self, state: &mut State, confirmed: bool) -> bool {
+        let used = if confirmed {
+            state.confirmed_instances
+        } else {
+            state.anonymous_instances()
+        };
+        if used < self.limits.instances {
+            return true;
+        }
+        let idle = state
+            .instances
+            .iter()
+            .find(|(k, i)| {
+                i.confirmed == confirmed && i.clients_active == 0 && &***k != DEFAULT_INSTANCE
+            })
+            .map(|(k, _)| k.clone());
+        match idle {
+            Some(idle) => {
+                state.instances.remove(&idle);
+                if confirmed {
+                    state.confirmed_instances -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Registers a new socket of `instance`.
     pub fn connect(&self, instance: &str) -> Result<SocketHandle, ConnectError> {
         if !self.instance_name_ok(instance) {
             return Err(ConnectError::InstanceNameTooLong);
         }
+        let now = self.clock.now_ms();
         let mut state = self.lock();
         if state.sockets.len() >= self.limits.sockets {
             return Err(ConnectError::TooManySockets);
@@ -242,20 +363,8 @@ impl Hub {
         let key = match state.instances.get_key_value(instance) {
             Some((key, _)) => key.clone(),
             None => {
-                if state.instances.len() >= self.limits.instances {
-                    // Forget an instance nobody is connected to rather than refuse forever
-                    // once `limits.instances` distinct names have been seen.
-                    let idle = state
-                        .instances
-                        .iter()
-                        .find(|(_, i)| i.clients_active == 0)
-                        .map(|(k, _)| k.clone());
-                    match idle {
-                        Some(idle) => {
-                            state.instances.remove(&idle);
-                        }
-                        None => return Err(ConnectError::TooManyInstances),
-                    }
+                if instance != DEFAULT_INSTANCE && !self.make_room(&mut state, false) {
+                    return Err(ConnectError::TooManyInstances);
                 }
                 let key: Arc<str> = Arc::from(instance);
                 state.instances.insert(key.clone(), Instance::default());
@@ -275,8 +384,8 @@ impl Hub {
             id,
             Socket {
                 instance: key.clone(),
-                subscriptions: HashSet::new(),
                 outbound: outbound.clone(),
+                replays: ReplayBudget::new(&self.limits, now),
             },
         );
         Ok(SocketHandle {
@@ -294,18 +403,26 @@ impl Hub {
         };
         if let Some(instance) = state.instances.get_mut(&socket.instance) {
             instance.clients_active -= 1;
-            for phid in &socket.subscriptions {
-                remove_from_index(&mut instance.by_phid, phid, handle.id);
-            }
+            let freed = instance.subscriptions.remove_socket(handle.id);
+            state.subscription_bytes -= freed;
+        }
+        // Give the memory of a burst of sockets back once they are gone.
+        if state.sockets.capacity() > 64 && state.sockets.len() < state.sockets.capacity() / 4 {
+            state.sockets.shrink_to_fit();
         }
     }
 
-    /// Adds PHIDs to a socket's subscriptions, up to the per-socket and per-PHID limits.
+    /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
+    /// limits.
     pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeOutcome {
+        let limits = &self.limits;
         let mut outcome = SubscribeOutcome::default();
         let mut state = self.lock();
         let State {
-            sockets, instances, ..
+            sockets,
+            instances,
+            subscription_bytes,
+            ..
         } = &mut *state;
         let Some(socket) = sockets.get_mut(&handle.id) else {
             return outcome;
@@ -313,27 +430,25 @@ impl Hub {
         let Some(instance) = instances.get_mut(&socket.instance) else {
             return outcome;
         };
+        let index = &mut instance.subscriptions;
         for phid in phids {
-            if socket.subscriptions.contains(phid.as_str()) {
+            if index.contains(handle.id, &phid) {
                 continue;
             }
-            if phid.len() > self.limits.phid_bytes
-                || socket.subscriptions.len() >= self.limits.subscriptions_per_socket
+            let cost = subscription_cost(&phid);
+            let (count, bytes) = index.usage(handle.id);
+            if phid.len() > limits.phid_bytes
+                || count >= limits.subscriptions_per_socket
+                || bytes + cost > limits.subscription_bytes_per_socket
             {
                 outcome.ignored += 1;
                 continue;
             }
-            // Share one allocation per PHID between the index and the socket's set.
-            let phid: Arc<str> = match instance.by_phid.get_key_value(phid.as_str()) {
-                Some((key, _)) => key.clone(),
-                None => Arc::from(phid),
-            };
-            instance
-                .by_phid
-                .entry(phid.clone())
-                .or_default()
-                .insert(handle.id, socket.outbound.clone());
-            socket.subscriptions.insert(phid);
+            if *subscription_bytes + cost > limits.subscription_bytes_total {
+                outcome.over_total += 1;
+                continue;
+            }
+            *subscription_bytes += index.insert(handle.id, &socket.outbound, phid);
             outcome.added += 1;
         }
         outcome
@@ -343,17 +458,52 @@ impl Hub {
     pub fn unsubscribe(&self, handle: &SocketHandle, phids: &[String]) {
         let mut state = self.lock();
         let State {
-            sockets, instances, ..
+            sockets,
+            instances,
+            subscription_bytes,
+            ..
         } = &mut *state;
-        let Some(socket) = sockets.get_mut(&handle.id) else {
+        let Some(socket) = sockets.get(&handle.id) else {
             return;
         };
         let Some(instance) = instances.get_mut(&socket.instance) else {
             return;
         };
         for phid in phids {
-            if socket.subscriptions.remove(phid.as_str()) {
-                remove_from_index(&mut instance.by_phid, phid, handle.id);
+            *subscription_bytes -= instance.subscriptions.remove(handle.id, phid);
+        }
+    }
+
+    /// Marks `instance` confirmed (the admin port published to it), creating its state if
+    /// its table has room. Returns whether it now has state.
+    fn confirm(&self, state: &mut State, instance: &str) -> bool {
+        if instance == DEFAULT_INSTANCE {
+            return state.instances.contains_key(instance);
+        }
+        match state.instances.get(instance).map(|i| i.confirmed) {
+            Some(true) => true,
+            Some(false) => {
+                if self.make_room(state, true) {
+                    if let Some(i) = state.instances.get_mut(instance) {
+                        i.confirmed = true;
+                        state.confirmed_instances += 1;
+                    }
+                }
+                true
+            }
+            None => {
+                if !self.make_room(state, true) {
+                    return false;
+                }
+                state.instances.insert(
+                    Arc::from(instance),
+                    Instance {
+                        confirmed: true,
+                        ..Instance::default()
+                    },
+                );
+                state.confirmed_instances += 1;
+                true
             }
         }
     }
@@ -374,16 +524,32 @@ impl Hub {
         subscribers: &[String],
         frame: Bytes,
     ) -> Result<PublishOutcome, InstanceNameTooLong> {
+        self.publish_at(instance, subscribers, frame, self.clock.now_ms())
+    }
+
+    /// The hub's clock, in ms (a message accepted now and published later keeps this time).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// [`Hub::publish`] of a message accepted at `now` (by the hub's clock).
+    pub fn publish_at(
+        &self,
+        instance: &str,
+        subscribers: &[String],
+        frame: Bytes,
+        now: u64,
+    ) -> Result<PublishOutcome, InstanceNameTooLong> {
         if !self.instance_name_ok(instance) {
             return Err(InstanceNameTooLong);
         }
         let caps = self.caps();
-        let now = self.clock.now_ms();
         let mut outcome = PublishOutcome::default();
         let (seq, targets) = {
             let mut state = self.lock();
             state.published += 1;
             let seq = state.published;
+            self.confirm(&mut state, instance);
             let State {
                 instances, history, ..
             } = &mut *state;
@@ -393,13 +559,13 @@ impl Hub {
                 None => Arc::from(instance),
             };
             let targets = instance_entry.map_or_else(Vec::new, |(_, target)| {
-                targets(&target.by_phid, subscribers)
+                targets(&target.subscriptions, subscribers)
             });
             history.append(
                 Entry {
                     instance: history_instance,
                     at_ms: now,
-                    subscribers: subscribers.iter().map(|s| Box::from(s.as_str())).collect(),
+                    subscribers: Subscribers::new(subscribers),
                     body: frame.clone(),
                 },
                 now,
@@ -428,35 +594,89 @@ impl Hub {
 
     /// Queues this socket's instance's retained messages from the last `age_ms`, oldest first,
     /// filtered by the socket's subscriptions. Replay does not count in `messages.out`.
+    ///
+    /// Refused (and reported) beyond the socket's replay rate. History is walked newest first
+    /// in slices of bounded work, letting go of the lock between slices so publishing never
+    /// waits for more than one slice; only what fits in the socket's queue is kept.
     pub fn replay(&self, handle: &SocketHandle, age_ms: u64) -> ReplayOutcome {
+        self.replay_between_slices(handle, age_ms, std::thread::yield_now)
+    }
+
+    /// [`Hub::replay`], calling `between` each time it has let go of the lock.
+    fn replay_between_slices(
+        &self,
+        handle: &SocketHandle,
+        age_ms: u64,
+        mut between: impl FnMut(),
+    ) -> ReplayOutcome {
         let caps = self.caps();
         let now = self.clock.now_ms();
+        let since = now.saturating_sub(age_ms);
         let mut outcome = ReplayOutcome::default();
         let mut state = self.lock();
-        let published = state.published;
-        let State {
-            sockets, history, ..
-        } = &mut *state;
-        let Some(socket) = sockets.get(&handle.id) else {
-            return outcome;
+        outcome.slices = 1;
+        let room = {
+            let Some(socket) = state.sockets.get_mut(&handle.id) else {
+                return outcome;
+            };
+            if !socket.replays.take(&self.limits, now) {
+                outcome.refused = true;
+                return outcome;
+            }
+            socket.outbound.room(caps)
         };
-        // Live frames published so far are covered here; any still being delivered skip it.
-        socket.outbound.mark_replayed(published);
-        let matching: Vec<Bytes> = history
-            .since(&socket.instance, now.saturating_sub(age_ms), now)
-            .filter(|e| {
-                e.subscribers
-                    .iter()
-                    .any(|p| socket.subscriptions.contains(&**p))
-            })
-            .map(|e| e.body.clone())
-            .collect();
-        // Keep the newest that fit; a replay must not make a healthy socket a slow consumer.
-        let room = socket.outbound.room(caps);
-        let skip = matching.len().saturating_sub(room);
-        outcome.dropped_frames = skip;
-        for body in matching.into_iter().skip(skip) {
-            if socket.outbound.push_if_room(body, caps) {
+        state.history.expire(now);
+        // Messages published after this point reach the socket live, not by replay; those
+        // published before it and still being delivered skip this socket (it gets them here).
+        handle.outbound.mark_replayed(state.published);
+        let mut cursor = state.history.next_seq();
+        // Newest first; reversed before queueing.
+        let mut picked: Vec<Bytes> = Vec::new();
+        loop {
+            let State {
+                instances, history, ..
+            } = &*state;
+            let Some(index) = instances.get(&handle.instance).map(|i| &i.subscriptions) else {
+                break;
+            };
+            let mut work = 0;
+            let mut finished = true;
+            for stored in history.newest_before(cursor) {
+                let entry = &stored.entry;
+                if entry.at_ms < since {
+                    break;
+                }
+                cursor = stored.seq;
+                work += 1;
+                if entry.instance == handle.instance {
+                    work += entry.subscribers.len();
+                    if index.wants_any(handle.id, entry.subscribers.iter()) {
+                        if picked.len() < room {
+                            picked.push(entry.body.clone());
+                        } else {
+                            outcome.dropped_frames += 1;
+                        }
+                    }
+                }
+                if work >= REPLAY_SLICE_WORK {
+                    finished = false;
+                    break;
+                }
+            }
+            if finished {
+                break;
+            }
+            drop(state);
+            between();
+            state = self.lock();
+            outcome.slices += 1;
+            if !state.sockets.contains_key(&handle.id) {
+                return outcome;
+            }
+        }
+        // Still under the lock: no publish slips in between these frames.
+        for body in picked.into_iter().rev() {
+            if handle.outbound.push_if_room(body, caps) {
                 outcome.queued += 1;
             } else {
                 outcome.dropped_frames += 1;
@@ -498,6 +718,16 @@ impl Hub {
         state.history.totals()
     }
 
+    /// Instance and subscription gauges.
+    pub fn usage(&self) -> HubUsage {
+        let state = self.lock();
+        HubUsage {
+            confirmed_instances: state.confirmed_instances,
+            anonymous_instances: state.anonymous_instances(),
+            subscription_bytes: state.subscription_bytes,
+        }
+    }
+
     /// The queues of every open socket (drain closes them one by one, outside the lock).
     pub fn outbounds(&self) -> Vec<Arc<Outbound>> {
         self.lock()
@@ -509,38 +739,23 @@ impl Hub {
 }
 
 /// The queues of the sockets subscribed to any of `subscribers`, each once.
-fn targets(
-    by_phid: &HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
-    subscribers: &[String],
-) -> Vec<Arc<Outbound>> {
+fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outbound>> {
     if let [only] = subscribers {
-        return by_phid
-            .get(only.as_str())
-            .map_or_else(Vec::new, |s| s.values().cloned().collect());
+        return index
+            .sockets_for(only)
+            .map(|(_, outbound)| outbound.clone())
+            .collect();
     }
     let mut seen = HashSet::new();
     let mut targets = Vec::new();
-    for sockets in subscribers.iter().filter_map(|p| by_phid.get(p.as_str())) {
-        for (id, outbound) in sockets {
-            if seen.insert(*id) {
+    for phid in subscribers {
+        for (id, outbound) in index.sockets_for(phid) {
+            if seen.insert(id) {
                 targets.push(outbound.clone());
             }
         }
     }
     targets
-}
-
-fn remove_from_index(
-    by_phid: &mut HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
-    phid: &str,
-    id: SocketId,
-) {
-    if let Some(sockets) = by_phid.get_mut(phid) {
-        sockets.remove(&id);
-        if sockets.is_empty() {
-            by_phid.remove(phid);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -809,7 +1024,8 @@ mod tests {
             out,
             SubscribeOutcome {
                 added: 2,
-                ignored: 2
+                ignored: 2,
+                over_total: 0,
             }
         );
         assert_eq!(publish(&hub, "default", &["C"], "m").queued, 0);
@@ -855,5 +1071,176 @@ mod tests {
         assert_eq!(hub.outbounds().len(), 2);
         hub.disconnect(&a);
         assert_eq!(hub.outbounds().len(), 1);
+    }
+
+    #[test]
+    fn replay_lets_go_of_the_lock_between_bounded_slices() {
+        // Room for the publishes made meanwhile, so none of the 4096 is evicted.
+        let (hub, _) = hub_with(Limits {
+            history_entries: 8192,
+            ..Limits::default()
+        });
+        for i in 0..4096 {
+            let body = Bytes::from(format!("m{i}"));
+            hub.publish("default", &strings(&["A"]), body).unwrap();
+        }
+        let s = hub.connect("default").unwrap();
+        hub.subscribe(&s, strings(&["A"]));
+        let mut published_meanwhile = 0;
+        // Publishing on this very thread would deadlock if the replay still held the lock.
+        let out = hub.replay_between_slices(&s, 60_000, || {
+            hub.publish("default", &strings(&["B"]), Bytes::from_static(b"x"))
+                .unwrap();
+            published_meanwhile += 1;
+        });
+        // 256 newest fit the queue; the walk still goes over all 4096 entries, in slices.
+        assert_eq!((out.queued, out.dropped_frames), (256, 4096 - 256));
+        assert!(out.slices >= 4096 * 2 / REPLAY_SLICE_WORK, "{out:?}");
+        assert_eq!(published_meanwhile, out.slices - 1);
+        let got = frames(&s);
+        assert_eq!(got.first().unwrap(), &Bytes::from("m3840"));
+        assert_eq!(got.last().unwrap(), &Bytes::from("m4095"));
+    }
+
+    #[test]
+    fn a_message_with_many_subscribers_costs_one_slice_at_most_once() {
+        let (hub, _) = hub();
+        let many: Vec<String> = (0..1000).map(|i| format!("P{i}")).collect();
+        hub.publish("default", &many, Bytes::from_static(b"big"))
+            .unwrap();
+        hub.publish("default", &strings(&["P999"]), Bytes::from_static(b"small"))
+            .unwrap();
+        let s = hub.connect("default").unwrap();
+        hub.subscribe(&s, strings(&["P999"]));
+        let out = hub.replay(&s, 60_000);
+        assert_eq!((out.queued, out.slices), (2, 2));
+        assert_eq!(
+            frames(&s),
+            [Bytes::from_static(b"big"), Bytes::from_static(b"small")]
+        );
+    }
+
+    #[test]
+    fn replays_are_rate_limited_per_socket() {
+        let (hub, clock) = hub_with(Limits {
+            replay_burst: 2,
+            replay_refill_ms: 1_000,
+            ..Limits::default()
+        });
+        publish(&hub, "default", &["A"], "m");
+        let s = hub.connect("default").unwrap();
+        let other = hub.connect("default").unwrap();
+        hub.subscribe(&s, strings(&["A"]));
+        hub.subscribe(&other, strings(&["A"]));
+        let refused = |out: ReplayOutcome| (out.refused, out.queued);
+        assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
+        assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
+        assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
+        // Another socket has its own allowance.
+        assert_eq!(refused(hub.replay(&other, 60_000)), (false, 1));
+        clock.advance(999);
+        assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
+        clock.advance(1);
+        assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
+        assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
+        // A long pause refills up to the burst, not beyond.
+        clock.advance(10_000);
+        for _ in 0..2 {
+            assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
+        }
+        assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
+    }
+
+    #[test]
+    fn anonymous_names_cannot_keep_real_instances_out() {
+        let (hub, _) = hub();
+        let squatters: Vec<_> = (0..1024)
+            .map(|i| hub.connect(&format!("squat{i}")).unwrap())
+            .collect();
+        assert_eq!(
+            hub.connect("squat-extra").unwrap_err(),
+            ConnectError::TooManyInstances
+        );
+        // `default` is always a real instance.
+        let _d = hub.connect("default").unwrap();
+        // Once PHP has posted to an instance, its browsers get in whatever the squatters do.
+        assert_eq!(
+            hub.connect("acme").unwrap_err(),
+            ConnectError::TooManyInstances
+        );
+        publish(&hub, "acme", &["P"], "hello");
+        let acme = hub.connect("acme").unwrap();
+        hub.subscribe(&acme, strings(&["P"]));
+        assert_eq!(hub.replay(&acme, 60_000).queued, 1);
+        assert_eq!(publish(&hub, "acme", &["P"], "live").queued, 1);
+        let usage = hub.usage();
+        assert_eq!(
+            (usage.confirmed_instances, usage.anonymous_instances),
+            (1, 1024)
+        );
+        // The squatters' own table still reclaims idle slots.
+        hub.disconnect(&squatters[0]);
+        hub.connect("squat-extra").unwrap();
+    }
+
+    #[test]
+    fn confirmed_instances_have_their_own_bounded_table() {
+        let (hub, _) = hub_with(Limits {
+            instances: 2,
+            ..Limits::default()
+        });
+        let _d = hub.connect("default").unwrap();
+        let a = hub.connect("a").unwrap();
+        publish(&hub, "a", &[], "promotes a");
+        publish(&hub, "z", &[], "confirms z, idle");
+        publish(&hub, "default", &[], "default takes no slot");
+        let _z = hub.connect("z").unwrap();
+        publish(&hub, "b", &[], "no room: a and z are busy");
+        assert_eq!(hub.usage().confirmed_instances, 2);
+        // "b" was not confirmed, but a browser can still open it as an anonymous instance.
+        let _b = hub.connect("b").unwrap();
+        hub.disconnect(&a);
+        publish(&hub, "c", &[], "takes idle a's slot");
+        assert_eq!(hub.status("a").clients_total, 0);
+        let usage = hub.usage();
+        assert_eq!(
+            (usage.confirmed_instances, usage.anonymous_instances),
+            (2, 1)
+        );
+    }
+
+    #[test]
+    fn subscription_bytes_are_bounded_per_socket_and_in_total() {
+        let per_phid = subscription_cost("P-00");
+        let (hub, _) = hub_with(Limits {
+            subscription_bytes_per_socket: 3 * per_phid,
+            subscription_bytes_total: 5 * per_phid,
+            ..Limits::default()
+        });
+        let a = hub.connect("default").unwrap();
+        let b = hub.connect("default").unwrap();
+        let phids = |from: usize| (from..from + 4).map(|i| format!("P-{i:02}")).collect();
+        assert_eq!(
+            hub.subscribe(&a, phids(0)),
+            SubscribeOutcome {
+                added: 3,
+                ignored: 1,
+                over_total: 0
+            }
+        );
+        assert_eq!(
+            hub.subscribe(&b, phids(10)),
+            SubscribeOutcome {
+                added: 2,
+                ignored: 0,
+                over_total: 2
+            }
+        );
+        assert_eq!(hub.usage().subscription_bytes, 5 * per_phid);
+        hub.unsubscribe(&a, &strings(&["P-00", "P-99"]));
+        assert_eq!(hub.usage().subscription_bytes, 4 * per_phid);
+        hub.disconnect(&a);
+        hub.disconnect(&b);
+        assert_eq!(hub.usage().subscription_bytes, 0);
     }
 }

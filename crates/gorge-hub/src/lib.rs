@@ -10,10 +10,12 @@ mod clock;
 mod history;
 mod hub;
 mod outbound;
+mod subscriptions;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use hub::{
-    ConnectError, Hub, HubStatus, InstanceNameTooLong, Limits, PublishOutcome, ReplayOutcome,
-    SocketHandle, SocketId, SubscribeOutcome,
+    ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishOutcome,
+    ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
 };
 pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink};
+pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

@@ -8,13 +8,15 @@ use std::path::PathBuf;
 
 use slog::Logger;
 
+use crate::config::ConfigError;
 use crate::logging::Logging;
 
 /// Flatten into a binary's `clap::Parser` with `#[command(flatten)]`.
 #[derive(Debug, clap::Args)]
 pub struct CommonArgs {
     /// Configuration file, layered between the built-in defaults and the environment.
-    #[arg(long, value_name = "PATH")]
+    /// Global so that `healthcheck --config PATH` reads the same file as the service.
+    #[arg(long, value_name = "PATH", global = true)]
     pub config: Option<PathBuf>,
     /// Validate the configuration, print the effective values (secrets masked) and exit.
     #[arg(long)]
@@ -24,17 +26,34 @@ pub struct CommonArgs {
 /// Use as the binary's `#[command(subcommand)] command: Option<Command>`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Probe GET /healthz on 127.0.0.1 and exit 0 when healthy (images carry no curl).
+    /// Probe GET /healthz on the configured health address (defaults, --config, environment,
+    /// as the service reads them) and exit 0 when healthy, 1 with the reason on stderr if not.
     Healthcheck {
-        /// Port to probe (default: the configured health port).
+        /// Probe 127.0.0.1:PORT instead of the configured health address.
         #[arg(long)]
         port: Option<u16>,
     },
 }
 
-/// Probes `127.0.0.1:port/healthz` and exits 0 (healthy) or 1.
-pub fn exit_healthcheck(port: u16) -> ! {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+/// The `healthcheck` subcommand: probes `127.0.0.1:port` when `--port` was given, else the
+/// health address `configured` returns (loaded exactly as the service loads it; a wildcard
+/// address is probed on loopback). Exits 0 when healthy; otherwise prints one line on stderr
+/// and exits 1 — also for an invalid configuration, because Docker reserves exit code 2 of a
+/// HEALTHCHECK command.
+pub fn exit_healthcheck(
+    port: Option<u16>,
+    configured: impl FnOnce() -> Result<SocketAddr, ConfigError>,
+) -> ! {
+    let addr = match port {
+        Some(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        None => match configured() {
+            Ok(listen) => crate::healthcheck::probe_target(listen),
+            Err(err) => {
+                eprintln!("healthcheck: {err}");
+                std::process::exit(1)
+            }
+        },
+    };
     std::process::exit(crate::healthcheck::healthcheck(addr))
 }
 

@@ -43,6 +43,7 @@ pub fn error_code(status: StatusCode) -> &'static str {
         StatusCode::NOT_FOUND => "ERR_NOT_FOUND",
         StatusCode::METHOD_NOT_ALLOWED => "ERR_METHOD_NOT_ALLOWED",
         StatusCode::PAYLOAD_TOO_LARGE => "ERR_TOO_LARGE",
+        StatusCode::REQUEST_TIMEOUT => "ERR_TIMEOUT",
         StatusCode::SERVICE_UNAVAILABLE => "ERR_UNAVAILABLE",
         _ => "ERR_INTERNAL",
     }

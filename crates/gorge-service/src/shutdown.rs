@@ -1,6 +1,9 @@
 //! The shutdown signal and the service run loop: serve every bound listener until SIGTERM,
-//! SIGINT or a programmatic trigger, then stop in a fixed order — readiness off, the
-//! service's own drain, stop accepting, let in-flight requests finish — each step bounded.
+//! SIGINT or a programmatic trigger, then stop in a fixed order — readiness off, close the
+//! listeners that asked to close early, the service's own drain, close the others and end
+//! open connections, let in-flight requests finish — each step bounded. Closing before the
+//! drain lets a new process started on the same ports (they bind with `SO_REUSEPORT`) take
+//! every new connection while this one drains.
 //! If any listener dies while serving, everything stops: a process that accepts on one port
 //! but not the other is worse than one that is visibly down.
 
@@ -16,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::probes::Probes;
-use crate::server::{serve, BoundListener};
+use crate::server::{serve, BoundListener, Stops};
 
 /// A cloneable shutdown switch. [`run`] flips it on SIGTERM/SIGINT; anything may flip it.
 #[derive(Clone)]
@@ -101,15 +104,23 @@ pub async fn run(
     log: &Logger,
 ) -> Result<(), RunError> {
     let mut signals = Signals::install().map_err(RunError::Signals)?;
+    let (accept_tx, accept_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (connections_tx, connections_rx) = watch::channel(());
     let mut serving = JoinSet::new();
+    let mut closing_early = 0;
     for listener in listeners {
         let (name, addr) = (listener.name().to_string(), listener.local_addr());
         info!(log, "LISTENING"; "listener" => &name, "addr" => %addr);
-        let stop = stop_rx.clone();
+        let early = listener.closes_at_drain_start();
+        closing_early += usize::from(early);
+        let stops = Stops {
+            accept: if early { &accept_rx } else { &stop_rx }.clone(),
+            connections: stop_rx.clone(),
+        };
         let open = connections_rx.clone();
-        serving.spawn(async move { (name, addr, serve(listener, stop, open).await) });
+        let log = log.clone();
+        serving.spawn(async move { (name, addr, serve(listener, stops, open, log).await) });
     }
     drop(connections_rx);
 
@@ -142,6 +153,17 @@ pub async fn run(
     };
 
     probes.set_draining();
+    accept_tx.send_replace(true);
+    // Those listeners return promptly. After a listener failure nothing is counted on (the
+    // failed one may have been among them); all are reaped after the drain either way.
+    if closing_early > 0 && failure.is_none() {
+        for _ in 0..closing_early {
+            if serving.join_next().await.is_none() {
+                break;
+            }
+        }
+        info!(log, "LISTENERS_CLOSED"; "listeners" => closing_early);
+    }
     if tokio::time::timeout(opts.drain_deadline, drain())
         .await
         .is_err()

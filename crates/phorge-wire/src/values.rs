@@ -111,6 +111,9 @@ phorge_values! {
         NotFound => "not-found",
         /// The request's `properties` column could not be parsed (this service's own code).
         InvalidProperties => "invalid-properties",
+        /// The row cannot be used as stored (a PHID that is not UTF-8, a version the claim
+        /// UPDATE cannot advance); this service's own code.
+        InvalidRow => "invalid-row",
     }
 }
 
@@ -179,7 +182,8 @@ mod tests {
                 "silent",
                 "object",
                 "not-found",
-                "invalid-properties"
+                "invalid-properties",
+                "invalid-row"
             ]
         );
         assert_eq!(

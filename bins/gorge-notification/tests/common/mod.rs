@@ -55,9 +55,37 @@ impl Server {
         panic!("server did not start");
     }
 
+    /// Starts the binary on the given ports (once; `None` if it did not start).
+    pub fn start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
+        Server::try_start_on(client_port, admin_port, env)
+    }
+
     fn try_start(env: &[(&str, &str)]) -> Option<Server> {
-        let (client_port, admin_port) = (free_port(), free_port());
-        let mut command = Command::new(BIN);
+        Server::try_start_on(free_port(), free_port(), env)
+    }
+
+    /// Starts the binary through `sh -c "<shell>; exec BIN"` (e.g. `ulimit -n 64`).
+    pub fn start_in_shell(shell: &str, env: &[(&str, &str)]) -> Server {
+        for _ in 0..5 {
+            let mut command = Command::new("/bin/sh");
+            command.args(["-c", &format!("{shell}; exec \"$0\""), BIN]);
+            if let Some(server) = Server::spawn(command, free_port(), free_port(), env) {
+                return server;
+            }
+        }
+        panic!("server did not start");
+    }
+
+    fn try_start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
+        Server::spawn(Command::new(BIN), client_port, admin_port, env)
+    }
+
+    fn spawn(
+        mut command: Command,
+        client_port: u16,
+        admin_port: u16,
+        env: &[(&str, &str)],
+    ) -> Option<Server> {
         command
             .env_clear()
             .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
@@ -99,6 +127,25 @@ impl Server {
         assert!(status.success());
     }
 
+    /// Waits until `event` has been logged; returns its first occurrence.
+    pub async fn wait_for_log(&self, event: &str) -> Value {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(first) = self.log_events(event).into_iter().next() {
+                return first;
+            }
+            assert!(std::time::Instant::now() < deadline, "{event} never logged");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Whether the admin port still accepts connections.
+    pub async fn admin_accepts(&self) -> bool {
+        TcpStream::connect(("127.0.0.1", self.admin_port))
+            .await
+            .is_ok()
+    }
+
     pub fn log_events(&self, event: &str) -> Vec<Value> {
         self.logs
             .lock()
@@ -135,12 +182,7 @@ impl Server {
 
     /// The value of one sample line of `/metrics`, e.g. `notify_sockets_open{instance_class="default"}`.
     pub async fn metric(&self, sample: &str) -> Option<f64> {
-        let r = http(self.admin_port, "GET", "/metrics", &[], b"").await;
-        let text = String::from_utf8(r.body).unwrap();
-        text.lines().find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == sample).then(|| value.parse().unwrap())
-        })
+        metric(self.admin_port, sample).await
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
@@ -149,7 +191,11 @@ impl Server {
 
     /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
     pub async fn refused_upgrade(&self, path: &str) -> u16 {
-        let port = self.client_port;
+        Server::refused_upgrade_on(self.client_port, path).await
+    }
+
+    /// [`Server::refused_upgrade`] on any client port.
+    pub async fn refused_upgrade_on(port: u16, path: &str) -> u16 {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let url = format!("ws://127.0.0.1:{port}{path}");
         let handshake =
@@ -163,6 +209,105 @@ impl Server {
             other => panic!("expected a refused upgrade, got {other:?}"),
         }
     }
+}
+
+/// The whole service in this process, on free loopback ports, with the hub on a manual
+/// clock: tests move time instead of sleeping.
+pub struct InProcess {
+    pub client_port: u16,
+    pub admin_port: u16,
+    pub fingerprint: String,
+    pub clock: Arc<gorge_hub::ManualClock>,
+    shutdown: gorge_service::Shutdown,
+}
+
+impl InProcess {
+    /// Defaults (drain window 0), then `tweak`.
+    pub async fn start(tweak: impl FnOnce(&mut gorge_notification::config::Config)) -> Self {
+        InProcess::start_with(None, tweak).await
+    }
+
+    /// [`InProcess::start`] with a whole-request time limit other than the default.
+    pub async fn start_with(
+        request_timeout: Option<Duration>,
+        tweak: impl FnOnce(&mut gorge_notification::config::Config),
+    ) -> Self {
+        use gorge_notification::config::ServerKind;
+        let mut config = gorge_notification::config::load(None).expect("default configuration");
+        for server in &mut config.servers {
+            server.addr = "127.0.0.1:0".parse().unwrap();
+        }
+        config.drain_window = Duration::ZERO;
+        tweak(&mut config);
+        let clock = gorge_hub::ManualClock::new();
+        let log = slog::Logger::root(slog::Discard, slog::o!());
+        let mut server = gorge_notification::service::Server::bind(config, clock.clone(), &log)
+            .await
+            .expect("bind loopback ports");
+        if let Some(timeout) = request_timeout {
+            server = server.with_request_timeout(timeout);
+        }
+        let port = |kind| server.local_addr(kind).unwrap().port();
+        let (client_port, admin_port) = (port(ServerKind::Client), port(ServerKind::Admin));
+        let fingerprint = server.app().fingerprint.clone();
+        let shutdown = gorge_service::Shutdown::new();
+        tokio::spawn(server.run(shutdown.clone()));
+        InProcess {
+            client_port,
+            admin_port,
+            fingerprint,
+            clock,
+            shutdown,
+        }
+    }
+
+    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
+        http(
+            self.admin_port,
+            "POST",
+            &format!("/{query}"),
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            body.as_bytes(),
+        )
+        .await
+    }
+
+    pub async fn status(&self, query: &str) -> Value {
+        let r = http(
+            self.admin_port,
+            "GET",
+            &format!("/status/{query}"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        metric(self.admin_port, sample).await
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        Ws::connect(self.client_port, path).await
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+/// The value of one sample line of `/metrics` on `admin_port`.
+pub async fn metric(admin_port: u16, sample: &str) -> Option<f64> {
+    let r = http(admin_port, "GET", "/metrics", &[], b"").await;
+    let text = String::from_utf8(r.body).unwrap();
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().unwrap())
+    })
 }
 
 /// Collects a server's stdout lines on a reader thread; the receiver gets the
@@ -231,21 +376,24 @@ pub async fn http(
 
 /// Sends raw request bytes and parses the response (body by Content-Length).
 pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
+    try_raw_http(port, request).await.expect("an HTTP response")
+}
+
+/// [`raw_http`], or `None` when the connection is refused or closed without a response (a
+/// listener that is closing).
+pub async fn try_raw_http(port: u16, request: &[u8]) -> Option<HttpResponse> {
     let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
         // The server may answer (and close) before reading everything, e.g. a 413.
         let _ = stream.write_all(request).await;
         let mut raw = Vec::new();
         let _ = stream.read_to_end(&mut raw).await;
-        raw
+        Some(raw)
     };
     let raw = tokio::time::timeout(PATIENCE, exchange)
         .await
-        .expect("HTTP response");
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("end of headers");
+        .expect("HTTP response")?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8(raw[..split].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
     let status = lines
@@ -268,11 +416,11 @@ pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
     {
         body.truncate(len);
     }
-    HttpResponse {
+    Some(HttpResponse {
         status,
         headers,
         body,
-    }
+    })
 }
 
 /// A test WebSocket client.

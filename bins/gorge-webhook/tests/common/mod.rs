@@ -25,8 +25,12 @@ use gorge_webhook::policy::OutboundPolicy;
 pub struct Recorded {
     pub method: String,
     pub path: String,
+    /// `HTTP/1.1`.
+    pub version: String,
     /// Header names lower-cased, in arrival order.
     pub headers: Vec<(String, String)>,
+    /// Header names exactly as sent (case included), in arrival order.
+    pub raw_names: Vec<String>,
     pub body: Vec<u8>,
 }
 
@@ -60,6 +64,8 @@ pub enum Reply {
     Hold(u16),
     /// The status with a body of this many bytes.
     Sized(u16, usize),
+    /// Close the connection without answering.
+    Hangup,
 }
 
 type Behaviour = Arc<dyn Fn(&Recorded, usize) -> Reply + Send + Sync>;
@@ -181,6 +187,13 @@ fn serve(stream: TcpStream, shared: Arc<Shared>) {
         };
         shared.changed.notify_all();
         let reply = behaviour(&request, index);
+        if matches!(reply, Reply::Hangup) {
+            let mut log = shared.log.lock().unwrap();
+            if let Some(n) = log.in_flight.get_mut(&request.path) {
+                *n -= 1;
+            }
+            return;
+        }
         let mut body = b"ok".to_vec();
         let (status, location) = match reply {
             Reply::Status(s) => (s, None),
@@ -200,6 +213,7 @@ fn serve(stream: TcpStream, shared: Arc<Shared>) {
                 }
                 (s, None)
             }
+            Reply::Hangup => unreachable!("answered above"),
         };
         {
             let mut log = shared.log.lock().unwrap();
@@ -227,7 +241,9 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Recorded> {
     let mut parts = line.split_whitespace();
     let method = parts.next()?.to_string();
     let path = parts.next()?.to_string();
+    let version = parts.next().unwrap_or_default().to_string();
     let mut headers = Vec::new();
+    let mut raw_names = Vec::new();
     loop {
         let mut line = String::new();
         reader.read_line(&mut line).ok()?;
@@ -236,6 +252,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Recorded> {
             break;
         }
         let (name, value) = line.split_once(':')?;
+        raw_names.push(name.trim().to_string());
         headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
     }
     let length: usize = headers
@@ -248,7 +265,9 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Recorded> {
     Some(Recorded {
         method,
         path,
+        version,
         headers,
+        raw_names,
         body,
     })
 }
@@ -465,9 +484,19 @@ impl Harness {
         clock: &ManualClock,
         log: &CapturedLog,
     ) -> (Arc<Dispatcher>, Metrics) {
+        self.build_with_store(db.store(), clock, log)
+    }
+
+    /// [`Harness::build`] on a store of the caller's (another user, a proxy, other limits).
+    pub fn build_with_store(
+        self,
+        store: gorge_claim::ClaimStore,
+        clock: &ManualClock,
+        log: &CapturedLog,
+    ) -> (Arc<Dispatcher>, Metrics) {
         let metrics = Metrics::unregistered();
         let dispatcher = Dispatcher::new(
-            db.store(),
+            store,
             Arc::new(clock.clone()),
             Deliverer::new(
                 Arc::new(self.policy),
@@ -511,4 +540,143 @@ pub async fn admin_sql(sql: &str) {
     let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
     conn.query_drop(sql).await.unwrap();
     let _ = conn.disconnect().await;
+}
+
+/// A TCP proxy in front of the test database server that can fail the way networks do:
+/// refuse and cut every connection (an outage), or silently stop forwarding on the
+/// connections that exist while new ones work (a fail-over behind NAT).
+#[derive(Clone)]
+pub struct DbProxy {
+    pub addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// New connections are closed at once.
+    refuse: std::sync::atomic::AtomicBool,
+    /// Connections opened before this generation are cut (closed).
+    cut_before: std::sync::atomic::AtomicU64,
+    /// Connections opened before this generation stop forwarding, silently.
+    frozen_before: std::sync::atomic::AtomicU64,
+    generation: std::sync::atomic::AtomicU64,
+    /// Connections accepted so far.
+    accepted: std::sync::atomic::AtomicU64,
+}
+
+impl DbProxy {
+    pub async fn start() -> DbProxy {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let upstream = format!(
+            "{}:{}",
+            server_opts().ip_or_hostname(),
+            server_opts().tcp_port()
+        );
+        let state = Arc::new(ProxyState {
+            generation: std::sync::atomic::AtomicU64::new(1),
+            ..ProxyState::default()
+        });
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                shared.accepted.fetch_add(1, SeqCst);
+                if shared.refuse.load(SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let generation = shared.generation.load(SeqCst);
+                let (client_r, client_w) = client.into_split();
+                let (server_r, server_w) = server.into_split();
+                tokio::spawn(pump(client_r, server_w, generation, shared.clone()));
+                tokio::spawn(pump(server_r, client_w, generation, shared.clone()));
+            }
+        });
+        DbProxy { addr, state }
+    }
+
+    /// Server options that go through the proxy.
+    pub fn opts(&self) -> mysql_async::Opts {
+        mysql_async::OptsBuilder::from_opts(server_opts())
+            .ip_or_hostname(self.addr.ip().to_string())
+            .tcp_port(self.addr.port())
+            .prefer_socket(false)
+            .into()
+    }
+
+    fn next_generation(&self) -> u64 {
+        self.state
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1
+    }
+
+    /// The database is gone: existing connections are cut, new ones refused.
+    pub fn outage(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state.refuse.store(true, SeqCst);
+        let generation = self.next_generation();
+        self.state.cut_before.store(generation, SeqCst);
+    }
+
+    /// The database is back.
+    pub fn restore(&self) {
+        self.state
+            .refuse
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every existing connection goes silent (no reset, no data); new ones work.
+    pub fn blackhole_existing(&self) {
+        let generation = self.next_generation();
+        self.state
+            .frozen_before
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn accepted(&self) -> u64 {
+        self.state
+            .accepted
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    generation: u64,
+    state: Arc<ProxyState>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::time::timeout(Duration::from_millis(50), from.read(&mut buf)).await;
+        if generation < state.cut_before.load(SeqCst) {
+            return;
+        }
+        let n = match read {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => n,
+        };
+        if generation < state.frozen_before.load(SeqCst) {
+            // Swallow everything from now on, keep the socket open.
+            loop {
+                if from.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }

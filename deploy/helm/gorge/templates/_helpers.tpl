@@ -118,13 +118,199 @@ starting up already receives relayed messages.
 {{- printf "%s.%s.svc.%s:%d" (include "gorge.notification.peersServiceName" .) .Release.Namespace .Values.clusterDomain (int .Values.notification.adminPort) -}}
 {{- end -}}
 
-{{/* The drain window plus the service's 5 s hard-deadline margin plus slack for SIGKILL. */}}
-{{- define "gorge.notification.terminationGracePeriodSeconds" -}}
-{{- if .Values.notification.terminationGracePeriodSeconds -}}
-{{- .Values.notification.terminationGracePeriodSeconds -}}
-{{- else -}}
-{{- add (int .Values.notification.drainSeconds) 15 -}}
+{{/*
+Grace periods. Kubernetes counts the preStop sleep inside terminationGracePeriodSeconds, so
+each one is preStop + the longest the process may take after SIGTERM + a margin:
+- notification: drainSeconds + 5 (the service's hard drain deadline);
+- webhook: deliveryTimeoutSeconds + 10 (its drain deadline: a POST may take the whole timeout,
+  then its result write) + 5 (in-flight status requests).
+The "minimum" helpers are what an explicit value must exceed; the defaults add 10 s of
+margin for SIGKILL delivery and a slow node.
+*/}}
+{{- define "gorge.notification.minimumGracePeriodSeconds" -}}
+{{- $n := .Values.notification -}}
+{{- add (int $n.preStopSleepSeconds) (int $n.drainSeconds) 5 -}}
 {{- end -}}
+{{- define "gorge.notification.terminationGracePeriodSeconds" -}}
+{{- $n := .Values.notification -}}
+{{- $minimum := include "gorge.notification.minimumGracePeriodSeconds" . | int -}}
+{{- if $n.terminationGracePeriodSeconds -}}
+{{- if le (int $n.terminationGracePeriodSeconds) $minimum -}}
+{{- fail (printf "notification.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + drainSeconds + 5 = %d (leave it empty to derive it)" (int $n.terminationGracePeriodSeconds) $minimum) -}}
+{{- end -}}
+{{- $n.terminationGracePeriodSeconds -}}
+{{- else -}}
+{{- add $minimum 10 -}}
+{{- end -}}
+{{- end -}}
+{{- define "gorge.webhook.minimumGracePeriodSeconds" -}}
+{{- $w := .Values.webhook -}}
+{{- add (int $w.preStopSleepSeconds) (int $w.deliveryTimeoutSeconds) 15 -}}
+{{- end -}}
+{{- define "gorge.webhook.terminationGracePeriodSeconds" -}}
+{{- $w := .Values.webhook -}}
+{{- $minimum := include "gorge.webhook.minimumGracePeriodSeconds" . | int -}}
+{{- if $w.terminationGracePeriodSeconds -}}
+{{- if le (int $w.terminationGracePeriodSeconds) $minimum -}}
+{{- fail (printf "webhook.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = %d (leave it empty to derive it)" (int $w.terminationGracePeriodSeconds) $minimum) -}}
+{{- end -}}
+{{- $w.terminationGracePeriodSeconds -}}
+{{- else -}}
+{{- add $minimum 10 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A preStop sleep keeps the pod serving while kube-proxy and Ingress controllers remove it. */}}
+{{- define "gorge.preStop" -}}
+{{- if gt (int .) 0 -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["/bin/sleep", {{ . | toString | quote }}]
+{{- end }}
+{{- end -}}
+
+{{/*
+A Kubernetes memory quantity ("512Mi", "1Gi", "600M", "0.5Gi", "1073741824") in bytes.
+*/}}
+{{- define "gorge.quantityBytes" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $suffix := trimPrefix $number $q -}}
+{{- $factors := dict "" 1 "k" 1000 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- if or (not $number) (not (hasKey $factors $suffix)) -}}
+{{- fail (printf "cannot read the memory quantity %q (expected e.g. 512Mi or 1Gi)" $q) -}}
+{{- end -}}
+{{- mulf (float64 $number) (index $factors $suffix) | floor | int64 -}}
+{{- end -}}
+
+{{/*
+GORGE_NOTIFICATION_MAX_SOCKETS. Each open socket costs ~4.3 KiB of RSS when idle (measured,
+docs/benchmarks.md); the chart budgets socketBudgetBytes (default 8 KiB: the idle cost plus
+the frame being written and allocator slack) per socket on top of reserveBytes (default
+64 MiB: history up to 16 MiB, peer queues, the runtime). Queued frames share one encoded copy
+of each message, so they add little per socket. Derived when maxSockets is empty:
+  (limits.memory - reserve) / budget, e.g. (512Mi - 64Mi) / 8Ki = 57344;
+an explicit maxSockets must fit the same arithmetic. Empty output: no memory limit, the
+service's own default applies.
+*/}}
+{{- define "gorge.notification.maxSockets" -}}
+{{- $n := .Values.notification -}}
+{{- $limit := dig "limits" "memory" "" ($n.resources | default dict) -}}
+{{- if $limit -}}
+{{- $bytes := include "gorge.quantityBytes" $limit | int64 -}}
+{{- $reserve := int64 $n.memorySizing.reserveBytes -}}
+{{- $budget := int64 $n.memorySizing.socketBudgetBytes -}}
+{{- if le $bytes $reserve -}}
+{{- fail (printf "notification.resources.limits.memory=%s leaves no room for sockets above notification.memorySizing.reserveBytes=%d" $limit $reserve) -}}
+{{- end -}}
+{{- $fits := div (sub $bytes $reserve) $budget -}}
+{{- if $n.maxSockets -}}
+{{- if gt (int64 $n.maxSockets) $fits -}}
+{{- fail (printf "notification.maxSockets=%d does not fit notification.resources.limits.memory=%s: at most %d sockets fit ((limit - %d reserve) / %d bytes per socket); lower maxSockets or raise the limit" (int64 $n.maxSockets) $limit $fits $reserve $budget) -}}
+{{- end -}}
+{{- $n.maxSockets -}}
+{{- else -}}
+{{- $fits -}}
+{{- end -}}
+{{- else if $n.maxSockets -}}
+{{- $n.maxSockets -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Settings the chart itself sets, with the value to use instead; `env` may not set them (a
+second copy in the ConfigMap would bypass the chart's guards, e.g. probes on an old admin
+port or a grace period shorter than the drain).
+*/}}
+{{- define "gorge.notification.managedEnv" -}}
+GORGE_NOTIFICATION_CLIENT_PORT: notification.clientPort
+GORGE_NOTIFICATION_ADMIN_PORT: notification.adminPort
+GORGE_NOTIFICATION_LISTEN_ADDR: nothing (the probes and Services need every pod address)
+GORGE_NOTIFICATION_PEER_DNS: nothing (the chart points it at its headless Service)
+GORGE_NOTIFICATION_PEERS: nothing (peers are found through GORGE_NOTIFICATION_PEER_DNS)
+GORGE_NOTIFICATION_DRAIN_SECONDS: notification.drainSeconds
+GORGE_NOTIFICATION_MAX_SOCKETS: notification.maxSockets
+GORGE_NOTIFICATION_CONFIG_FILE: nothing (the chart configures through the environment)
+{{- end -}}
+{{- define "gorge.webhook.managedEnv" -}}
+GORGE_LISTEN_ADDR: webhook.port
+GORGE_WEBHOOK_MYSQL_HOST: webhook.mysql.host
+GORGE_WEBHOOK_MYSQL_PORT: webhook.mysql.port
+GORGE_WEBHOOK_MYSQL_USER: webhook.mysql.user
+GORGE_WEBHOOK_MYSQL_PASS: webhook.mysql.existingSecret
+GORGE_WEBHOOK_NAMESPACE: webhook.namespace
+GORGE_WEBHOOK_OUTBOUND_BLACKLIST: webhook.outboundBlacklist
+GORGE_WEBHOOK_DELIVERY_TIMEOUT: webhook.deliveryTimeoutSeconds
+GORGE_SERVICE_TOKEN: webhook.serviceToken.existingSecret
+{{- end -}}
+{{- define "gorge.refuseManagedEnv" -}}
+{{- $component := index . 0 -}}
+{{- $env := index . 1 -}}
+{{- $managed := index . 2 | fromYaml -}}
+{{- range $key := keys $env | sortAlpha -}}
+{{- if hasKey $managed $key -}}
+{{- fail (printf "%s.env.%s is set by the chart; use %s instead" $component $key (index $managed $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Values a working install cannot do without, refused at template time with the value to set.
+*/}}
+{{- define "gorge.notification.validate" -}}
+{{- $n := .Values.notification -}}
+{{- include "gorge.refuseManagedEnv" (list "notification" $n.env (include "gorge.notification.managedEnv" .)) -}}
+{{- if and $n.networkPolicy.enabled (not $n.adminAllowedFrom) -}}
+{{- fail "notification.adminAllowedFrom is empty, so the NetworkPolicy would admit nothing but this release to the admin port and Phorge could not post notifications: list Phorge's PHP pods (e.g. --set 'notification.adminAllowedFrom[0].podSelector.matchLabels.app=phorge'), or set notification.networkPolicy.enabled=false" -}}
+{{- end -}}
+{{- if and $n.autoscaling.enabled (le (int $n.autoscaling.maxReplicas) (int $n.autoscaling.minReplicas)) -}}
+{{- fail "notification.autoscaling.maxReplicas must be above notification.autoscaling.minReplicas" -}}
+{{- end -}}
+{{- $max := include "gorge.notification.maxSockets" . -}}
+{{- if and $n.autoscaling.enabled $max (ge (int64 $n.autoscaling.targetSocketsPerPod) (int64 $max)) -}}
+{{- fail (printf "notification.autoscaling.targetSocketsPerPod=%d must stay below the %s sockets a pod accepts (notification.maxSockets / resources.limits.memory)" (int64 $n.autoscaling.targetSocketsPerPod) $max) -}}
+{{- end -}}
+{{- end -}}
+{{- define "gorge.webhook.validate" -}}
+{{- $w := .Values.webhook -}}
+{{- include "gorge.refuseManagedEnv" (list "webhook" $w.env (include "gorge.webhook.managedEnv" .)) -}}
+{{- if not $w.mysql.host -}}
+{{- fail "webhook.mysql.host is empty: set it to Phorge's database server (e.g. --set webhook.mysql.host=mariadb.phorge.svc; 127.0.0.1 only with a sidecar proxy), or set webhook.enabled=false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Replica count a PodDisruptionBudget is judged by: with one pod, a PDB only blocks drains. */}}
+{{- define "gorge.notification.minReplicas" -}}
+{{- if .Values.notification.autoscaling.enabled -}}
+{{- .Values.notification.autoscaling.minReplicas -}}
+{{- else -}}
+{{- .Values.notification.replicaCount -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Topology spread: the user's constraints, else (defaultTopologySpread) a soft spread over
+nodes and zones, so one node or zone going away does not take every pod of the component.
+Arguments: (list $componentValues $selectorLabelsYaml).
+*/}}
+{{- define "gorge.topologySpread" -}}
+{{- $c := index . 0 -}}
+{{- $selector := index . 1 -}}
+{{- if $c.topologySpreadConstraints -}}
+topologySpreadConstraints:
+  {{- toYaml $c.topologySpreadConstraints | nindent 2 }}
+{{- else if $c.defaultTopologySpread -}}
+topologySpreadConstraints:
+  {{- range $key := list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+  - maxSkew: 1
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- $selector | nindent 8 }}
+  {{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "gorge.webhook.url" -}}
@@ -142,6 +328,9 @@ GORGE_NOTIFICATION_CLIENT_PORT: {{ $n.clientPort | quote }}
 GORGE_NOTIFICATION_ADMIN_PORT: {{ $n.adminPort | quote }}
 GORGE_NOTIFICATION_PEER_DNS: {{ include "gorge.notification.peerDns" . | quote }}
 GORGE_NOTIFICATION_DRAIN_SECONDS: {{ $n.drainSeconds | quote }}
+{{- with include "gorge.notification.maxSockets" . }}
+GORGE_NOTIFICATION_MAX_SOCKETS: {{ . | quote }}
+{{- end }}
 {{- range $key, $value := $n.env }}
 {{ $key }}: {{ $value | toString | quote }}
 {{- end }}
@@ -151,12 +340,11 @@ GORGE_NOTIFICATION_DRAIN_SECONDS: {{ $n.drainSeconds | quote }}
 {{- define "gorge.webhook.configData" -}}
 {{- $w := .Values.webhook -}}
 GORGE_LISTEN_ADDR: {{ printf "0.0.0.0:%d" (int $w.port) | quote }}
-{{- with $w.mysql.host }}
-GORGE_WEBHOOK_MYSQL_HOST: {{ . | quote }}
-{{- end }}
+GORGE_WEBHOOK_MYSQL_HOST: {{ $w.mysql.host | quote }}
 GORGE_WEBHOOK_MYSQL_PORT: {{ $w.mysql.port | quote }}
 GORGE_WEBHOOK_MYSQL_USER: {{ $w.mysql.user | quote }}
 GORGE_WEBHOOK_NAMESPACE: {{ $w.namespace | quote }}
+GORGE_WEBHOOK_DELIVERY_TIMEOUT: {{ $w.deliveryTimeoutSeconds | quote }}
 {{- with $w.outboundBlacklist }}
 GORGE_WEBHOOK_OUTBOUND_BLACKLIST: {{ join "," . | quote }}
 {{- end }}

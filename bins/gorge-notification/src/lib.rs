@@ -1,0 +1,30 @@
+//! gorge-notification: a drop-in replacement for Phorge's Aphlict notification server, as a
+//! library so that tests can run it in-process (with the hub's manual clock).
+//!
+//! Where to start reading: [`service`] (wiring), then [`admin`] (PHP's port) and [`client`] /
+//! [`session`] (browsers' port). The hub itself is the `gorge-hub` crate, the wire formats
+//! `phorge-wire`.
+//!
+//! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
+//! - [`admin`]: `POST /`, `/status/` and the probes;
+//! - [`client`]: WebSocket upgrades and the exact 501;
+//! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
+//! - [`fanout`]: the thread that delivers accepted messages, so the admin POST never waits;
+//! - [`wire`]: WebSocket frames encoded once, and the bounded reader of client frames;
+//! - [`drain`]: the graceful drain on SIGTERM;
+//! - [`peers`]: relaying to the other servers of a cluster;
+//! - [`metrics`]: the Prometheus metrics;
+//! - [`fdlimit`]: raising the open-file limit at startup.
+
+pub mod admin;
+pub mod app;
+pub mod client;
+pub mod config;
+pub mod drain;
+pub mod fanout;
+pub mod fdlimit;
+pub mod metrics;
+pub mod peers;
+pub mod service;
+pub mod session;
+pub mod wire;

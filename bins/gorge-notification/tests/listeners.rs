@@ -1,0 +1,184 @@
+//! The listeners under hostile or starved conditions: a request body that never ends, and a
+//! process out of file descriptors (accept failures logged once and counted, the soft limit
+//! raised to the hard one at startup).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{InProcess, Server, PATIENCE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[tokio::test]
+async fn an_admin_post_whose_chunked_body_never_ends_is_closed() {
+    let server = InProcess::start_with(Some(Duration::from_millis(300)), |_| {}).await;
+    let mut stream = TcpStream::connect(("127.0.0.1", server.admin_port))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n",
+        )
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    let text = String::from_utf8(response).unwrap();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    // The server is fine otherwise.
+    assert_eq!(server.post("", r#"{"subscribers":[]}"#).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_accepts_are_logged_once_and_counted() {
+    // `ulimit -n` sets soft and hard: nothing to raise, and few descriptors to spare.
+    let server = Server::start_in_shell("ulimit -n 48", &[]);
+    let limit = server.wait_for_log("NOTIFY_FILE_LIMIT").await;
+    assert_eq!(
+        (&limit["soft"], &limit["hard"]),
+        (&"48".into(), &"48".into())
+    );
+
+    let mut held = Vec::new();
+    for _ in 0..80 {
+        // The kernel completes the handshake whether or not the server can accept.
+        held.push(
+            TcpStream::connect(("127.0.0.1", server.client_port))
+                .await
+                .unwrap(),
+        );
+    }
+    let failed = server.wait_for_log("ACCEPT_FAILED").await;
+    assert_eq!(failed["listener"], "client", "{failed}");
+    // The accept loop keeps failing while the descriptors are held...
+    let deadline = std::time::Instant::now() + PATIENCE;
+    drop(held);
+    // ...and once they are released the admin port answers and shows the count.
+    let errors = loop {
+        let r = common::try_raw_http(
+            server.admin_port,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if let Some(r) = r.filter(|r| r.status == 200) {
+            let text = String::from_utf8(r.body).unwrap();
+            let sample = text
+                .lines()
+                .find_map(|l| l.strip_prefix("gorge_notification_accept_errors_total "))
+                .map(|v| v.parse::<f64>().unwrap());
+            if let Some(n) = sample.filter(|n| *n > 0.0) {
+                break n;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no accept errors counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Failures repeat every 50 ms; the log line does not (at most one per listener per 10 s;
+    // the admin listener may have failed too while our scrape was refused).
+    assert!(errors >= 1.0);
+    let client_lines = server
+        .log_events("ACCEPT_FAILED")
+        .into_iter()
+        .filter(|l| l["listener"] == "client")
+        .count();
+    assert_eq!(client_lines, 1);
+}
+
+#[tokio::test]
+async fn the_soft_file_limit_is_raised_to_the_hard_one() {
+    let server = Server::start_in_shell("ulimit -Sn 100 && ulimit -Hn 4000", &[]);
+    let limit = server.wait_for_log("NOTIFY_FILE_LIMIT").await;
+    assert_eq!(limit["soft_before"], "100", "{limit}");
+    assert_eq!(limit["soft"], "4000", "{limit}");
+    assert_eq!(limit["hard"], "4000", "{limit}");
+}
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A drill, not a test (run with `--ignored --nocapture`): 200 sockets subscribing as much as
+/// they can with 512-byte PHIDs, then 16 messages of 1 MiB of subscribers replayed; prints
+/// the server's RSS at each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn drill_subscription_and_history_memory() {
+    // e.g. GORGE_DRILL_ENV="MALLOC_ARENA_MAX=2" to compare allocator settings.
+    let extra = std::env::var("GORGE_DRILL_ENV").unwrap_or_default();
+    let env: Vec<(&str, &str)> = extra
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let server = Server::start(&env);
+    let pid = server.child.id();
+    println!("idle: rss/hwm KiB {:?}", rss_kib(pid));
+    let phid = |s: usize, i: usize| format!("PHID-{s:04}-{i:06}-{}", "x".repeat(490));
+    let mut sockets = Vec::new();
+    for s in 0..200 {
+        let mut ws = server.ws("/").await;
+        for batch in 0..8 {
+            let phids: Vec<String> = (0..120).map(|i| phid(s, batch * 120 + i)).collect();
+            let command = serde_json::json!({"command": "subscribe", "data": phids});
+            ws.send(&command.to_string()).await;
+        }
+        ws.sync().await;
+        sockets.push(ws);
+    }
+    println!(
+        "200 sockets subscribed: rss/hwm KiB {:?}, charged bytes {:?}, over limit {:?}",
+        rss_kib(pid),
+        server.metric("gorge_notification_subscription_bytes").await,
+        server
+            .metric("gorge_notification_subscriptions_over_limit_total")
+            .await
+    );
+    drop(sockets);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while server.status("").await["clients.active"] != 0 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "after close: rss/hwm KiB {:?}, charged bytes {:?}",
+        rss_kib(pid),
+        server.metric("gorge_notification_subscription_bytes").await
+    );
+
+    let subscribers: Vec<String> = (0..45_000).map(|i| format!("PHID-USER-{i:010}")).collect();
+    let body = serde_json::json!({"subscribers": subscribers}).to_string();
+    for _ in 0..16 {
+        assert_eq!(server.post("", &body).await.status, 200);
+    }
+    println!(
+        "16 x {} KiB messages: rss/hwm KiB {:?}, history bytes {:?}",
+        body.len() / 1024,
+        rss_kib(pid),
+        server.metric("notify_history_bytes").await
+    );
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&["PHID-USER-0000044999"]).await;
+    let started = std::time::Instant::now();
+    ws.send(r#"{"command":"replay"}"#).await;
+    let replayed = ws.sync().await.len();
+    println!(
+        "replay of {replayed} frames took {:?}; rss/hwm KiB {:?}",
+        started.elapsed(),
+        rss_kib(pid)
+    );
+}

@@ -1,0 +1,190 @@
+//! The dispatcher: polls `herald_webhookrequest` and delivers the rows it wins.
+//!
+//! - this file: the poll loop, its back-off on database errors, and progress for readiness;
+//! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
+//! - [`row`]: the per-request steps of webhook.md §4, top to bottom;
+//! - [`breaker`]: the per-hook circuit breaker;
+//! - [`state`]: what this process is working on right now.
+//!
+//! A SELECT only finds candidates; nothing is sent or written for a row until the claim's
+//! compare-and-set is won. Concurrency is one semaphore permit per row being worked on, so
+//! at most `max_concurrent` POSTs run at once. Every time read goes through the injected
+//! [`Clock`].
+
+mod breaker;
+mod poll;
+mod row;
+mod state;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
+use gorge_service::Shutdown;
+use slog::{info, warn, Logger};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::clock::Clock;
+use crate::delivery::Deliverer;
+use crate::metrics::Metrics;
+
+pub use poll::Round;
+use state::LocalState;
+
+/// First pause after a database error; doubled per consecutive error up to the maximum.
+const DB_ERROR_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const DB_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// What the dispatcher needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    pub poll_interval: Duration,
+    pub max_concurrent: usize,
+    pub timing: ClaimTiming,
+    pub breaker_window_sec: u64,
+    pub breaker_threshold: u64,
+}
+
+/// Polls `herald_webhookrequest` and delivers what it wins.
+pub struct Dispatcher {
+    store: ClaimStore,
+    clock: Arc<dyn Clock>,
+    deliverer: Deliverer,
+    metrics: Metrics,
+    log: Logger,
+    config: DispatcherConfig,
+    slots: Arc<Semaphore>,
+    state: Mutex<LocalState>,
+    finished: Notify,
+    /// Set when the poll loop ends: rows not yet claimed are left alone.
+    stopping: AtomicBool,
+    /// Clock milliseconds of the last sign of progress: a poll round that completed or a
+    /// result that was written.
+    progress: AtomicU64,
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: ClaimStore,
+        clock: Arc<dyn Clock>,
+        deliverer: Deliverer,
+        metrics: Metrics,
+        config: DispatcherConfig,
+        log: Logger,
+    ) -> Arc<Dispatcher> {
+        let now = clock.now_millis();
+        Arc::new(Dispatcher {
+            slots: Arc::new(Semaphore::new(config.max_concurrent)),
+            store,
+            clock,
+            deliverer,
+            metrics,
+            log,
+            state: Mutex::new(LocalState::default()),
+            finished: Notify::new(),
+            stopping: AtomicBool::new(false),
+            progress: AtomicU64::new(now),
+            config,
+        })
+    }
+
+    /// The local state. Poisoning is ignored: it is plain sets and maps, and a worker that
+    /// panicked has its row and hook released by its `Slot` anyway.
+    fn local_state(&self) -> MutexGuard<'_, LocalState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn made_progress(&self) {
+        self.progress
+            .store(self.clock.now_millis(), Ordering::SeqCst);
+    }
+
+    /// How long ago (clock time) the dispatcher last made progress.
+    pub fn since_progress(&self) -> Duration {
+        let last = self.progress.load(Ordering::SeqCst);
+        Duration::from_millis(self.clock.now_millis().saturating_sub(last))
+    }
+
+    /// Polls until `shutdown`, then waits for in-flight deliveries to write their results.
+    /// The caller closes the pool afterwards.
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
+        let mut error_backoff = DB_ERROR_BACKOFF_MIN;
+        let mut db_ok: Option<bool> = None;
+        loop {
+            // Wait for a free slot first: polling without one only re-reads rows.
+            let permit = tokio::select! {
+                permit = self.slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                _ = shutdown.triggered() => break,
+            };
+            if shutdown.is_triggered() {
+                break;
+            }
+            match self.poll_round(Some(permit)).await {
+                Err(err) => {
+                    self.metrics.poll_errors.inc();
+                    warn!(self.log, "WEBHOOK_POLL_ERROR";
+                        "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
+                    db_ok = Some(false);
+                    tokio::select! {
+                        _ = tokio::time::sleep(error_backoff) => {}
+                        _ = shutdown.triggered() => break,
+                    }
+                    error_backoff = (error_backoff * 2).min(DB_ERROR_BACKOFF_MAX);
+                }
+                Ok(round) => {
+                    if db_ok != Some(true) {
+                        info!(self.log, "WEBHOOK_DB_READY"; "database" => self.store.database());
+                        db_ok = Some(true);
+                    }
+                    error_backoff = DB_ERROR_BACKOFF_MIN;
+                    if round.more_waiting && round.started > 0 {
+                        // Backlog: poll again as soon as a slot is free (top of the loop).
+                        continue;
+                    }
+                    let wake_on_finish =
+                        round.skipped_local > 0 || round.excluded_busy > 0 || round.more_waiting;
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.config.poll_interval) => {}
+                        // A finished delivery frees its hook: rows skipped for it may go now.
+                        _ = self.finished.notified(), if wake_on_finish => {}
+                        _ = shutdown.triggered() => break,
+                    }
+                }
+            }
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wait_idle().await;
+    }
+
+    /// Waits until no delivery is running in this process.
+    pub async fn wait_idle(&self) {
+        let all = u32::try_from(self.config.max_concurrent).unwrap_or(u32::MAX);
+        if let Ok(permits) = self.slots.acquire_many(all).await {
+            drop(permits);
+        }
+    }
+
+    /// One poll and the rows it starts, then waits for them all to finish (tests drive the
+    /// dispatcher with this and an injected clock; resting hooks stay resting until the
+    /// clock passes their rest).
+    pub async fn run_round(self: &Arc<Self>) -> Result<Round, ClaimError> {
+        let round = self.poll_round(None).await?;
+        self.wait_idle().await;
+        Ok(round)
+    }
+
+    /// Samples the queue depth, pool state and open breakers into the metrics.
+    pub async fn sample(&self) -> Result<(), ClaimError> {
+        self.metrics.set_pool(&self.store.pool_state());
+        let depth = self.store.queue_depth(self.clock.now()).await?;
+        self.metrics.queue_depth.set(depth.queued as i64);
+        self.metrics
+            .oldest_queued_age_seconds
+            .set(depth.oldest_age_sec.unwrap_or(0) as i64);
+        self.reevaluate_breakers().await
+    }
+}

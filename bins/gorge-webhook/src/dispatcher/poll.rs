@@ -1,0 +1,191 @@
+//! One poll round: which hooks to leave out of the candidate query, which candidates to
+//! start, and what to do with rows that cannot be used as stored.
+//!
+//! The candidate query leaves out the hooks this process would skip anyway (a delivery of
+//! the hook running here, its lock held elsewhere, its breaker open), so a backlog of such
+//! a hook never fills the batch and hides the rows of other hooks.
+
+use std::sync::Arc;
+
+use gorge_claim::{BrokenRow, ClaimError, MAX_EXCLUDED_HOOKS};
+use phorge_wire::values::HookErrorCode;
+use slog::warn;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::Dispatcher;
+use crate::metrics::{InvalidRowReason, SkipReason};
+
+/// Candidates fetched per poll, as a multiple of `max_concurrent`: only one row per hook can
+/// start at a time, so a batch of exactly `max_concurrent` rows could leave slots idle when
+/// several of its rows belong to one hook.
+const BATCH_FACTOR: usize = 4;
+
+/// What one poll round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Rows returned by the query (broken ones included).
+    pub fetched: usize,
+    /// Rows handed to a worker task.
+    pub started: usize,
+    /// Rows skipped because this process is already working on them or on their hook (rows
+    /// of one hook later in the same batch, or state that changed since the query).
+    pub skipped_local: usize,
+    /// Hooks left out of the query because a delivery of theirs is running here.
+    pub excluded_busy: usize,
+    /// Hooks left out of the query because they are resting (lock held elsewhere, breaker
+    /// open).
+    pub excluded_resting: usize,
+    /// Rows that could not be used as stored and were failed (`invalid-row`).
+    pub broken: usize,
+    /// The batch was full or the slots ran out: more work is probably waiting.
+    pub more_waiting: bool,
+}
+
+impl Dispatcher {
+    /// Candidates per poll.
+    pub fn batch_limit(&self) -> usize {
+        self.config.max_concurrent * BATCH_FACTOR
+    }
+
+    /// Fetches candidates and starts a task for each one a slot is free for. `first` is a
+    /// slot the caller already holds.
+    pub async fn poll_round(
+        self: &Arc<Self>,
+        first: Option<OwnedSemaphorePermit>,
+    ) -> Result<Round, ClaimError> {
+        let now = self.clock.now();
+        let limit = self.batch_limit();
+        let (excluded, mut round) = self.hooks_to_exclude();
+        if excluded.len() > MAX_EXCLUDED_HOOKS {
+            self.metrics.exclusions_capped.inc();
+        }
+        let batch = self
+            .store
+            .batch(now, &self.config.timing, limit, &excluded)
+            .await
+            .inspect_err(|err| {
+                if matches!(err, ClaimError::Timeout(_)) {
+                    self.metrics.db_timeouts.inc();
+                }
+            })?;
+        self.made_progress();
+        round.fetched = batch.fetched;
+        round.more_waiting = batch.fetched >= limit;
+        if round.more_waiting {
+            self.metrics.full_batches.inc();
+        }
+        if batch.unaddressable > 0 {
+            self.metrics
+                .rows_unaddressable
+                .inc_by(batch.unaddressable as u64);
+            if self.local_state().first_time("unaddressable".into()) {
+                warn!(self.log, "WEBHOOK_ROW_UNADDRESSABLE";
+                    "rows" => batch.unaddressable,
+                    "why" => "id or dateModified unreadable; the row is skipped");
+            }
+        }
+        for broken in &batch.broken {
+            if self.fail_broken(broken).await? {
+                round.broken += 1;
+            }
+        }
+        let mut first = first;
+        for candidate in batch.rows {
+            {
+                let state = self.local_state();
+                if state.quarantined.contains(&candidate.id) {
+                    continue;
+                }
+                if state.rows.contains(&candidate.id) {
+                    self.metrics.skip(SkipReason::InFlight);
+                    round.skipped_local += 1;
+                    continue;
+                }
+                if state.hooks.contains(&candidate.webhook_phid) {
+                    self.metrics.skip(SkipReason::HookBusy);
+                    round.skipped_local += 1;
+                    continue;
+                }
+                if state.resting.contains_key(&candidate.webhook_phid) {
+                    continue;
+                }
+            }
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => match self.slots.clone().try_acquire_owned() {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        round.more_waiting = true;
+                        break;
+                    }
+                },
+            };
+            {
+                let mut state = self.local_state();
+                state.rows.insert(candidate.id);
+                state.hooks.insert(candidate.webhook_phid.clone());
+            }
+            round.started += 1;
+            let this = Arc::clone(self);
+            tokio::spawn(async move { this.work(candidate, permit).await });
+        }
+        Ok(round)
+    }
+
+    /// The hooks this round would skip, for the candidate query: hooks with a delivery
+    /// running here first (at most `max_concurrent`, and they free up soonest), then resting
+    /// ones. Forgets rests that are over. The store uses the first [`MAX_EXCLUDED_HOOKS`].
+    fn hooks_to_exclude(&self) -> (Vec<String>, Round) {
+        let now = self.clock.now_millis();
+        let mut state = self.local_state();
+        state.resting.retain(|_, until| *until > now);
+        let mut excluded: Vec<String> = state.hooks.iter().cloned().collect();
+        // A hook can be both busy here and resting (a rest set while its delivery ends).
+        let resting = state
+            .resting
+            .keys()
+            .filter(|hook| !state.hooks.contains(*hook));
+        excluded.extend(resting.cloned());
+        let round = Round {
+            excluded_busy: state.hooks.len(),
+            excluded_resting: excluded.len() - state.hooks.len(),
+            ..Round::default()
+        };
+        (excluded, round)
+    }
+
+    /// Fails a row that cannot be read as stored (`invalid-row`), without a claim (the
+    /// status change is the compare-and-set). True when this process wrote it.
+    async fn fail_broken(&self, broken: &BrokenRow) -> Result<bool, ClaimError> {
+        if self.local_state().quarantined.contains(&broken.id) {
+            return Ok(false);
+        }
+        let properties = super::row::invalid_row_properties(broken.properties.as_deref());
+        match self
+            .store
+            .fail_unclaimable(broken.id, broken.date_modified, &properties)
+            .await
+        {
+            Ok(true) => {
+                self.invalid_row(broken.id, InvalidRowReason::Unreadable, broken.reason);
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(err) if err.is_row_data_error() => {
+                self.row_rejected(broken.id, &err, None).await;
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Counts and logs (once per row) a row failed with `invalid-row`.
+    pub(super) fn invalid_row(&self, id: u64, reason: InvalidRowReason, why: &str) {
+        self.metrics.invalid_row(reason);
+        self.metrics
+            .delivered(crate::metrics::DeliveryOutcome::Failed, "hook");
+        warn!(self.log, "WEBHOOK_INVALID_ROW";
+            "id" => id, "reason" => reason.label(), "why" => why,
+            "code" => HookErrorCode::InvalidRow.as_str(), "status" => "failed");
+    }
+}

@@ -1,0 +1,464 @@
+//! The per-request steps of webhook.md §4 for one candidate, top to bottom:
+//!
+//! parse `properties` → load the hook → per-hook lock → breaker → outbound policy (resolves
+//! the host; after the lock and breaker so skipped rows resolve nothing) → load the object
+//! and its transactions as Phorge does → claim → POST → write the outcome (only while the
+//! row is still ours) → release the lock.
+//!
+//! Nothing is written before the claim is won, except for rows that cannot be claimed at
+//! all (see [`Dispatcher::row_rejected`]), which are failed with a compare-and-set of their
+//! own.
+
+use std::time::Duration;
+
+use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, RowOutcome, Unchecked};
+use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
+use phorge_wire::webhook::{
+    rewrite_properties, sign, PropertiesError, RequestProperties, WebhookPayload,
+};
+use slog::{debug, info, warn};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::state::Slot;
+use super::Dispatcher;
+use crate::delivery::DeliveryError;
+use crate::metrics::{DeliveryOutcome, InvalidRowReason, SkipReason};
+use crate::outcome;
+use crate::policy::{CheckedTarget, PolicyError};
+
+/// How long a hook with an open breaker is left alone before its breaker is checked again.
+/// Failures age out of the window one by one, so checking more often gains little.
+const BREAKER_REST: Duration = Duration::from_secs(5);
+
+/// Times the server may reject a statement for the same row before the row is failed
+/// with `invalid-row` (a poison row must not be retried every poll forever).
+pub(super) const MAX_ROW_ATTEMPTS: u32 = 3;
+
+/// First and longest pause between attempts to write a result. Attempts go on while the
+/// claim's lease protects the row: giving up earlier means a duplicate POST after the lease.
+const WRITE_RETRY_FIRST: Duration = Duration::from_millis(200);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// How a row's processing ended, for logs and metrics.
+enum RowEnd {
+    Done,
+    Skipped(SkipReason),
+}
+
+/// The `properties` text for an `invalid-row` failure: every readable key kept.
+pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
+    let code = HookErrorCode::InvalidRow.as_str();
+    match text.map(RequestProperties::parse) {
+        Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code),
+        Some(Err(PropertiesError::InvalidField { original, .. })) => {
+            rewrite_properties(&original, ErrorType::Hook, code)
+        }
+        _ => rewrite_properties(&serde_json::Map::new(), ErrorType::Hook, code),
+    }
+}
+
+impl Dispatcher {
+    pub(super) async fn work(
+        self: std::sync::Arc<Self>,
+        candidate: Candidate,
+        permit: OwnedSemaphorePermit,
+    ) {
+        // Cleans up on every exit, a panic included, so a row or hook is never stuck as
+        // "in flight here".
+        let _slot = Slot {
+            dispatcher: &self,
+            row: candidate.id,
+            hook: &candidate.webhook_phid,
+            _permit: permit,
+        };
+        self.metrics.in_flight.inc();
+        match self.process(&candidate).await {
+            Ok(RowEnd::Done) => {
+                self.local_state().row_errors.remove(&candidate.id);
+            }
+            Ok(RowEnd::Skipped(reason)) => self.metrics.skip(reason),
+            Err(err) if err.is_row_data_error() => {
+                self.row_rejected(candidate.id, &err, Some(&candidate))
+                    .await;
+            }
+            Err(err) => {
+                self.metrics.poll_errors.inc();
+                if matches!(err, ClaimError::Timeout(_)) {
+                    self.metrics.db_timeouts.inc();
+                }
+                warn!(self.log, "WEBHOOK_POLL_ERROR";
+                    "error" => %err, "request" => &candidate.phid, "hook" => &candidate.webhook_phid);
+            }
+        }
+    }
+
+    /// The §4 steps for one candidate.
+    async fn process(&self, candidate: &Candidate) -> Result<RowEnd, ClaimError> {
+        // 1. Properties.
+        let properties = match RequestProperties::parse(&candidate.properties) {
+            Ok(properties) => properties,
+            Err(err) => {
+                warn!(self.log, "WEBHOOK_INVALID_PROPERTIES";
+                    "request" => &candidate.phid, "error" => %err,
+                    "bytes" => candidate.properties.len());
+                let text = err.rewritten_properties();
+                return self
+                    .fail_before_delivery(candidate, HookErrorCode::InvalidProperties, text)
+                    .await;
+            }
+        };
+        // 2. The hook.
+        let hook = match self.store.load_hook(&candidate.webhook_phid).await {
+            Ok(Some(hook)) => hook,
+            Ok(None) => {
+                return self
+                    .fail_hook(candidate, &properties, HookErrorCode::NotFound)
+                    .await
+            }
+            Err(ClaimError::InvalidRow(why)) => {
+                let text =
+                    properties.rewritten(ErrorType::Hook, HookErrorCode::InvalidRow.as_str());
+                let end = self
+                    .fail_before_delivery(candidate, HookErrorCode::InvalidRow, text)
+                    .await?;
+                self.metrics.invalid_row(InvalidRowReason::HookRow);
+                warn!(self.log, "WEBHOOK_INVALID_ROW";
+                    "id" => candidate.id, "reason" => InvalidRowReason::HookRow.label(),
+                    "why" => why, "hook" => &candidate.webhook_phid);
+                return Ok(end);
+            }
+            Err(err) => return Err(err),
+        };
+        // Phorge's `isDisabled()` compares with `disabled` only; other values deliver.
+        if hook.hook_status() == Some(HookStatus::Disabled) {
+            return self
+                .fail_hook(candidate, &properties, HookErrorCode::Disabled)
+                .await;
+        }
+        // 3. One delivery per hook across every process (and Phorge's own worker).
+        let Some(lock) = self.store.try_hook_lock(&hook.phid).await? else {
+            self.rest(&hook.phid, self.config.poll_interval);
+            return Ok(RowEnd::Skipped(SkipReason::HookBusy));
+        };
+        let result = self.deliver_locked(candidate, &hook, &properties).await;
+        if let Err(err) = lock.release().await {
+            // The server frees the lock with the session that the release just closed.
+            warn!(self.log, "WEBHOOK_LOCK_RELEASE_FAILED"; "hook" => &hook.phid, "error" => %err);
+        }
+        result
+    }
+
+    /// Steps 4–9, with the hook lock held.
+    async fn deliver_locked(
+        &self,
+        candidate: &Candidate,
+        hook: &Hook,
+        properties: &RequestProperties,
+    ) -> Result<RowEnd, ClaimError> {
+        // 4. Breaker.
+        let since = self
+            .clock
+            .now()
+            .saturating_sub(self.config.breaker_window_sec);
+        let failures = self.store.recent_failures(&hook.phid, since).await?;
+        if self.note_breaker(&hook.phid, failures) {
+            self.rest(&hook.phid, BREAKER_REST);
+            return Ok(RowEnd::Skipped(SkipReason::BreakerOpen));
+        }
+        // 5. Outbound policy: resolve once, check every address, keep them for the connect.
+        let target = match self.check_policy(hook).await {
+            Ok(target) => Ok(target),
+            Err(PolicyError::Unresolvable) => Err(DeliveryError::Dns),
+            Err(err) => {
+                self.metrics.policy_blocks.inc();
+                warn!(self.log, "WEBHOOK_POLICY_BLOCKED";
+                    "request" => &candidate.phid, "hook" => &hook.phid,
+                    "host" => uri_host(&hook.uri), "reason" => %err);
+                return self
+                    .fail_hook(candidate, properties, HookErrorCode::Uri)
+                    .await;
+            }
+        };
+        // 6. The object and its transactions, as Phorge's worker loads them.
+        let transactions = match self
+            .store
+            .load_object(&candidate.object_phid, &properties.transaction_phids)
+            .await?
+        {
+            ObjectLoad::Missing => {
+                return self
+                    .fail_hook(candidate, properties, HookErrorCode::Object)
+                    .await
+            }
+            ObjectLoad::Found {
+                transactions,
+                unchecked,
+            } => {
+                if let Some(unchecked) = unchecked {
+                    self.note_unchecked(&unchecked);
+                }
+                transactions
+            }
+        };
+        // 7. Claim.
+        let Some(claim) = self.claim(candidate).await? else {
+            return Ok(RowEnd::Done);
+        };
+        // 8. POST.
+        let mut loaded = properties.clone();
+        loaded.transaction_phids = transactions;
+        let payload = WebhookPayload::from_properties(
+            &candidate.object_phid,
+            &loaded,
+            candidate.date_created,
+        );
+        let body = payload.encode_body();
+        let signature = sign(hook.hmac_key.as_bytes(), &body);
+        let result = match target {
+            Ok(target) => {
+                let deliverer = self.deliverer.clone();
+                let started = std::time::Instant::now();
+                let joined = tokio::task::spawn_blocking(move || {
+                    deliverer.deliver(target, &body, &signature)
+                })
+                .await;
+                self.metrics
+                    .attempt_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                // A panic inside the client is a transport failure of this attempt, not of
+                // the process.
+                joined.unwrap_or(Err(DeliveryError::Connection))
+            }
+            Err(err) => Err(err),
+        };
+        if result == Err(DeliveryError::BlockedRedirect) {
+            self.metrics.policy_blocks.inc();
+        }
+        // 9. The outcome, in Phorge's values.
+        let decision = outcome::after_attempt(properties, result, self.clock.now());
+        if self.write(candidate, &claim, &decision.row).await? {
+            self.metrics.delivered(decision.outcome, decision.class);
+            if decision.outcome == DeliveryOutcome::Sent {
+                info!(self.log, "WEBHOOK_DELIVERED";
+                    "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code);
+            } else {
+                warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
+                    "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
+                    "status" => decision.row.status.as_str());
+            }
+        }
+        Ok(RowEnd::Done)
+    }
+
+    /// Resolves and checks the hook URI on a blocking thread.
+    async fn check_policy(&self, hook: &Hook) -> Result<CheckedTarget, PolicyError> {
+        let deliverer = self.deliverer.clone();
+        let uri = hook.uri.clone();
+        tokio::task::spawn_blocking(move || deliverer.policy().check(&uri, deliverer.timeout()))
+            .await
+            .unwrap_or(Err(PolicyError::Unresolvable))
+    }
+
+    /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
+    fn rest(&self, hook: &str, duration: std::time::Duration) {
+        let until = self.clock.now_millis() + duration.as_millis() as u64;
+        self.local_state().resting.insert(hook.to_string(), until);
+    }
+
+    /// Counts a delivery whose object or transactions could not be checked, and logs it
+    /// once per PHID type or database.
+    fn note_unchecked(&self, unchecked: &Unchecked) {
+        self.metrics.object_unchecked(match unchecked {
+            Unchecked::UnknownType(_) => "unknown-type",
+            Unchecked::NoTable(_) => "no-table",
+            Unchecked::Refused { .. } => "refused",
+        });
+        match unchecked {
+            Unchecked::UnknownType(kind) => {
+                if self.local_state().first_time(format!("type:{kind}")) {
+                    warn!(self.log, "WEBHOOK_OBJECT_TYPE_UNKNOWN";
+                        "phid_type" => kind,
+                        "effect" => "delivered without checking the object; transactions as stored");
+                }
+            }
+            Unchecked::NoTable(kind) => {
+                if self.local_state().first_time(format!("notable:{kind}")) {
+                    info!(self.log, "WEBHOOK_OBJECT_UNCHECKED";
+                        "phid_type" => kind, "why" => "no object or transaction table");
+                }
+            }
+            Unchecked::Refused {
+                database,
+                grant,
+                error,
+            } => {
+                if self.local_state().first_time(format!("db:{database}")) {
+                    warn!(self.log, "WEBHOOK_OBJECT_SELECT_REFUSED";
+                        "database" => database, "grant" => grant, "error" => error,
+                        "effect" => "delivered with transactions in stored order");
+                }
+            }
+        }
+    }
+
+    /// Claims `candidate`; `None` when lost, or when shutdown began (nothing new starts
+    /// then: only rows already claimed are finished).
+    async fn claim(&self, candidate: &Candidate) -> Result<Option<Claim>, ClaimError> {
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let claim = self.store.claim(candidate, self.clock.now()).await?;
+        match claim {
+            Some(_) => self.metrics.claim_won(),
+            None => {
+                self.metrics.claim_lost();
+                debug!(self.log, "WEBHOOK_CLAIM_LOST";
+                    "request" => &candidate.phid, "seen_version" => candidate.date_modified);
+            }
+        }
+        Ok(claim)
+    }
+
+    /// Writes the outcome while the row is still ours. Database errors are retried for as
+    /// long as the claim's lease protects the row (never a taken-over row, never a statement
+    /// the server rejects). True when it landed.
+    async fn write(
+        &self,
+        candidate: &Candidate,
+        claim: &Claim,
+        outcome: &RowOutcome,
+    ) -> Result<bool, ClaimError> {
+        let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
+        let mut pause = WRITE_RETRY_FIRST;
+        let mut retries = 0u32;
+        let landed = loop {
+            match self
+                .store
+                .write_outcome(claim, outcome, self.clock.now())
+                .await
+            {
+                Ok(landed) => break landed,
+                Err(err) if err.is_row_data_error() => return Err(err),
+                Err(err) => {
+                    if matches!(err, ClaimError::Timeout(_)) {
+                        self.metrics.db_timeouts.inc();
+                    }
+                    let now = self.clock.now_millis();
+                    if now + pause.as_millis() as u64 >= lease_end_ms {
+                        warn!(self.log, "WEBHOOK_RESULT_WRITE_ABANDONED";
+                            "request" => &candidate.phid, "error" => %err, "retries" => retries,
+                            "why" => "the claim's lease ran out; the row will be delivered again");
+                        return Err(err);
+                    }
+                    self.metrics.result_write_retries.inc();
+                    if retries == 0 {
+                        warn!(self.log, "WEBHOOK_RESULT_WRITE_RETRY";
+                            "request" => &candidate.phid, "error" => %err,
+                            "lease_left_ms" => lease_end_ms - now);
+                    }
+                    retries += 1;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(WRITE_RETRY_MAX);
+                }
+            }
+        };
+        self.made_progress();
+        if retries > 0 {
+            info!(self.log, "WEBHOOK_RESULT_WRITE_RECOVERED";
+                "request" => &candidate.phid, "retries" => retries);
+        }
+        if !landed {
+            self.metrics.results_taken_over.inc();
+            warn!(self.log, "WEBHOOK_RESULT_TAKEN_OVER";
+                "request" => &candidate.phid, "version" => claim.version,
+                "status" => outcome.status.as_str());
+        }
+        Ok(landed)
+    }
+
+    async fn fail_hook(
+        &self,
+        candidate: &Candidate,
+        properties: &RequestProperties,
+        code: HookErrorCode,
+    ) -> Result<RowEnd, ClaimError> {
+        let text = properties.rewritten(ErrorType::Hook, code.as_str());
+        self.fail_before_delivery(candidate, code, text).await
+    }
+
+    /// A terminal failure without a POST, written only after winning the claim so that two
+    /// processes never both write it.
+    async fn fail_before_delivery(
+        &self,
+        candidate: &Candidate,
+        code: HookErrorCode,
+        properties: String,
+    ) -> Result<RowEnd, ClaimError> {
+        let Some(claim) = self.claim(candidate).await? else {
+            return Ok(RowEnd::Done);
+        };
+        let decision = outcome::without_attempt(code, properties);
+        if self.write(candidate, &claim, &decision.row).await? {
+            self.metrics.delivered(decision.outcome, decision.class);
+            warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
+                "request" => &candidate.phid, "hook" => &candidate.webhook_phid,
+                "error_type" => "hook", "code" => &decision.code,
+                "status" => decision.row.status.as_str());
+        }
+        Ok(RowEnd::Done)
+    }
+
+    /// The server rejected a statement about row `id` (e.g. the claim UPDATE is out of
+    /// range). Logged once; after [`MAX_ROW_ATTEMPTS`] the row is failed with
+    /// `invalid-row` without a claim, or, if even that is rejected, left alone for the
+    /// life of the process (one more log line).
+    pub(super) async fn row_rejected(
+        &self,
+        id: u64,
+        err: &ClaimError,
+        candidate: Option<&Candidate>,
+    ) {
+        let attempts = self.local_state().row_failed(id);
+        if attempts == 1 {
+            warn!(self.log, "WEBHOOK_ROW_REJECTED";
+                "id" => id, "error" => %err, "gives_up_after" => MAX_ROW_ATTEMPTS);
+        }
+        if attempts < MAX_ROW_ATTEMPTS {
+            return;
+        }
+        self.local_state().row_errors.remove(&id);
+        if let Some(candidate) = candidate {
+            let properties = invalid_row_properties(Some(&candidate.properties));
+            match self
+                .store
+                .fail_unclaimable(id, candidate.date_modified, &properties)
+                .await
+            {
+                Ok(true) => {
+                    self.invalid_row(
+                        id,
+                        InvalidRowReason::Rejected,
+                        "the server rejected its claim or result write",
+                    );
+                    return;
+                }
+                // Someone else changed the row meanwhile: nothing left to do here.
+                Ok(false) => return,
+                Err(_) => {}
+            }
+        }
+        self.local_state().quarantine(id);
+        self.metrics.rows_quarantined.inc();
+        warn!(self.log, "WEBHOOK_ROW_QUARANTINED";
+            "id" => id, "error" => %err,
+            "effect" => "skipped by this process until it restarts; fix or delete the row");
+    }
+}
+
+/// The host of a hook URI for logs: URIs may carry credentials in the path or query.
+fn uri_host(uri: &str) -> String {
+    uri.parse::<hyper::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+        .unwrap_or_default()
+}

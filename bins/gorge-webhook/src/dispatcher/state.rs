@@ -1,0 +1,79 @@
+//! What this process is working on and remembers between rounds: rows and hooks in flight,
+//! resting hooks, open breakers, rows that keep failing, and what was already logged once.
+//!
+//! Every collection is bounded ([`MAX_REMEMBERED`]); only plain data, no I/O under the lock.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::Dispatcher;
+
+/// Most entries kept in each remembered set or map (rows that failed, keys logged once).
+pub(super) const MAX_REMEMBERED: usize = 4096;
+
+#[derive(Default)]
+pub(super) struct LocalState {
+    pub rows: HashSet<u64>,
+    pub hooks: HashSet<String>,
+    /// Hooks skipped for a reason that will not change at once (lock held by another
+    /// process, breaker open), and until when (clock milliseconds) to leave them alone (the
+    /// candidate query excludes them). Without this a backlog makes the loop re-poll at once
+    /// after each skip and spin on the same hooks.
+    pub resting: HashMap<String, u64>,
+    pub open_breakers: HashSet<String>,
+    /// Rows whose statements the server rejected, and how many times in a row.
+    pub row_errors: HashMap<u64, u32>,
+    /// Rows that can be neither delivered nor failed: skipped without a word from now on.
+    pub quarantined: HashSet<u64>,
+    /// Keys of events logged once (`kind:key`).
+    pub logged: HashSet<String>,
+}
+
+impl LocalState {
+    /// True the first time `key` is seen (bounded: once full, nothing more is logged).
+    pub fn first_time(&mut self, key: String) -> bool {
+        if self.logged.len() >= MAX_REMEMBERED {
+            return false;
+        }
+        self.logged.insert(key)
+    }
+
+    /// Counts one more rejected statement for `row`; returns the count.
+    pub fn row_failed(&mut self, row: u64) -> u32 {
+        if self.row_errors.len() >= MAX_REMEMBERED && !self.row_errors.contains_key(&row) {
+            self.row_errors.clear();
+        }
+        let count = self.row_errors.entry(row).or_insert(0);
+        *count += 1;
+        *count
+    }
+
+    pub fn quarantine(&mut self, row: u64) {
+        if self.quarantined.len() < MAX_REMEMBERED {
+            self.quarantined.insert(row);
+        }
+    }
+}
+
+/// One row being worked on: releases the row, its hook and the concurrency slot on drop.
+pub(super) struct Slot<'a> {
+    pub dispatcher: &'a Dispatcher,
+    pub row: u64,
+    pub hook: &'a str,
+    pub _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        {
+            let mut state = self.dispatcher.local_state();
+            state.rows.remove(&self.row);
+            state.hooks.remove(self.hook);
+        }
+        self.dispatcher.metrics.in_flight.dec();
+        // The permit (a field) is released right after this body; a poll loop woken by the
+        // notification waits for a free slot before polling anyway.
+        self.dispatcher.finished.notify_one();
+    }
+}

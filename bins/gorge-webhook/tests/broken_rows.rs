@@ -1,0 +1,205 @@
+//! Rows that cannot be used as stored, and a poll loop that dies (issue 9 W1 and W2 = issue
+//! 10 item 9): one bad row must never stop, starve or spin the dispatcher, and a dead poll
+//! loop must never hide behind a green `/readyz`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{CapturedLog, Harness, Receiver};
+use gorge_claim::testdb::{NewRequest, TestDb};
+use gorge_service::Shutdown;
+use gorge_webhook::app::{readiness, supervise_poll_loop, PollHealth};
+use gorge_webhook::clock::ManualClock;
+use gorge_webhook::metrics::{InvalidRowReason, Metrics};
+use mysql_async::prelude::Queryable;
+
+const T0: u64 = 1_700_000_000;
+const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+
+/// `status`, `lastRequestResult`, `lastRequestEpoch`, `properties` of row `id`.
+async fn state_of(db: &TestDb, id: u64) -> (String, String, u64, String) {
+    let mut conn = db.conn().await.unwrap();
+    conn.exec_first(
+        "SELECT status, lastRequestResult, lastRequestEpoch, properties \
+         FROM herald_webhookrequest WHERE id = ?",
+        (id,),
+    )
+    .await
+    .unwrap()
+    .expect("row exists")
+}
+
+#[tokio::test]
+async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::start(200);
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    let mut conn = db.conn().await.unwrap();
+    conn.exec_drop(
+        "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, \
+         lastRequestResult, lastRequestEpoch, dateCreated, dateModified) \
+         VALUES (X'504849442DFF', ?, 'PHID-TASK-x', 'queued', ?, 'none', 0, ?, ?)",
+        (&hook, NEVER, T0, T0),
+    )
+    .await
+    .unwrap();
+    let bad = conn.last_insert_id().unwrap();
+    drop(conn);
+    let good = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    // Today's code panics converting the row inside the poll.
+    let round = dispatcher.run_round().await.unwrap();
+    assert_eq!((round.fetched, round.broken, round.started), (2, 1, 1));
+    receiver.wait_for(1, Duration::from_secs(10));
+    assert_eq!(db.read_request(good).await.unwrap().status, "sent");
+    assert_eq!(
+        state_of(&db, bad).await,
+        (
+            "failed".to_string(),
+            "none".to_string(),
+            0,
+            r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[],"errorType":"hook","errorCode":"invalid-row"}"#
+                .to_string()
+        )
+    );
+    assert_eq!(metrics.invalid_rows(InvalidRowReason::Unreadable), 1);
+    assert_eq!(log.count("WEBHOOK_INVALID_ROW"), 1);
+    // Nothing more to do, nothing more logged.
+    let round = dispatcher.run_round().await.unwrap();
+    assert_eq!(round.fetched, 0);
+    assert_eq!(receiver.count(), 1);
+    assert_eq!(log.count("WEBHOOK_POLL_ERROR"), 0);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_delivering() {
+    let db = TestDb::create().await.unwrap();
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let receiver = Receiver::start(200);
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    // `GREATEST(dateModified + 1, …)` is out of range for INT UNSIGNED: the claim UPDATE
+    // is rejected every time.
+    let poison = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
+            u64::from(u32::MAX),
+        )
+        .await
+        .unwrap();
+    let mut later = Vec::new();
+    for _ in 0..2 {
+        later.push(
+            db.insert_request(
+                &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
+                T0,
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    for _ in 0..8 {
+        dispatcher.run_round().await.unwrap();
+    }
+    let (status, result, epoch, properties) = state_of(&db, poison).await;
+    assert_eq!(
+        (status.as_str(), result.as_str(), epoch),
+        ("failed", "none", 0)
+    );
+    assert!(
+        properties.ends_with(r#""errorType":"hook","errorCode":"invalid-row"}"#),
+        "{properties}"
+    );
+    for id in later {
+        assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+    }
+    assert_eq!(receiver.count(), 2, "the poison row itself is never POSTed");
+    assert_eq!(metrics.invalid_rows(InvalidRowReason::Rejected), 1);
+    assert_eq!(
+        log.count("WEBHOOK_ROW_REJECTED"),
+        1,
+        "logged once, not per poll"
+    );
+    assert_eq!(log.count("WEBHOOK_INVALID_ROW"), 1);
+    assert_eq!(log.count("WEBHOOK_POLL_ERROR"), 0);
+    db.drop_database().await;
+}
+
+/// The supervisor `app::run` puts around the poll loop: a loop that panics or returns
+/// outside a shutdown marks the service dead (readiness fails) and triggers the shutdown
+/// whose end `app::run` turns into exit code 3.
+#[tokio::test]
+async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
+    let db = TestDb::create().await.unwrap();
+    for ending in ["panic", "return"] {
+        let log = CapturedLog::default();
+        let metrics = Metrics::unregistered();
+        let health = Arc::new(PollHealth::default());
+        let shutdown = Shutdown::new();
+        let polling = tokio::spawn(async move {
+            if ending == "panic" {
+                panic!("poll loop bug");
+            }
+        });
+        supervise_poll_loop(
+            polling,
+            shutdown.clone(),
+            Arc::clone(&health),
+            metrics.poll_loop_up.clone(),
+            log.logger(),
+        )
+        .await;
+        assert!(health.is_dead(), "{ending}");
+        assert!(shutdown.is_triggered(), "{ending}: the process must exit");
+        assert_eq!(log.count("WEBHOOK_POLL_LOOP_DIED"), 1);
+        assert_eq!(metrics.poll_loop_up.get(), 0);
+        let ready = readiness(
+            db.store(),
+            Arc::clone(&health),
+            Arc::default(),
+            Duration::from_secs(60),
+        );
+        let reason = ready().await.unwrap_err();
+        assert!(reason.contains("poll loop"), "{reason}");
+    }
+
+    // Ending because of a shutdown is the normal drain, not a death.
+    let log = CapturedLog::default();
+    let health = Arc::new(PollHealth::default());
+    let shutdown = Shutdown::new();
+    shutdown.trigger();
+    let polling = tokio::spawn(async {});
+    supervise_poll_loop(
+        polling,
+        shutdown,
+        Arc::clone(&health),
+        Metrics::unregistered().poll_loop_up.clone(),
+        log.logger(),
+    )
+    .await;
+    assert!(!health.is_dead());
+    assert_eq!(log.count("WEBHOOK_POLL_LOOP_DIED"), 0);
+    let ready = readiness(db.store(), health, Arc::default(), Duration::from_secs(60));
+    assert_eq!(ready().await, Ok(()));
+    db.drop_database().await;
+}

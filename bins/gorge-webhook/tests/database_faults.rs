@@ -1,0 +1,274 @@
+//! The database misbehaving under the dispatcher (issue 9 W3, W4, W5), through a TCP proxy
+//! that can cut, refuse or silently black-hole connections.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{admin_sql, CapturedLog, DbProxy, Harness, Receiver, Reply};
+use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
+use gorge_claim::{ClaimStore, StoreOptions};
+use gorge_webhook::clock::ManualClock;
+use mysql_async::prelude::Queryable;
+
+const T0: u64 = 1_700_000_000;
+const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+
+fn options(query_timeout: Duration) -> StoreOptions {
+    StoreOptions {
+        query_timeout,
+        max_connections: 2,
+        max_lock_connections: 3,
+        idle_timeout: Duration::from_secs(1),
+    }
+}
+
+/// W3: connections that go silent without a reset (a fail-over behind NAT) while new ones
+/// work. Every statement has a timeout and a timed-out connection is closed, so delivery
+/// resumes on fresh connections; without timeouts the next poll hangs forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silently_dead_connections_are_timed_out_and_replaced() {
+    let db = TestDb::create().await.unwrap();
+    let proxy = DbProxy::start().await;
+    let receiver = Receiver::start(200);
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    let store =
+        ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
+    let first = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(db.read_request(first).await.unwrap().status, "sent");
+
+    proxy.blackhole_existing();
+    let mut later = Vec::new();
+    for object in ["PHID-TASK-b", "PHID-TASK-c"] {
+        later.push(
+            db.insert_request(&NewRequest::new(&hook, object).with_properties(NEVER), T0)
+                .await
+                .unwrap(),
+        );
+    }
+    let drained = tokio::time::timeout(Duration::from_secs(60), async {
+        for _ in 0..20 {
+            // Rounds that time out are errors; the next round has fresh connections.
+            let _ = dispatcher.run_round().await;
+            let mut all_sent = true;
+            for id in &later {
+                all_sent &= db.read_request(*id).await.unwrap().status == "sent";
+            }
+            if all_sent {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        drained,
+        Ok(true),
+        "rows behind dead connections were never delivered"
+    );
+    assert!(metrics.db_timeouts.get() >= 1);
+    assert_eq!(receiver.count(), 3);
+    db.drop_database().await;
+}
+
+/// W5: an outage shorter than the lease, starting while a POST is in flight. The result
+/// write keeps retrying while the lease protects the row, so the row is written once the
+/// database is back and is never delivered again (the old code gave up after 4.2 s and the
+/// row was POSTed a second time after the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
+    let db = TestDb::create().await.unwrap();
+    let proxy = DbProxy::start().await;
+    let receiver = Receiver::with(|_, _| Reply::Hold(200));
+    let hook = format!("PHID-HWBH-{}", db.namespace());
+    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+        .await
+        .unwrap();
+    let id = db
+        .insert_request(
+            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
+            T0,
+        )
+        .await
+        .unwrap();
+    let store =
+        ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
+    let round = {
+        let dispatcher = Arc::clone(&dispatcher);
+        tokio::spawn(async move { dispatcher.run_round().await })
+    };
+    let waiting = receiver.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_for(1, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    proxy.outage();
+    receiver.release();
+    // Longer than the old code's 0.2 + 1 + 3 s of retries; the lease (30 s of clock time)
+    // does not move meanwhile.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(db.read_request(id).await.unwrap().status, "queued");
+    proxy.restore();
+    tokio::time::timeout(Duration::from_secs(30), round)
+        .await
+        .expect("the result write finishes once the database is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+    assert!(metrics.result_write_retries.get() >= 1);
+    assert_eq!(
+        log.count("WEBHOOK_RESULT_WRITE_RETRY"),
+        1,
+        "logged once per row"
+    );
+
+    // After the lease: nothing is delivered again.
+    clock.advance(31);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 1, "no duplicate POST");
+    db.drop_database().await;
+}
+
+/// W4: a burst at full concurrency holds at most `max_connections + max_lock_connections`
+/// connections (counted by the server, for a user of this test alone), the pool gauge says
+/// the same, and idle connections are released afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_stay_within_the_pools_and_are_released_when_idle() {
+    let db = TestDb::create().await.unwrap();
+    let user = format!("{}u", db.namespace());
+    admin_sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    admin_sql(&format!(
+        "GRANT SELECT, UPDATE ON `{}`.* TO '{user}'@'%'",
+        db.database()
+    ))
+    .await;
+    let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_millis(200), 200));
+    let mut hooks = Vec::new();
+    for i in 0..6 {
+        let hook = format!("PHID-HWBH-{}-{i}", db.namespace());
+        db.insert_hook(&hook, &receiver.url(&format!("/{i}")), "enabled", "k")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            db.insert_request(
+                &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
+                T0,
+            )
+            .await
+            .unwrap();
+        }
+        hooks.push(hook);
+    }
+    let opts = mysql_async::OptsBuilder::from_opts(server_opts())
+        .user(Some(user.clone()))
+        .pass(Some("pw"))
+        .prefer_socket(false);
+    let store =
+        ClaimStore::with_options(opts.into(), db.database(), options(Duration::from_secs(5)));
+    let clock = ManualClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness {
+        max_concurrent: 3,
+        ..Harness::default()
+    }
+    .build_with_store(store, &clock, &log);
+
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampling = {
+        let (peak, user) = (Arc::clone(&peak), user.clone());
+        tokio::spawn(async move {
+            let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
+            loop {
+                let n: Option<u64> = admin
+                    .exec_first(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
+                        (&user,),
+                    )
+                    .await
+                    .unwrap();
+                peak.fetch_max(n.unwrap_or(0), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    for _ in 0..10 {
+        dispatcher.run_round().await.unwrap();
+        dispatcher.sample().await.unwrap();
+        assert!(metrics.pool_gauge("query", "open") <= 2);
+        assert!(metrics.pool_gauge("lock", "open") <= 3);
+    }
+    assert_eq!(receiver.count(), 18);
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        (1..=5).contains(&peak),
+        "{peak} connections held (pools of 2 + 3)"
+    );
+
+    // Idle: only the one query connection the pool keeps stays open.
+    common::eventually(Duration::from_secs(15), "idle connections closed", || {
+        let user = user.clone();
+        async move {
+            let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
+            let n: Option<u64> = admin
+                .exec_first(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
+                    (&user,),
+                )
+                .await
+                .unwrap();
+            let _ = admin.disconnect().await;
+            n.unwrap_or(0) <= 1
+        }
+    })
+    .await;
+    dispatcher.sample().await.unwrap();
+    assert_eq!(metrics.pool_gauge("lock", "held"), 0);
+    assert!(metrics.pool_gauge("lock", "open") == 0);
+    sampling.abort();
+    admin_sql(&format!("DROP USER '{user}'@'%'")).await;
+    db.drop_database().await;
+}
+
+/// W3: readiness follows progress, not just a ping. A dispatcher that completed no poll
+/// round and wrote no result for longer than the stall limit is not ready, even though a
+/// fresh connection still answers.
+#[tokio::test]
+async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
+    let db = TestDb::create().await.unwrap();
+    let clock = ManualClock::new(T0);
+    let log = CapturedLog::default();
+    let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
+    let slot: Arc<std::sync::OnceLock<Arc<gorge_webhook::dispatcher::Dispatcher>>> = Arc::default();
+    let _ = slot.set(Arc::clone(&dispatcher));
+    let ready = gorge_webhook::app::readiness(
+        db.store(),
+        Arc::default(),
+        Arc::clone(&slot),
+        Duration::from_secs(45),
+    );
+    assert_eq!(ready().await, Ok(()));
+    clock.advance(46);
+    let reason = ready().await.unwrap_err();
+    assert!(reason.contains("no poll round"), "{reason}");
+    // One completed round is progress again.
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(ready().await, Ok(()));
+    db.drop_database().await;
+}

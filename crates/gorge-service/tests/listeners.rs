@@ -1,0 +1,163 @@
+//! Listener mechanics over real loopback sockets: a request that never finishes arriving is
+//! cut off, and a second process can bind the same port (`SO_REUSEPORT`) and takes every new
+//! connection once the first one starts draining.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gorge_service::http::{bytes_response, read_body_limited};
+use gorge_service::shutdown::{run, RunOptions, Shutdown};
+use gorge_service::{bind_all, Handler, ListenerSpec, Probes};
+use hyper::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Mutex};
+
+/// Only reached when a test is failing.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+/// Reads the whole body, then answers `served by <name>`.
+fn handler(name: &'static str) -> Handler {
+    Arc::new(move |request, _peer| {
+        Box::pin(async move {
+            let _ = read_body_limited(request, 1 << 20).await;
+            bytes_response(StatusCode::OK, "text/plain", format!("served by {name}"))
+        })
+    })
+}
+
+fn spec(name: &'static str, addr: SocketAddr) -> ListenerSpec {
+    ListenerSpec {
+        name: name.into(),
+        addr,
+        handler: handler(name),
+    }
+}
+
+fn options(shutdown: &Shutdown) -> RunOptions {
+    RunOptions {
+        drain_deadline: Duration::from_secs(10),
+        request_grace: Duration::from_secs(1),
+        shutdown: shutdown.clone(),
+    }
+}
+
+async fn get(addr: SocketAddr) -> String {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    };
+    tokio::time::timeout(PATIENCE, exchange).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_never_ends_gets_408_and_the_connection_closes() {
+    let bound = bind_all(vec![spec("admin", "127.0.0.1:0".parse().unwrap())])
+        .await
+        .unwrap();
+    let bound: Vec<_> = bound
+        .into_iter()
+        .map(|l| l.with_timeouts(Duration::from_secs(5), Duration::from_millis(300)))
+        .collect();
+    let addr = bound[0].local_addr();
+    let shutdown = Shutdown::new();
+    let probes = Probes::new(Default::default(), Probes::always_ready());
+    let opts = options(&shutdown);
+    let server = tokio::spawn(async move {
+        run(
+            bound,
+            probes,
+            gorge_service::shutdown::no_drain(),
+            opts,
+            &logger(),
+        )
+        .await
+    });
+
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
+        .await
+        .unwrap();
+    // One more chunk now and then would not help either: the deadline is for the request.
+    let mut response = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    let text = String::from_utf8(response).unwrap();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains(r#""code":"ERR_TIMEOUT""#), "{text}");
+
+    shutdown.trigger();
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_binds_the_same_port_and_takes_over_when_the_first_drains() {
+    let first = bind_all(vec![spec("one", "127.0.0.1:0".parse().unwrap())])
+        .await
+        .unwrap();
+    let first: Vec<_> = first
+        .into_iter()
+        .map(|l| l.close_at_drain_start())
+        .collect();
+    let addr = first[0].local_addr();
+    // While the first still listens, the second binds the very same address.
+    let second = bind_all(vec![spec("two", addr)])
+        .await
+        .expect("SO_REUSEPORT");
+
+    let (draining_tx, draining_rx) = oneshot::channel();
+    let (release_tx, release_rx) = oneshot::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some((draining_tx, release_rx))));
+    let drain: gorge_service::DrainHook = Box::new(move || {
+        Box::pin(async move {
+            if let Some((draining, release)) = gate.lock().await.take() {
+                let _ = draining.send(());
+                let _ = release.await;
+            }
+        })
+    });
+    let one = Shutdown::new();
+    let probes = Probes::new(Default::default(), Probes::always_ready());
+    let opts = options(&one);
+    let first = tokio::spawn(async move { run(first, probes, drain, opts, &logger()).await });
+    let two = Shutdown::new();
+    let probes = Probes::new(Default::default(), Probes::always_ready());
+    let opts = options(&two);
+    let second = tokio::spawn(async move {
+        run(
+            second,
+            probes,
+            gorge_service::shutdown::no_drain(),
+            opts,
+            &logger(),
+        )
+        .await
+    });
+
+    one.trigger();
+    draining_rx.await.unwrap();
+    // The first is draining (its hook is running), its listener is closed: every new
+    // connection lands on the second.
+    for _ in 0..20 {
+        let response = get(addr).await;
+        assert!(response.ends_with("served by two"), "{response}");
+    }
+    release_tx.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    two.trigger();
+    second.await.unwrap().unwrap();
+}
