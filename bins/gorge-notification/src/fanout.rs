@@ -6,9 +6,10 @@
 //! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
 //! and a full hand-off refuses the POST (503) and counts it rather than grow.
 //!
-//! A client cannot tell the hand-off from a synchronous publish: a `ping` or `replay`, and
-//! a status read, first wait until every message accepted before them has been delivered
-//! ([`Fanout::settled`]), so a `pong` still proves every earlier POST's frame went first.
+//! A client cannot tell the hand-off from a synchronous publish: a socket's commands, and a
+//! status read, first wait until every message accepted before them has been delivered
+//! ([`Fanout::settled`]), so a `pong` still proves every earlier POST's frame went first and
+//! a socket that subscribes after a POST was answered does not get that message live.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};

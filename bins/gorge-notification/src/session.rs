@@ -339,11 +339,11 @@ async fn serve(
 async fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
     match inbound {
         Inbound::Text(text) => {
+            // Messages whose POST was answered before this command was read are delivered
+            // (or not) as if publishing were synchronous: before a `pong`, into the history a
+            // `replay` reads, and not to a socket that subscribes only now.
+            app.fanout.settled().await;
             let command = aphlict::parse_client_command(&text);
-            if matches!(command, ClientCommand::Ping | ClientCommand::Replay { .. }) {
-                // Messages whose POST was answered before this command come first.
-                app.fanout.settled().await;
-            }
             if apply(app, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
                 control(app, handle.outbound(), wire::APHLICT_PONG.clone());
