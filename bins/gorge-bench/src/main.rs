@@ -4,6 +4,7 @@
 //! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
 
 mod drill;
+mod floor;
 mod herald_db;
 mod histogram;
 mod http1;
@@ -36,6 +37,9 @@ enum Command {
     Webhook(webhook::WebhookArgs),
     /// Fault drills with a PASS/FAIL verdict.
     Drill(drill::DrillArgs),
+    /// The floor to compare against: a minimal server that writes one pre-encoded frame to
+    /// every socket in a tight non-blocking loop.
+    Floor(floor::FloorArgs),
 }
 
 /// Longest share of `--timeout` kept back from the work for cleanup (stopping children,
@@ -51,12 +55,13 @@ pub fn work_deadline(timeout_s: u64) -> Instant {
 
 fn main() {
     let cli = Cli::parse();
-    // Two workers: the machine has two cores and the server under test needs them too.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // Two workers: the machine has two cores and the server under test needs them too (the
+    // floor gets the same two, as gorge does, so a loaded machine treats both alike).
+    let built = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .build()
-    {
+        .build();
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             println!(
@@ -70,6 +75,7 @@ fn main() {
         Command::Notify(a) => ("notify", a.timeout),
         Command::Webhook(a) => ("webhook", a.timeout),
         Command::Drill(a) => ("drill", a.timeout),
+        Command::Floor(a) => ("floor", a.timeout),
     };
     // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
     // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
@@ -80,6 +86,7 @@ fn main() {
                 Command::Notify(a) => notify::run(a).await,
                 Command::Webhook(a) => webhook::run(a).await,
                 Command::Drill(a) => drill::run(a).await,
+                Command::Floor(a) => floor::run(a).await,
             }
         };
         tokio::time::timeout(limit, work)

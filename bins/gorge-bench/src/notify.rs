@@ -342,6 +342,8 @@ pub async fn run(args: NotifyArgs) -> Value {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let cpu_after = args.pid.and_then(|pid| sys::cpu_seconds(pid).ok());
+    // Every socket still open and idle again after the burst: what the server kept.
+    let rss_end = args.pid.and_then(|pid| sys::rss_bytes(pid).ok());
     let _ = stop_tx.send(true);
     while reader_tasks.join_next().await.is_some() {}
     let stuck_fate = stuck_fate(stuck_sockets).await;
@@ -367,6 +369,12 @@ pub async fn run(args: NotifyArgs) -> Value {
         0.0
     };
     let rss_per_socket = match (rss_before, rss_after) {
+        (Some(b), Some(a)) if reader_count + stuck_opened > 0 => {
+            Some((a as f64 - b as f64) / (reader_count + stuck_opened) as f64)
+        }
+        _ => None,
+    };
+    let rss_per_socket_end = match (rss_before, rss_end) {
         (Some(b), Some(a)) if reader_count + stuck_opened > 0 => {
             Some((a as f64 - b as f64) / (reader_count + stuck_opened) as f64)
         }
@@ -409,6 +417,8 @@ pub async fn run(args: NotifyArgs) -> Value {
         "server_rss_before_bytes": rss_before,
         "server_rss_after_bytes": rss_after,
         "server_rss_per_socket_bytes": rss_per_socket.map(round3),
+        "server_rss_end_bytes": rss_end,
+        "server_rss_per_socket_end_bytes": rss_per_socket_end.map(round3),
         "server_cpu_s": cpu_before.zip(cpu_after).map(|(b, a)| round3(a - b)),
         "server_cpu_us_per_frame": cpu_us_per_frame.map(round3),
         "elapsed_s": round3(started.elapsed().as_secs_f64()),

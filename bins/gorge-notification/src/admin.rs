@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use gorge_service::http::{
     bytes_response, error_response, method_not_allowed, read_body_limited, BodyError, JSON,
 };
@@ -17,9 +16,10 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use percent_encoding::percent_decode_str;
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
-use slog::debug;
 
 use crate::app::App;
+use crate::fanout::Job;
+use crate::wire;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
@@ -58,6 +58,8 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
         "/" if request.method() == Method::POST => post_message(&app, request).await,
         "/" => method_not_allowed("POST"),
         "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
+            // Counters include every message whose POST was answered before this request.
+            app.fanout.settled().await;
             status(&app, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),
@@ -101,6 +103,8 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
     let message = match aphlict::parse_admin_message(&body, &app.fingerprint) {
         Ok(AdminMessage::Accepted(message)) => message,
         Ok(AdminMessage::AlreadySeen) => {
+            // Not delivered again, but Aphlict counts every POST it parsed.
+            app.hub.count_message_in();
             app.metrics.messages_duplicate.inc();
             return receipt(app);
         }
@@ -113,31 +117,32 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
             return error_response(StatusCode::BAD_REQUEST, &err.to_string());
         }
     };
-    let body = Bytes::from(message.body);
-    let outcome = match app
-        .hub
-        .publish(&instance, &message.subscribers, body.clone())
-    {
-        Ok(outcome) => outcome,
-        Err(err) => {
-            app.metrics.reject_admin("instance_name");
-            return error_response(StatusCode::BAD_REQUEST, &err.to_string());
-        }
+    if !app.hub.instance_name_ok(&instance) {
+        app.metrics.reject_admin("instance_name");
+        return error_response(StatusCode::BAD_REQUEST, "instance name too long");
+    }
+    // Encoded once: every recipient, the history and the peers share these bytes.
+    let frame = wire::text(&message.body);
+    drop(message.body);
+    let subscribers = message.subscribers.len();
+    let job = Job {
+        instance,
+        subscribers: message.subscribers,
+        frame: frame.clone(),
+        accepted_at,
+        at_ms: 0,
     };
-    app.metrics
-        .fanout_seconds
-        .observe(accepted_at.elapsed().as_secs_f64());
-    let m = &app.metrics;
-    m.messages_in.inc();
-    m.messages_out.inc_by(outcome.queued as u64);
-    m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
-    m.slow_consumer_disconnects
-        .inc_by(outcome.slow_consumers as u64);
-    m.set_history(outcome.history_entries, outcome.history_bytes);
-    debug!(app.log, "NOTIFY_MESSAGE_ACCEPTED";
-        "instance" => &instance, "subscribers" => message.subscribers.len(),
-        "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers);
-    app.relay.relay(&instance, body, &message.touched);
+    let instance = job.instance.clone();
+    if app.fanout.submit(job).is_err() {
+        app.metrics.reject_admin("fanout_full");
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is overloaded");
+    }
+    app.hub.count_message_in();
+    app.metrics.messages_in.inc();
+    slog::debug!(app.log, "NOTIFY_MESSAGE_ACCEPTED";
+        "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
+    app.relay
+        .relay(&instance, wire::payload(&frame), &message.touched);
     receipt(app)
 }
 

@@ -9,6 +9,7 @@ use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
@@ -23,6 +24,8 @@ pub struct ConnectionLimits {
 
 pub struct App {
     pub hub: Arc<Hub>,
+    /// Where the admin port hands accepted messages (it never delivers them itself).
+    pub fanout: Fanout,
     /// Fixed for the life of the process; peers learn it from our receipts.
     pub fingerprint: String,
     pub metrics: Metrics,

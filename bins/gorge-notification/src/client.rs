@@ -18,7 +18,6 @@ use hyper::header::{
     SEC_WEBSOCKET_VERSION, UPGRADE,
 };
 use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
@@ -109,7 +108,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
     tokio::spawn(async move {
         // The registration is dropped (socket unregistered) on every path out of here.
         if let Ok(upgraded) = upgrade.await {
-            session::run(registration, TokioIo::new(upgraded)).await;
+            session::run(registration, upgraded).await;
         }
     });
     let mut response = hyper::Response::new(Full::new(Bytes::new()));

@@ -37,15 +37,22 @@ pub fn instance_class(instance: &str) -> ClassLabel {
 pub const INSTANCE_CLASSES: [&str; 2] = ["default", "named"];
 pub const SOCKET_REJECT_REASONS: [&str; 4] =
     ["max_sockets", "max_instances", "instance_name", "draining"];
-pub const SOCKET_CLOSE_REASONS: [&str; 5] = [
+pub const SOCKET_CLOSE_REASONS: [&str; 7] = [
     "client",
     "slow_consumer",
     "drain",
     "oversized_frame",
+    "protocol_error",
+    "invalid_utf8",
     "idle",
 ];
-pub const ADMIN_REJECT_REASONS: [&str; 4] =
-    ["bad_json", "not_object", "too_large", "instance_name"];
+pub const ADMIN_REJECT_REASONS: [&str; 5] = [
+    "bad_json",
+    "not_object",
+    "too_large",
+    "instance_name",
+    "fanout_full",
+];
 
 /// Every metric of the service, cheap to clone (each is an `Arc` inside).
 #[derive(Clone)]

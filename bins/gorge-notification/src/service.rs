@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use crate::app::{App, ConnectionLimits};
 use crate::config::{Config, ServerKind};
+use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::{admin, client, drain};
@@ -63,8 +64,15 @@ impl Server {
             log.new(o!("component" => "peers")),
         );
         let probes = Probes::new(registry, Probes::always_ready());
+        let hub = Arc::new(Hub::new(config.hub.clone(), clock));
+        let fanout = Fanout::start(
+            hub.clone(),
+            metrics.clone(),
+            log.new(o!("component" => "fanout")),
+        );
         let app = Arc::new(App {
-            hub: Arc::new(Hub::new(config.hub.clone(), clock)),
+            hub,
+            fanout,
             fingerprint,
             metrics,
             probes,

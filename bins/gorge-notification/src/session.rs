@@ -1,43 +1,41 @@
-//! One browser socket after the upgrade: read commands in order, write the socket's queued
-//! frames, ping, reap, and close with the code the hub asked for.
+//! One browser socket after the upgrade: read commands in order, finish the writes the
+//! fan-out could not complete, ping, reap, and close with the code the situation asks for.
 //!
-//! A single task does all of it, so a command's effects (a replay's frames, a `pong`) are
-//! written in the order the commands arrived: a `pong` proves every earlier command of the
-//! socket has taken effect. The hub only ever pushes into this socket's queue; every write
-//! happens here, outside any lock.
+//! The fan-out writes a frame straight to the socket when the socket's queue is empty; this
+//! task only takes over what did not fit, waiting for the socket to become writable. The
+//! writer is level-triggered: it writes until the queue is empty or the socket is full, and
+//! only then waits (for more frames, writability, a command, a close request, or the timer),
+//! so a queued frame is always written and a close request is never swallowed by a write.
+//! Everything the socket makes the server hold (frames, pongs, our pings) is in one bounded
+//! queue; over the bound the socket is closed with 1008 and counted.
 
-use std::collections::VecDeque;
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
-use gorge_hub::{CloseReason, Outbound, SocketHandle};
+use gorge_hub::{CloseReason, Flush, Outbound, Push, Sink, SocketHandle};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
-use slog::{debug, info};
+use slog::{debug, info, warn};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::error::CapacityError;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
-use tokio_tungstenite::WebSocketStream;
 
 use crate::app::App;
 use crate::metrics::{ClassLabel, ReasonLabel};
+use crate::wire::{self, Inbound, Violation};
 
-/// Read buffer per socket. Browsers send a handful of tiny commands; tungstenite's 128 KiB
-/// default would cost more than everything else an idle socket holds.
-const READ_BUFFER_BYTES: usize = 1024;
-
-/// Outgoing frames are gathered up to this size before a write (one syscall per batch).
-const WRITE_BUFFER_BYTES: usize = 4096;
-
-/// How long we wait for the peer's close reply after sending a close frame.
+/// How long a closing socket may take to take its last frames and answer our close.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
-type Socket = WebSocketStream<TokioIo<Upgraded>>;
+/// The kernel's send buffer per socket (Linux doubles it). Left to autotuning it grows to
+/// megabytes: a backlog there is outside the queue's bound, and a ping behind it could not
+/// be answered within the idle timeout by a slow but live client.
+const SEND_BUFFER_BYTES: usize = 128 * 1024;
+
+/// Bytes read from the socket at a time (on the stack; an idle socket keeps no buffer).
+const READ_CHUNK: usize = 4096;
 
 /// A socket's place in the hub, released (and counted) when the session ends however it ends.
 pub struct Registration {
@@ -54,6 +52,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        self.handle.outbound().detach();
         self.app.hub.disconnect(&self.handle);
         self.app
             .metrics
@@ -64,64 +63,88 @@ impl Drop for Registration {
     }
 }
 
+/// The socket, shared by this task (reads, waits) and the fan-out (non-blocking writes).
+struct Stream(TcpStream);
+
+impl Sink for Stream {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_write_vectored(bufs)
+    }
+}
+
 /// Why a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum End {
-    /// The client closed or the connection failed; nothing more to send.
+    /// The connection failed or the client went away without a close frame.
     Gone,
+    /// The client sent a close frame (payload kept to echo its code).
+    ClientClosed(Bytes),
     /// The hub asked for a close (slow consumer or drain).
     Hub(CloseReason),
-    /// The client sent a frame over the limit.
-    Oversized,
-    /// No inbound traffic (not even a pong) within the idle timeout, or a write stalled that
-    /// long.
+    /// The client broke the protocol or a limit.
+    Violation(Violation),
+    /// No inbound traffic (not even a pong) within the idle timeout.
     Idle,
 }
 
 impl End {
-    fn label(self) -> &'static str {
+    fn label(&self) -> &'static str {
         match self {
-            End::Gone => "client",
+            End::Gone | End::ClientClosed(_) => "client",
             End::Hub(CloseReason::SlowConsumer) => "slow_consumer",
             End::Hub(CloseReason::GoingAway) => "drain",
-            End::Oversized => "oversized_frame",
+            End::Violation(Violation::TooLarge) => "oversized_frame",
+            End::Violation(Violation::Protocol) => "protocol_error",
+            End::Violation(Violation::InvalidUtf8) => "invalid_utf8",
             End::Idle => "idle",
         }
     }
 
-    fn close_frame(self) -> Option<CloseFrame> {
-        let (code, reason) = match self {
+    fn close_frame(&self) -> Option<Bytes> {
+        Some(match self {
             End::Gone => return None,
-            End::Hub(CloseReason::SlowConsumer) => (1008, "slow consumer"),
-            End::Hub(CloseReason::GoingAway) => (1001, "server going away"),
-            End::Oversized => (1009, "frame too large"),
-            End::Idle => (1001, "idle timeout"),
-        };
-        Some(CloseFrame {
-            code: CloseCode::from(code),
-            reason: reason.into(),
+            // RFC 6455 §5.5.1: echo the status code.
+            End::ClientClosed(payload) if payload.len() >= 2 => {
+                wire::close(u16::from_be_bytes([payload[0], payload[1]]), "")
+            }
+            End::ClientClosed(_) => wire::close_empty(),
+            End::Hub(CloseReason::SlowConsumer) => wire::close(1008, "slow consumer"),
+            End::Hub(CloseReason::GoingAway) => wire::close(1001, "server going away"),
+            End::Violation(v) => wire::close(
+                v.code(),
+                match v {
+                    Violation::TooLarge => "frame too large",
+                    Violation::Protocol => "protocol error",
+                    Violation::InvalidUtf8 => "invalid UTF-8",
+                },
+            ),
+            End::Idle => wire::close(1001, "idle timeout"),
         })
+    }
+
+    /// Whether we started the closing handshake (and so wait for the client's reply).
+    fn ours(&self) -> bool {
+        !matches!(self, End::Gone | End::ClientClosed(_))
     }
 }
 
-fn config(max_frame_bytes: usize) -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(WRITE_BUFFER_BYTES)
-        .max_message_size(Some(max_frame_bytes))
-        .max_frame_size(Some(max_frame_bytes))
-}
-
 /// Runs the session until the socket closes; the registration is released on return.
-pub async fn run(registration: Registration, io: TokioIo<Upgraded>) {
+pub async fn run(registration: Registration, upgraded: Upgraded) {
     let app = registration.app.clone();
-    let mut ws = WebSocketStream::from_raw_socket(
-        io,
-        Role::Server,
-        Some(config(app.limits.max_frame_bytes)),
-    )
-    .await;
-    let end = serve(&app, &registration.handle, &mut ws).await;
+    let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => parts,
+        Err(_) => {
+            warn!(app.log, "NOTIFY_UPGRADE_UNSUPPORTED"; "reason" => "not a TCP stream");
+            return;
+        }
+    };
+    let tcp = parts.io.into_inner();
+    let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
+    let stream = Arc::new(Stream(tcp));
+    let outbound = registration.handle.outbound().clone();
+    outbound.attach(stream.clone());
+    let mut reader = wire::Reader::new(parts.read_buf, app.limits.max_frame_bytes);
+    let end = serve(&app, &registration.handle, &stream, &mut reader).await;
     // Counted when the decision is made, not after the close handshake below.
     app.metrics
         .sockets_closed
@@ -129,91 +152,180 @@ pub async fn run(registration: Registration, io: TokioIo<Upgraded>) {
             reason: end.label(),
         })
         .inc();
-    if end == End::Hub(CloseReason::SlowConsumer) {
-        info!(app.log, "NOTIFY_SLOW_CONSUMER"; "instance" => registration.handle.instance());
+    match &end {
+        End::Hub(CloseReason::SlowConsumer) => {
+            info!(app.log, "NOTIFY_SLOW_CONSUMER"; "instance" => registration.handle.instance());
+        }
+        End::Violation(Violation::TooLarge) => {
+            app.metrics.oversized_frames.inc();
+        }
+        _ => {}
     }
     debug!(app.log, "NOTIFY_CLIENT_DISCONNECTED";
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
-        // Bounded: a slow consumer may never read its close frame.
-        let _ = tokio::time::timeout(CLOSE_LINGER, async {
-            if ws.close(Some(frame)).await.is_ok() {
-                // Wait for the peer's close reply so closing does not reset unread data.
-                while let Some(Ok(_)) = ws.next().await {}
-            }
-        })
+        // Bounded: a client that reads nothing never takes its close frame.
+        let _ = tokio::time::timeout(
+            CLOSE_LINGER,
+            finish(&stream, &outbound, &mut reader, frame, end.ours()),
+        )
         .await;
+    }
+    outbound.detach();
+}
+
+/// Writes what is queued (a drain keeps queued frames) and then the close frame; if we
+/// started the close, waits for the client's reply so closing does not reset unread data.
+async fn finish(
+    stream: &Stream,
+    outbound: &Outbound,
+    reader: &mut wire::Reader,
+    frame: Bytes,
+    ours: bool,
+) {
+    outbound.push_final(frame);
+    loop {
+        match outbound.flush() {
+            Flush::Empty => break,
+            Flush::More => {}
+            Flush::WouldBlock => {
+                if stream.0.writable().await.is_err() {
+                    return;
+                }
+            }
+            Flush::Busy => outbound.ready().await,
+            Flush::Detached | Flush::Failed => return,
+        }
+    }
+    if !ours {
+        return;
+    }
+    loop {
+        if stream.0.readable().await.is_err() {
+            return;
+        }
+        match read_some(stream, reader) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+        loop {
+            match reader.next_frame() {
+                Ok(Some(Inbound::Close(_))) | Err(_) => return,
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+            }
+        }
     }
 }
 
-async fn serve(app: &App, handle: &SocketHandle, ws: &mut Socket) -> End {
-    let outbound = handle.outbound().clone();
+/// Reads what the socket has into the reader; `Ok(0)` is the end of the stream.
+fn read_some(stream: &Stream, reader: &mut wire::Reader) -> io::Result<usize> {
+    let mut chunk = [0u8; READ_CHUNK];
+    let n = stream.0.try_read(&mut chunk)?;
+    reader.extend(&chunk[..n]);
+    Ok(n)
+}
+
+/// What one round of writing found.
+struct Written {
+    /// The socket is full: wait until it is writable.
+    blocked: bool,
+    /// The client took bytes (a dead peer stops acknowledging, and its buffers fill).
+    progress: bool,
+}
+
+/// Writes until the queue is empty or the socket is full.
+fn write_some(outbound: &Outbound) -> Result<Written, ()> {
+    let mut progress = false;
+    loop {
+        let blocked = match outbound.flush() {
+            Flush::Empty | Flush::Busy | Flush::Detached => false,
+            Flush::More => {
+                progress = true;
+                continue;
+            }
+            Flush::WouldBlock => true,
+            Flush::Failed => return Err(()),
+        };
+        return Ok(Written { blocked, progress });
+    }
+}
+
+async fn serve(
+    app: &App,
+    handle: &SocketHandle,
+    stream: &Stream,
+    reader: &mut wire::Reader,
+) -> End {
+    let outbound = handle.outbound();
     let limits = &app.limits;
     let mut last_heard = Instant::now();
     let mut next_ping = last_heard + limits.ping_interval;
+    // Whether the socket's buffers were full (and the queue not empty) since it last took
+    // everything.
+    let mut backlogged = false;
     let timer = tokio::time::sleep_until(next_ping);
     tokio::pin!(timer);
     loop {
-        let batch = outbound.take();
-        if !batch.frames.is_empty() {
-            if let Err(end) = write(ws, batch.frames, None, &outbound, limits.idle_timeout).await {
-                return end;
-            }
-        }
-        if let Some(reason) = batch.close {
+        if let Some(reason) = outbound.close_reason() {
             return End::Hub(reason);
         }
+        let Ok(Written { blocked, progress }) = write_some(outbound) else {
+            return End::Gone;
+        };
+        if progress && backlogged {
+            // A backlogged client that still takes bytes is alive, even when the backlog in
+            // the kernel's buffers delays its answer to our ping past the idle timeout. (A
+            // socket with no backlog is judged by its answers alone: its kernel may ack for
+            // an application that is gone.)
+            last_heard = Instant::now();
+        }
+        backlogged = blocked || (backlogged && progress);
         tokio::select! {
-            _ = outbound.changed() => {}
-            inbound = ws.next() => {
-                let message = match inbound {
-                    None => return End::Gone,
-                    Some(Err(WsError::Capacity(CapacityError::MessageTooLong { .. }))) => {
-                        app.metrics.oversized_frames.inc();
-                        return End::Oversized;
-                    }
-                    Some(Err(_)) => return End::Gone,
-                    Some(Ok(message)) => message,
-                };
-                last_heard = Instant::now();
-                match message {
-                    Message::Text(text) => {
-                        let wants_pong = command(app, handle, &text);
-                        if wants_pong {
-                            // Everything queued so far goes out before the pong.
-                            let batch = outbound.take();
-                            let pong = Message::Text(Utf8Bytes::from_static(aphlict::PONG_TEXT));
-                            let stall = limits.idle_timeout;
-                            if let Err(end) = write(ws, batch.frames, Some(pong), &outbound, stall).await {
-                                return end;
-                            }
-                            if let Some(reason) = batch.close {
-                                return End::Hub(reason);
-                            }
-                        }
-                    }
-                    Message::Close(_) => {
-                        // tungstenite queued the close reply; send it and stop.
-                        let _ = tokio::time::timeout(CLOSE_LINGER, ws.flush()).await;
-                        return End::Gone;
-                    }
-                    // Pongs and pings only prove liveness (tungstenite answers pings itself);
-                    // binary frames mean nothing to Aphlict.
-                    _ => {}
-                }
-            }
-            _ = &mut timer => {
+            // Writes happen at the top of every turn whichever branch woke it; the order
+            // only makes sure a socket that is always writable still gets its reads (the
+            // client's pongs) and its timer.
+            biased;
+            () = outbound.closing() => {}
+            () = &mut timer => {
                 let now = Instant::now();
                 if now >= last_heard + limits.idle_timeout {
                     return End::Idle;
                 }
                 if now >= next_ping {
-                    let ping = Some(Message::Ping(Bytes::new()));
-                    let stall = limits.idle_timeout;
-                    if let Err(end) = write(ws, VecDeque::new(), ping, &outbound, stall).await {
-                        return end;
-                    }
+                    urgent(app, outbound, wire::PING.clone());
                     next_ping = now + limits.ping_interval;
+                }
+            }
+            readable = stream.0.readable() => {
+                if readable.is_err() {
+                    return End::Gone;
+                }
+                match read_some(stream, reader) {
+                    Ok(0) => return End::Gone,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(_) => return End::Gone,
+                }
+                loop {
+                    match reader.next_frame() {
+                        Ok(None) => break,
+                        Ok(Some(inbound)) => {
+                            last_heard = Instant::now();
+                            if let Some(end) = inbound_frame(app, handle, inbound).await {
+                                return end;
+                            }
+                        }
+                        Err(violation) => return End::Violation(violation),
+                    }
+                }
+            }
+            () = outbound.ready(), if !blocked => {}
+            writable = stream.0.writable(), if blocked => {
+                if writable.is_err() {
+                    return End::Gone;
                 }
             }
         }
@@ -223,10 +335,51 @@ async fn serve(app: &App, handle: &SocketHandle, ws: &mut Socket) -> End {
     }
 }
 
+/// Handles one client frame; returns how the session ends, if it does.
+async fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
+    match inbound {
+        Inbound::Text(text) => {
+            // Messages whose POST was answered before this command was read are delivered
+            // (or not) as if publishing were synchronous: before a `pong`, into the history a
+            // `replay` reads, and not to a socket that subscribes only now.
+            app.fanout.settled().await;
+            let command = aphlict::parse_client_command(&text);
+            if apply(app, handle, command) {
+                // Behind everything queued so far: a pong proves those frames went first.
+                control(app, handle.outbound(), wire::APHLICT_PONG.clone());
+            }
+        }
+        Inbound::Ping(payload) => urgent(app, handle.outbound(), wire::pong(&payload)),
+        Inbound::Close(payload) => return Some(End::ClientClosed(payload)),
+        // Pongs only prove liveness; binary frames mean nothing to Aphlict.
+        Inbound::Pong | Inbound::Binary => {}
+    }
+    None
+}
+
+/// Queues a frame of our own behind everything queued; over the queue's bound the socket
+/// becomes a slow consumer.
+fn control(app: &App, outbound: &Outbound, frame: Bytes) {
+    counted(app, outbound.push_control(frame, app.hub.caps()));
+}
+
+/// Queues a control frame ahead of the backlog (a ping must be answerable however much
+/// is queued), within the same bound.
+fn urgent(app: &App, outbound: &Outbound, frame: Bytes) {
+    counted(app, outbound.push_urgent(frame, app.hub.caps()));
+}
+
+fn counted(app: &App, push: Push) {
+    if let Push::Overflowed { dropped } = push {
+        app.metrics.slow_consumer_disconnects.inc();
+        app.metrics.queue_dropped_frames.inc_by(dropped as u64);
+    }
+}
+
 /// Applies one client command; returns whether it was a `ping` that needs a `pong`.
-fn command(app: &App, handle: &SocketHandle, text: &str) -> bool {
+fn apply(app: &App, handle: &SocketHandle, command: ClientCommand) -> bool {
     let m = &app.metrics;
-    match aphlict::parse_client_command(text) {
+    match command {
         ClientCommand::Subscribe(phids) => {
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
@@ -247,42 +400,4 @@ fn command(app: &App, handle: &SocketHandle, text: &str) -> bool {
         }
     }
     false
-}
-
-/// Writes `frames` (then `tail`) and flushes. Gives up when the hub marks the socket a slow
-/// consumer meanwhile, or when the write makes no progress for `stall` (a dead peer).
-async fn write(
-    ws: &mut Socket,
-    frames: VecDeque<Bytes>,
-    tail: Option<Message>,
-    outbound: &Outbound,
-    stall: Duration,
-) -> Result<(), End> {
-    let send_all = async {
-        for frame in frames {
-            // The hub only carries serde_json output, which is always UTF-8.
-            if let Ok(text) = Utf8Bytes::try_from(frame) {
-                ws.feed(Message::Text(text)).await?;
-            }
-        }
-        if let Some(message) = tail {
-            ws.feed(message).await?;
-        }
-        ws.flush().await
-    };
-    tokio::select! {
-        result = send_all => result.map_err(|_| End::Gone),
-        () = slow_consumer(outbound) => Err(End::Hub(CloseReason::SlowConsumer)),
-        () = tokio::time::sleep(stall) => Err(End::Idle),
-    }
-}
-
-/// Completes once the hub has marked this socket a slow consumer.
-async fn slow_consumer(outbound: &Outbound) {
-    loop {
-        if outbound.close_reason() == Some(CloseReason::SlowConsumer) {
-            return;
-        }
-        outbound.changed().await;
-    }
 }

@@ -249,6 +249,8 @@ struct State {
     subscription_bytes: usize,
     history: History,
     next_id: SocketId,
+    /// Sequence number of the last published message.
+    published: u64,
 }
 
 impl State {
@@ -288,6 +290,7 @@ impl Hub {
                 subscription_bytes: 0,
                 history,
                 next_id: 1,
+                published: 0,
             }),
             limits,
             clock,
@@ -300,7 +303,8 @@ impl Hub {
         &self.limits
     }
 
-    fn caps(&self) -> QueueCaps {
+    /// The bounds of every socket's outbound queue.
+    pub fn caps(&self) -> QueueCaps {
         QueueCaps {
             frames: self.limits.queue_frames,
             bytes: self.limits.queue_bytes,
@@ -504,67 +508,87 @@ impl Hub {
         }
     }
 
-    /// Stores a message in history and queues it (the same bytes) to every socket of
-    /// `instance` subscribed to any of `subscribers`. Never waits on a socket.
+    /// Counts one message in `messages.in` (every POST that parsed, duplicates included, as
+    /// Aphlict counts). The admin port counts when it accepts, before the fan-out runs.
+    pub fn count_message_in(&self) {
+        self.messages_in.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stores `frame` (an encoded message) in history and delivers the same bytes to every
+    /// socket of `instance` subscribed to any of `subscribers`. The lock is held only to
+    /// append and to list the targets; delivery happens after it, and never waits on a
+    /// socket (an idle socket is written at once, a busy one queues, a full one closes).
     pub fn publish(
         &self,
         instance: &str,
         subscribers: &[String],
-        body: Bytes,
+        frame: Bytes,
+    ) -> Result<PublishOutcome, InstanceNameTooLong> {
+        self.publish_at(instance, subscribers, frame, self.clock.now_ms())
+    }
+
+    /// The hub's clock, in ms (a message accepted now and published later keeps this time).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// [`Hub::publish`] of a message accepted at `now` (by the hub's clock).
+    pub fn publish_at(
+        &self,
+        instance: &str,
+        subscribers: &[String],
+        frame: Bytes,
+        now: u64,
     ) -> Result<PublishOutcome, InstanceNameTooLong> {
         if !self.instance_name_ok(instance) {
             return Err(InstanceNameTooLong);
         }
         let caps = self.caps();
-        let now = self.clock.now_ms();
         let mut outcome = PublishOutcome::default();
-        let mut state = self.lock();
-        self.messages_in.fetch_add(1, Ordering::Relaxed);
-        self.confirm(&mut state, instance);
-        let State {
-            instances, history, ..
-        } = &mut *state;
-        let instance_entry = instances.get_key_value(instance);
-        let history_instance = match instance_entry {
-            Some((key, _)) => key.clone(),
-            None => Arc::from(instance),
+        let (seq, targets) = {
+            let mut state = self.lock();
+            state.published += 1;
+            let seq = state.published;
+            self.confirm(&mut state, instance);
+            let State {
+                instances, history, ..
+            } = &mut *state;
+            let instance_entry = instances.get_key_value(instance);
+            let history_instance = match instance_entry {
+                Some((key, _)) => key.clone(),
+                None => Arc::from(instance),
+            };
+            let targets = instance_entry.map_or_else(Vec::new, |(_, target)| {
+                targets(&target.subscriptions, subscribers)
+            });
+            history.append(
+                Entry {
+                    instance: history_instance,
+                    at_ms: now,
+                    subscribers: Subscribers::new(subscribers),
+                    body: frame.clone(),
+                },
+                now,
+            );
+            (outcome.history_entries, outcome.history_bytes) = history.totals();
+            (seq, targets)
         };
-        if let Some((_, target)) = instance_entry {
-            let mut deliver = |outbound: &Outbound| match outbound.push(body.clone(), caps) {
-                Push::Queued => outcome.queued += 1,
+        for outbound in &targets {
+            // Counted before the write so `messages.out` never lags a frame a client holds.
+            self.messages_out.fetch_add(1, Ordering::Relaxed);
+            match outbound.push(frame.clone(), seq, caps) {
+                Push::Written | Push::Queued => {
+                    outcome.queued += 1;
+                    continue;
+                }
                 Push::Overflowed { dropped } => {
                     outcome.slow_consumers += 1;
                     outcome.dropped_frames += dropped;
                 }
-                Push::Closing => {}
-            };
-            if let [only] = subscribers {
-                for (_, outbound) in target.subscriptions.sockets_for(only) {
-                    deliver(outbound);
-                }
-            } else {
-                let mut seen = HashSet::new();
-                for phid in subscribers {
-                    for (id, outbound) in target.subscriptions.sockets_for(phid) {
-                        if seen.insert(id) {
-                            deliver(outbound);
-                        }
-                    }
-                }
+                Push::Closing | Push::Replayed => {}
             }
+            self.messages_out.fetch_sub(1, Ordering::Relaxed);
         }
-        history.append(
-            Entry {
-                instance: history_instance,
-                at_ms: now,
-                subscribers: Subscribers::new(subscribers),
-                body,
-            },
-            now,
-        );
-        (outcome.history_entries, outcome.history_bytes) = history.totals();
-        self.messages_out
-            .fetch_add(outcome.queued as u64, Ordering::Relaxed);
         Ok(outcome)
     }
 
@@ -602,7 +626,9 @@ impl Hub {
             socket.outbound.room(caps)
         };
         state.history.expire(now);
-        // Messages published after this point reach the socket live, not by replay.
+        // Messages published after this point reach the socket live, not by replay; those
+        // published before it and still being delivered skip this socket (it gets them here).
+        handle.outbound.mark_replayed(state.published);
         let mut cursor = state.history.next_seq();
         // Newest first; reversed before queueing.
         let mut picked: Vec<Bytes> = Vec::new();
@@ -712,6 +738,26 @@ impl Hub {
     }
 }
 
+/// The queues of the sockets subscribed to any of `subscribers`, each once.
+fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outbound>> {
+    if let [only] = subscribers {
+        return index
+            .sockets_for(only)
+            .map(|(_, outbound)| outbound.clone())
+            .collect();
+    }
+    let mut seen = HashSet::new();
+    let mut targets = Vec::new();
+    for phid in subscribers {
+        for (id, outbound) in index.sockets_for(phid) {
+            if seen.insert(id) {
+                targets.push(outbound.clone());
+            }
+        }
+    }
+    targets
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -732,7 +778,7 @@ mod tests {
     }
 
     fn frames(handle: &SocketHandle) -> Vec<Bytes> {
-        handle.outbound().take().frames.into_iter().collect()
+        handle.outbound().take_frames()
     }
 
     fn publish(
@@ -848,6 +894,10 @@ mod tests {
         publish(&hub, "a", &["P"], "1");
         publish(&hub, "b", &["P"], "2");
         publish(&hub, "b", &["nobody"], "3");
+        // The admin port counts what it accepts; publish itself does not.
+        for _ in 0..3 {
+            hub.count_message_in();
+        }
         hub.replay(&a, 60_000);
         let sa = hub.status("a");
         assert_eq!(sa.messages_in, 3);
@@ -954,9 +1004,11 @@ mod tests {
             assert!(!frames(&fast).is_empty());
         }
         assert_eq!((slow_consumers, dropped), (1, 3));
-        let batch = slow.outbound().take();
-        assert!(batch.frames.is_empty());
-        assert_eq!(batch.close, Some(CloseReason::SlowConsumer));
+        assert!(slow.outbound().take_frames().is_empty());
+        assert_eq!(
+            slow.outbound().close_reason(),
+            Some(CloseReason::SlowConsumer)
+        );
     }
 
     #[test]

@@ -17,5 +17,5 @@ pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishOutcome,
     ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
 };
-pub use outbound::{Batch, CloseReason, Outbound};
+pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

@@ -1,14 +1,17 @@
-//! One socket's bounded outbound queue: the hub pushes shared frames, the socket's writer
-//! takes them in batches.
+//! One socket's bounded outbound queue and the rule for who writes to the socket.
 //!
-//! A plain mutex around a `VecDeque` plus a `Notify` keeps an idle socket's cost to a few dozen
-//! bytes (no channel buffers are preallocated), and pushing never waits: a full queue closes the
-//! socket instead of slowing the publisher.
+//! Frames are shared, already-encoded `Bytes` (the same buffer for every recipient). Whoever
+//! holds the socket's write turn writes from the front of the queue without blocking: the
+//! fan-out when the queue is empty (the common case: one `writev`, no task wake-up), otherwise
+//! the socket's own task, which waits for the socket to become writable. Pushing never waits:
+//! a queue over its bound closes the socket instead of slowing the publisher. No lock is held
+//! while writing; the write turn is a flag, not a lock.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use tokio::sync::Notify;
 
 /// Why the hub wants a socket closed; the writer maps it to its protocol's close frame.
@@ -20,79 +23,280 @@ pub enum CloseReason {
     GoingAway,
 }
 
-/// What the writer should do next: write `frames` in order, then close if `close` is set.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub frames: VecDeque<Bytes>,
-    pub close: Option<CloseReason>,
+/// Where a queue's frames go: a non-blocking socket.
+pub trait Sink: Send + Sync {
+    /// Writes as much as the socket takes now; `Err(WouldBlock)` when it takes nothing.
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
 }
 
 /// Result of pushing one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Push {
+pub enum Push {
+    /// Written to the socket at once, nothing queued.
+    Written,
+    /// Queued (possibly partly written); the socket's task finishes it.
     Queued,
     /// This push overflowed the queue; the socket is now closing as a slow consumer and
     /// `dropped` frames (including this one) were discarded.
-    Overflowed {
-        dropped: usize,
-    },
+    Overflowed { dropped: usize },
     /// The socket is already closing; the frame was not queued.
     Closing,
+    /// A replay already queued this live frame; not queued twice.
+    Replayed,
 }
 
-#[derive(Debug, Default)]
-struct QueueState {
-    frames: VecDeque<Bytes>,
-    bytes: usize,
-    close: Option<CloseReason>,
+/// What one [`Outbound::flush`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Nothing to write.
+    Empty,
+    /// Some bytes went out: call again.
+    More,
+    /// The socket takes nothing now: wait until it is writable, then call again.
+    WouldBlock,
+    /// Someone else holds the write turn; they signal [`Outbound::ready`] when they are done
+    /// and frames are left.
+    Busy,
+    /// No socket attached (not yet, or not any more).
+    Detached,
+    /// The socket failed.
+    Failed,
 }
 
 /// Bounds of one queue.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct QueueCaps {
+pub struct QueueCaps {
     pub frames: usize,
     pub bytes: usize,
 }
 
-/// A socket's outbound queue, shared between the hub (producer) and the writer (consumer).
-#[derive(Debug, Default)]
+/// Frames handed to one `writev` (a few large ones, or many pongs).
+const WRITE_BATCH: usize = 16;
+
+#[derive(Default)]
+struct QueueState {
+    frames: VecDeque<Bytes>,
+    bytes: usize,
+    /// The front frame is partly written: it must be finished before anything else, even a
+    /// close frame, or the stream is corrupt.
+    front_started: bool,
+    close: Option<CloseReason>,
+    /// Someone is writing to the socket right now (outside the lock).
+    writing: bool,
+    /// How many front frames that writer holds: they stay where they are until it is done.
+    in_flight: usize,
+    sink: Option<Arc<dyn Sink>>,
+    /// The session ended: nothing is queued or written any more.
+    detached: bool,
+    /// The close frame is queued: it must be the last thing written.
+    sealed: bool,
+    /// Live frames numbered up to this went out through a replay already.
+    replayed_through: u64,
+}
+
+impl QueueState {
+    /// Whether new frames are refused (closing, closed, or the close frame is queued).
+    fn refuses(&self) -> bool {
+        self.close.is_some() || self.detached || self.sealed
+    }
+
+    /// Frames at the front that must stay first: a started one, and those being written.
+    fn pinned(&self) -> usize {
+        self.in_flight
+            .max(usize::from(self.front_started))
+            .min(self.frames.len())
+    }
+
+    /// Drops every queued frame except the pinned ones.
+    fn drop_unstarted(&mut self) -> usize {
+        let keep = self.pinned();
+        let dropped = self.frames.len() - keep;
+        self.frames.truncate(keep);
+        if self.frames.is_empty() {
+            self.frames = VecDeque::new();
+        }
+        self.bytes = self.frames.iter().map(Bytes::len).sum();
+        dropped
+    }
+
+    /// Removes `written` bytes from the front; an emptied queue gives its capacity back, so
+    /// a burst leaves nothing behind.
+    fn consume(&mut self, written: usize) {
+        self.consume_bytes(written);
+        if self.frames.is_empty() && self.frames.capacity() > 0 {
+            self.frames = VecDeque::new();
+        }
+    }
+
+    fn consume_bytes(&mut self, mut written: usize) {
+        self.bytes = self.bytes.saturating_sub(written);
+        while written > 0 {
+            let Some(front) = self.frames.front_mut() else {
+                break;
+            };
+            if written >= front.len() {
+                written -= front.len();
+                self.frames.pop_front();
+                self.front_started = false;
+            } else {
+                front.advance(written);
+                self.front_started = true;
+                written = 0;
+            }
+        }
+    }
+}
+
+/// A socket's outbound queue, shared between the hub (producer) and the socket's task.
+#[derive(Default)]
 pub struct Outbound {
     state: Mutex<QueueState>,
-    notify: Notify,
+    /// Frames are queued for the socket's task to write.
+    ready: Notify,
+    /// A close was requested (its own signal, so no write can swallow it).
+    closing: Notify,
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound").finish_non_exhaustive()
+    }
 }
 
 impl Outbound {
-    /// Queues `frame` unless that would exceed `caps`; overflow marks the socket as a slow
-    /// consumer.
-    pub(crate) fn push(&self, frame: Bytes, caps: QueueCaps) -> Push {
-        let outcome = {
-            let mut state = self.state.lock().expect("outbound lock poisoned");
-            if state.close.is_some() {
-                return Push::Closing;
-            }
-            if state.frames.len() + 1 > caps.frames || state.bytes + frame.len() > caps.bytes {
-                let dropped = state.frames.len() + 1;
-                state.frames = VecDeque::new();
-                state.bytes = 0;
-                state.close = Some(CloseReason::SlowConsumer);
-                Push::Overflowed { dropped }
-            } else {
-                state.bytes += frame.len();
-                state.frames.push_back(frame);
-                Push::Queued
-            }
-        };
-        self.notify.notify_one();
-        outcome
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().expect("outbound lock poisoned")
     }
 
-    /// Queues `frame` only if it fits; never closes the socket. Used by replay, which a
-    /// client asks for and which must not turn a healthy socket into a "slow consumer".
+    /// Connects the queue to its socket; frames queued so far are the task's to write.
+    pub fn attach(&self, sink: Arc<dyn Sink>) {
+        let mut state = self.lock();
+        if !state.detached {
+            state.sink = Some(sink);
+        }
+    }
+
+    /// Ends the queue: drops frames and the socket; later pushes are refused.
+    pub fn detach(&self) {
+        let mut state = self.lock();
+        state.detached = true;
+        state.sink = None;
+        state.frames = VecDeque::new();
+        state.bytes = 0;
+    }
+
+    /// Delivers a live frame numbered `seq`: written at once when the socket is idle and
+    /// takes it whole, otherwise queued within `caps` (overflow marks a slow consumer).
+    pub fn push(&self, frame: Bytes, seq: u64, caps: QueueCaps) -> Push {
+        let mut state = self.lock();
+        if state.refuses() {
+            return Push::Closing;
+        }
+        if seq <= state.replayed_through {
+            return Push::Replayed;
+        }
+        let direct = state.frames.is_empty() && !state.writing;
+        let sink = match (&state.sink, direct) {
+            (Some(sink), true) => sink.clone(),
+            _ => return self.enqueue(state, frame, caps),
+        };
+        state.writing = true;
+        drop(state);
+        // A failed socket is its task's to notice (its read fails too).
+        let written: usize = sink
+            .try_write_vectored(&[IoSlice::new(&frame)])
+            .unwrap_or_default();
+        let mut state = self.lock();
+        state.writing = false;
+        if written == frame.len() {
+            let left = !state.frames.is_empty();
+            drop(state);
+            if left {
+                self.ready.notify_one();
+            }
+            return Push::Written;
+        }
+        if state.close == Some(CloseReason::SlowConsumer) && written == 0 {
+            // Marked slow while we wrote; the frame never started, so it can go.
+            return Push::Closing;
+        }
+        // Ahead of anything pushed meanwhile: it was first.
+        state.bytes += frame.len() - written;
+        state.front_started = written > 0;
+        state.frames.push_front(frame.slice(written..));
+        drop(state);
+        self.ready.notify_one();
+        Push::Queued
+    }
+
+    fn enqueue(
+        &self,
+        mut state: MutexGuard<'_, QueueState>,
+        frame: Bytes,
+        caps: QueueCaps,
+    ) -> Push {
+        if state.frames.len() + 1 > caps.frames || state.bytes + frame.len() > caps.bytes {
+            let dropped = state.drop_unstarted() + 1;
+            state.close = Some(CloseReason::SlowConsumer);
+            drop(state);
+            self.closing.notify_one();
+            return Push::Overflowed { dropped };
+        }
+        state.bytes += frame.len();
+        state.frames.push_back(frame);
+        drop(state);
+        self.ready.notify_one();
+        Push::Queued
+    }
+
+    /// Queues a frame the socket itself produced (a pong, a ping). It counts against the
+    /// same bounds as everything else: a client that pings and never reads overflows them.
+    pub fn push_control(&self, frame: Bytes, caps: QueueCaps) -> Push {
+        let state = self.lock();
+        if state.refuses() {
+            return Push::Closing;
+        }
+        self.enqueue(state, frame, caps)
+    }
+
+    /// Queues a control frame (a ping, a pong to a client's ping) ahead of every frame not
+    /// yet started, within the same bounds: a ping that waited behind a long backlog could
+    /// not be answered in time, and a live but slow client would look dead.
+    pub fn push_urgent(&self, frame: Bytes, caps: QueueCaps) -> Push {
+        let mut state = self.lock();
+        if state.refuses() {
+            return Push::Closing;
+        }
+        if state.frames.len() + 1 > caps.frames || state.bytes + frame.len() > caps.bytes {
+            return self.enqueue(state, frame, caps);
+        }
+        let at = state.pinned();
+        state.bytes += frame.len();
+        state.frames.insert(at, frame);
+        drop(state);
+        self.ready.notify_one();
+        Push::Queued
+    }
+
+    /// Queues the final (close) frame: ignores bounds and the close request; nothing is
+    /// queued after it.
+    pub fn push_final(&self, frame: Bytes) {
+        let mut state = self.lock();
+        if !state.detached && !state.sealed {
+            state.sealed = true;
+            state.bytes += frame.len();
+            state.frames.push_back(frame);
+        }
+    }
+
+    /// Queues a replayed frame only if it fits; never closes the socket. Used by replay,
+    /// which a client asks for and which must not turn a healthy socket into a "slow
+    /// consumer".
     pub(crate) fn push_if_room(&self, frame: Bytes, caps: QueueCaps) -> bool {
         let queued = {
-            let mut state = self.state.lock().expect("outbound lock poisoned");
+            let mut state = self.lock();
             let fits = state.frames.len() < caps.frames && state.bytes + frame.len() <= caps.bytes;
-            if state.close.is_none() && fits {
+            if !state.refuses() && fits {
                 state.bytes += frame.len();
                 state.frames.push_back(frame);
                 true
@@ -101,56 +305,112 @@ impl Outbound {
             }
         };
         if queued {
-            self.notify.notify_one();
+            self.ready.notify_one();
         }
         queued
     }
 
-    /// Free room in frames, given `caps`.
-    pub(crate) fn room(&self, caps: QueueCaps) -> usize {
-        let state = self.state.lock().expect("outbound lock poisoned");
-        caps.frames.saturating_sub(state.frames.len())
+    /// Records that a replay covered every live frame numbered up to `seq`, so those still
+    /// on their way are not queued a second time.
+    pub(crate) fn mark_replayed(&self, seq: u64) {
+        let mut state = self.lock();
+        state.replayed_through = state.replayed_through.max(seq);
     }
 
-    /// Asks the writer to close the socket. The first reason wins; returns whether this call
-    /// set it.
+    /// Free room in frames, given `caps`.
+    pub(crate) fn room(&self, caps: QueueCaps) -> usize {
+        caps.frames.saturating_sub(self.lock().frames.len())
+    }
+
+    /// Asks the socket's task to close the socket. The first reason wins; returns whether
+    /// this call set it. A slow consumer's queued frames are dropped; going away keeps them.
     pub fn close(&self, reason: CloseReason) -> bool {
         let set = {
-            let mut state = self.state.lock().expect("outbound lock poisoned");
+            let mut state = self.lock();
             if state.close.is_some() {
                 false
             } else {
                 state.close = Some(reason);
+                if reason == CloseReason::SlowConsumer {
+                    state.drop_unstarted();
+                }
                 true
             }
         };
         if set {
-            self.notify.notify_one();
+            self.closing.notify_one();
         }
         set
     }
 
     /// Whether a close has been requested.
     pub fn close_reason(&self) -> Option<CloseReason> {
-        self.state.lock().expect("outbound lock poisoned").close
+        self.lock().close
     }
 
-    /// Takes everything queued (and the close request, if any).
-    pub fn take(&self) -> Batch {
-        let mut state = self.state.lock().expect("outbound lock poisoned");
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Takes every queued frame (tests of the hub read queues with it).
+    #[cfg(test)]
+    pub(crate) fn take_frames(&self) -> Vec<Bytes> {
+        let mut state = self.lock();
         state.bytes = 0;
-        Batch {
-            frames: std::mem::take(&mut state.frames),
-            close: state.close,
+        std::mem::take(&mut state.frames).into_iter().collect()
+    }
+
+    /// Writes from the front of the queue without blocking, if the write turn is free.
+    pub fn flush(&self) -> Flush {
+        let mut held: [Bytes; WRITE_BATCH] = Default::default();
+        let (sink, count) = {
+            let mut state = self.lock();
+            if state.writing {
+                return Flush::Busy;
+            }
+            if state.frames.is_empty() {
+                return Flush::Empty;
+            }
+            let Some(sink) = state.sink.clone() else {
+                return Flush::Detached;
+            };
+            state.writing = true;
+            let mut count = 0;
+            for (slot, frame) in held.iter_mut().zip(state.frames.iter()) {
+                *slot = frame.clone();
+                count += 1;
+            }
+            state.in_flight = count;
+            (sink, count)
+        };
+        let slices: [IoSlice<'_>; WRITE_BATCH] = std::array::from_fn(|i| IoSlice::new(&held[i]));
+        let result = sink.try_write_vectored(&slices[..count]);
+        let mut state = self.lock();
+        state.writing = false;
+        state.in_flight = 0;
+        match result {
+            Ok(0) => Flush::Failed,
+            Ok(written) => {
+                state.consume(written);
+                Flush::More
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Flush::WouldBlock,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Flush::More,
+            Err(_) => Flush::Failed,
         }
     }
 
-    /// Waits until something was pushed or a close was requested since the last wait.
-    ///
-    /// A push that happens between [`Outbound::take`] and this call is not lost: `Notify`
-    /// keeps one permit for the next waiter.
-    pub async fn changed(&self) {
-        self.notify.notified().await;
+    /// Waits until frames were queued for the socket's task (level-triggered use: call
+    /// [`Outbound::flush`] until it answers `Empty`, `Busy` or `WouldBlock` before waiting).
+    /// A signal sent before the wait is kept (`Notify` stores one permit).
+    pub async fn ready(&self) {
+        self.ready.notified().await;
+    }
+
+    /// Waits until a close was requested (check [`Outbound::close_reason`] after).
+    pub async fn closing(&self) {
+        self.closing.notified().await;
     }
 }
 
@@ -163,56 +423,130 @@ mod tests {
         bytes: 10,
     };
 
-    #[test]
-    fn frames_come_out_in_order() {
+    /// A socket that takes at most `room` bytes, then blocks.
+    #[derive(Default)]
+    struct FakeSocket {
+        room: Mutex<usize>,
+        got: Mutex<Vec<u8>>,
+    }
+
+    impl Sink for FakeSocket {
+        fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let mut room = self.room.lock().unwrap();
+            if *room == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let mut written = 0;
+            for buf in bufs {
+                let n = buf.len().min(*room);
+                self.got.lock().unwrap().extend_from_slice(&buf[..n]);
+                *room -= n;
+                written += n;
+            }
+            Ok(written)
+        }
+    }
+
+    fn attached(room: usize) -> (Outbound, Arc<FakeSocket>) {
         let q = Outbound::default();
-        assert_eq!(q.push(Bytes::from_static(b"a"), CAPS), Push::Queued);
-        assert_eq!(q.push(Bytes::from_static(b"b"), CAPS), Push::Queued);
-        let batch = q.take();
-        assert_eq!(
-            batch.frames,
-            [Bytes::from_static(b"a"), Bytes::from_static(b"b")]
-        );
-        assert_eq!(batch.close, None);
-        assert!(q.take().frames.is_empty());
+        let socket = Arc::new(FakeSocket::default());
+        *socket.room.lock().unwrap() = room;
+        q.attach(socket.clone());
+        (q, socket)
+    }
+
+    fn take_all(q: &Outbound) -> Vec<Bytes> {
+        q.take_frames()
     }
 
     #[test]
-    fn frame_cap_overflow_closes_as_slow_consumer_and_drops_the_queue() {
+    fn unattached_frames_queue_in_order() {
         let q = Outbound::default();
-        for _ in 0..3 {
-            assert_eq!(q.push(Bytes::from_static(b"x"), CAPS), Push::Queued);
-        }
+        assert_eq!(q.push(Bytes::from_static(b"a"), 1, CAPS), Push::Queued);
+        assert_eq!(q.push(Bytes::from_static(b"b"), 2, CAPS), Push::Queued);
+        assert_eq!(q.flush(), Flush::Detached);
         assert_eq!(
-            q.push(Bytes::from_static(b"x"), CAPS),
-            Push::Overflowed { dropped: 4 }
+            take_all(&q),
+            [Bytes::from_static(b"a"), Bytes::from_static(b"b")]
         );
-        assert_eq!(q.push(Bytes::from_static(b"x"), CAPS), Push::Closing);
-        let batch = q.take();
-        assert!(batch.frames.is_empty());
-        assert_eq!(batch.close, Some(CloseReason::SlowConsumer));
+    }
+
+    #[test]
+    fn an_idle_socket_is_written_directly() {
+        let (q, socket) = attached(100);
+        assert_eq!(q.push(Bytes::from_static(b"abc"), 1, CAPS), Push::Written);
+        assert_eq!(q.queued_bytes(), 0);
+        assert_eq!(&*socket.got.lock().unwrap(), b"abc");
+    }
+
+    #[test]
+    fn a_short_write_queues_the_rest_first() {
+        let (q, socket) = attached(2);
+        assert_eq!(q.push(Bytes::from_static(b"abc"), 1, CAPS), Push::Queued);
+        assert_eq!(q.push(Bytes::from_static(b"de"), 2, CAPS), Push::Queued);
+        assert_eq!(q.flush(), Flush::WouldBlock);
+        *socket.room.lock().unwrap() = 100;
+        assert_eq!(q.flush(), Flush::More);
+        assert_eq!(q.flush(), Flush::Empty);
+        assert_eq!(&*socket.got.lock().unwrap(), b"abcde");
+    }
+
+    #[test]
+    fn overflow_keeps_a_started_frame_and_closes_as_slow_consumer() {
+        let (q, _socket) = attached(1);
+        assert_eq!(q.push(Bytes::from_static(b"abc"), 1, CAPS), Push::Queued);
+        assert_eq!(q.push(Bytes::from_static(b"de"), 2, CAPS), Push::Queued);
+        assert_eq!(q.push(Bytes::from_static(b"fg"), 3, CAPS), Push::Queued);
+        assert_eq!(
+            q.push(Bytes::from_static(b"h"), 4, CAPS),
+            Push::Overflowed { dropped: 3 }
+        );
+        assert_eq!(q.push(Bytes::from_static(b"x"), 5, CAPS), Push::Closing);
+        assert_eq!(q.close_reason(), Some(CloseReason::SlowConsumer));
+        // "bc" (the rest of the started frame) must still go out before a close frame.
+        assert_eq!(take_all(&q), [Bytes::from_static(b"bc")]);
     }
 
     #[test]
     fn byte_cap_overflow_closes_as_slow_consumer() {
         let q = Outbound::default();
-        assert_eq!(q.push(Bytes::from_static(b"123456"), CAPS), Push::Queued);
+        assert_eq!(q.push(Bytes::from_static(b"123456"), 1, CAPS), Push::Queued);
         assert_eq!(
-            q.push(Bytes::from_static(b"12345"), CAPS),
+            q.push(Bytes::from_static(b"12345"), 2, CAPS),
             Push::Overflowed { dropped: 2 }
         );
     }
 
     #[test]
-    fn taking_frees_room() {
+    fn control_frames_count_against_the_bound() {
         let q = Outbound::default();
         for _ in 0..3 {
-            q.push(Bytes::from_static(b"12"), CAPS);
+            assert_eq!(q.push_control(Bytes::from_static(b"p"), CAPS), Push::Queued);
         }
-        q.take();
-        for _ in 0..3 {
-            assert_eq!(q.push(Bytes::from_static(b"123"), CAPS), Push::Queued);
-        }
+        assert_eq!(
+            q.push_control(Bytes::from_static(b"p"), CAPS),
+            Push::Overflowed { dropped: 4 }
+        );
+        assert_eq!(q.close_reason(), Some(CloseReason::SlowConsumer));
+    }
+
+    #[test]
+    fn urgent_frames_go_ahead_of_unstarted_ones_only() {
+        let (q, socket) = attached(1);
+        q.push(Bytes::from_static(b"ab"), 1, CAPS);
+        q.push(Bytes::from_static(b"cd"), 2, CAPS);
+        assert_eq!(q.push_urgent(Bytes::from_static(b"P"), CAPS), Push::Queued);
+        *socket.room.lock().unwrap() = 100;
+        assert_eq!(q.flush(), Flush::More);
+        assert_eq!(q.flush(), Flush::Empty);
+        assert_eq!(&*socket.got.lock().unwrap(), b"abPcd");
+        let q = Outbound::default();
+        q.push(Bytes::from_static(b"ab"), 1, CAPS);
+        q.push_urgent(Bytes::from_static(b"P"), CAPS);
+        assert_eq!(
+            take_all(&q),
+            [Bytes::from_static(b"P"), Bytes::from_static(b"ab")]
+        );
     }
 
     #[test]
@@ -224,26 +558,43 @@ mod tests {
         assert_eq!(q.room(CAPS), 0);
         assert!(!q.push_if_room(Bytes::from_static(b"x"), CAPS));
         assert_eq!(q.close_reason(), None);
-        assert_eq!(q.take().frames.len(), 3);
+        assert_eq!(take_all(&q).len(), 3);
+    }
+
+    #[test]
+    fn a_replayed_live_frame_is_not_queued_twice() {
+        let q = Outbound::default();
+        q.mark_replayed(5);
+        assert_eq!(q.push(Bytes::from_static(b"a"), 5, CAPS), Push::Replayed);
+        assert_eq!(q.push(Bytes::from_static(b"b"), 6, CAPS), Push::Queued);
     }
 
     #[test]
     fn going_away_keeps_queued_frames_and_first_reason_wins() {
         let q = Outbound::default();
-        q.push(Bytes::from_static(b"a"), CAPS);
+        q.push(Bytes::from_static(b"a"), 1, CAPS);
         assert!(q.close(CloseReason::GoingAway));
         assert!(!q.close(CloseReason::SlowConsumer));
-        let batch = q.take();
-        assert_eq!(batch.frames.len(), 1);
-        assert_eq!(batch.close, Some(CloseReason::GoingAway));
+        assert_eq!(take_all(&q).len(), 1);
+        assert_eq!(q.close_reason(), Some(CloseReason::GoingAway));
+    }
+
+    #[test]
+    fn detached_queues_refuse_everything() {
+        let (q, _socket) = attached(0);
+        q.push(Bytes::from_static(b"a"), 1, CAPS);
+        q.detach();
+        assert_eq!(q.queued_bytes(), 0);
+        assert_eq!(q.push(Bytes::from_static(b"b"), 2, CAPS), Push::Closing);
+        assert_eq!(q.flush(), Flush::Empty);
     }
 
     #[tokio::test]
-    async fn a_push_before_waiting_is_not_lost() {
+    async fn signals_sent_before_waiting_are_not_lost() {
         let q = Outbound::default();
-        q.push(Bytes::from_static(b"a"), CAPS);
-        // Returns at once thanks to the stored permit.
-        q.changed().await;
-        assert_eq!(q.take().frames.len(), 1);
+        q.push(Bytes::from_static(b"a"), 1, CAPS);
+        q.ready().await;
+        q.close(CloseReason::GoingAway);
+        q.closing().await;
     }
 }

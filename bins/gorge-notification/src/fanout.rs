@@ -1,0 +1,134 @@
+//! The fan-out worker: the admin port hands it each accepted message and answers PHP at once;
+//! this thread stores the message and delivers it to every subscribed socket.
+//!
+//! Phorge's PHP posts synchronously inside the request of the user who acted, so nothing on
+//! the admin path may scale with the number or slowness of subscribers. One thread keeps
+//! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
+//! and a full hand-off refuses the POST (503) and counts it rather than grow.
+//!
+//! A client cannot tell the hand-off from a synchronous publish: a socket's commands, and a
+//! status read, first wait until every message accepted before them has been delivered
+//! ([`Fanout::settled`]), so a `pong` still proves every earlier POST's frame went first and
+//! a socket that subscribes after a POST was answered does not get that message live.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use gorge_hub::Hub;
+use slog::{debug, Logger};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Messages waiting for the fan-out thread, at most.
+pub const HANDOFF_MESSAGES: usize = 4096;
+
+/// Bytes of messages waiting for the fan-out thread, at most.
+pub const HANDOFF_BYTES: usize = 64 << 20;
+
+/// One accepted message.
+pub struct Job {
+    pub instance: String,
+    pub subscribers: Vec<String>,
+    /// The encoded WebSocket frame.
+    pub frame: Bytes,
+    pub accepted_at: Instant,
+    /// The hub's time of acceptance (set by [`Fanout::submit`], in acceptance order), so
+    /// history ages from the POST, not from the moment the thread got to it.
+    pub at_ms: u64,
+}
+
+/// The admin side of the hand-off.
+pub struct Fanout {
+    hub: Arc<Hub>,
+    /// Sending and counting happen together, so `accepted` is the number of the last job
+    /// in the channel.
+    tx: Mutex<SyncSender<Job>>,
+    accepted: AtomicU64,
+    /// How many jobs the thread has finished.
+    delivered: watch::Sender<u64>,
+    waiting_bytes: Arc<AtomicUsize>,
+}
+
+/// The hand-off is full.
+#[derive(Debug)]
+pub struct Full;
+
+impl Fanout {
+    /// Starts the fan-out thread.
+    pub fn start(hub: Arc<Hub>, metrics: Metrics, log: Logger) -> Fanout {
+        let (tx, rx) = sync_channel::<Job>(HANDOFF_MESSAGES);
+        let hub_handle = hub.clone();
+        let waiting_bytes = Arc::new(AtomicUsize::new(0));
+        let waiting = waiting_bytes.clone();
+        let delivered = watch::Sender::new(0);
+        let done = delivered.clone();
+        std::thread::Builder::new()
+            .name("fanout".into())
+            .spawn(move || {
+                for job in rx {
+                    waiting.fetch_sub(job.frame.len(), Ordering::Relaxed);
+                    deliver(&hub, &metrics, &log, job);
+                    done.send_modify(|n| *n += 1);
+                }
+            })
+            .expect("spawn the fan-out thread");
+        Fanout {
+            hub: hub_handle,
+            tx: Mutex::new(tx),
+            accepted: AtomicU64::new(0),
+            delivered,
+            waiting_bytes,
+        }
+    }
+
+    /// Completes once every message accepted so far has been delivered.
+    pub async fn settled(&self) {
+        let target = self.accepted.load(Ordering::Acquire);
+        if *self.delivered.borrow() >= target {
+            return;
+        }
+        let _ = self.delivered.subscribe().wait_for(|n| *n >= target).await;
+    }
+
+    /// Hands a message over without waiting.
+    pub fn submit(&self, mut job: Job) -> Result<(), Full> {
+        let len = job.frame.len();
+        if self.waiting_bytes.fetch_add(len, Ordering::Relaxed) + len > HANDOFF_BYTES {
+            self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(Full);
+        }
+        let tx = self.tx.lock().expect("fan-out lock poisoned");
+        job.at_ms = self.hub.now_ms();
+        match tx.try_send(job) {
+            Ok(()) => {
+                self.accepted.fetch_add(1, Ordering::Release);
+                Ok(())
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
+                Err(Full)
+            }
+        }
+    }
+}
+
+fn deliver(hub: &Hub, m: &Metrics, log: &Logger, job: Job) {
+    // The admin port checked the instance name already.
+    let Ok(outcome) = hub.publish_at(&job.instance, &job.subscribers, job.frame, job.at_ms) else {
+        return;
+    };
+    m.fanout_seconds
+        .observe(job.accepted_at.elapsed().as_secs_f64());
+    m.messages_out.inc_by(outcome.queued as u64);
+    m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
+    m.slow_consumer_disconnects
+        .inc_by(outcome.slow_consumers as u64);
+    m.set_history(outcome.history_entries, outcome.history_bytes);
+    debug!(log, "NOTIFY_MESSAGE_DELIVERED";
+        "instance" => &job.instance, "subscribers" => job.subscribers.len(),
+        "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers);
+}
