@@ -2,26 +2,9 @@
 //! saying in plain words what is valid, the file's unknown keys, `--check-config` (value and
 //! source of every setting), warnings, and `--print-config` output that loads back.
 
-use std::process::{Command, Stdio};
+mod common;
 
-fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gorge-webhook"));
-    command
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let output = command.output().unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).to_string(),
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
-}
+use common::run_binary;
 
 /// The value `--check-config` printed for `name` (`NAME = VALUE  # SOURCE`), and its source.
 fn checked(stdout: &str, name: &str) -> (String, String) {

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{admin_sql, create_schema, eventually, Receiver, Reply, Service};
+use common::{admin_sql, create_schema, eventually, run_binary, Receiver, Reply, Service};
 use gorge_claim::testdb::{NewRequest, TestDb};
 
 const NOW: u64 = 1_700_000_000;
@@ -317,25 +316,6 @@ async fn sigterm_lets_the_inflight_delivery_write_its_result() {
         "result written before the pool closed"
     );
     db.drop_database().await;
-}
-
-fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gorge-webhook"));
-    command
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let output = command.output().unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).to_string(),
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
 }
 
 #[test]
