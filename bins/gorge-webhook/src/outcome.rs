@@ -66,7 +66,7 @@ pub fn after_attempt(
         (false, false) => (RequestStatus::Failed, DeliveryOutcome::Failed),
     };
     Decision {
-        row: RowOutcome {
+        row: RowOutcome::Attempted {
             status,
             result: if success {
                 RequestResult::Okay
@@ -87,12 +87,7 @@ pub fn after_attempt(
 /// `properties` is the complete new column text.
 pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
     Decision {
-        row: RowOutcome {
-            status: RequestStatus::Failed,
-            result: RequestResult::None,
-            epoch: 0,
-            properties,
-        },
+        row: RowOutcome::NotAttempted { properties },
         outcome: DeliveryOutcome::Failed,
         class: "hook",
         code: code.as_str().to_string(),
@@ -112,11 +107,11 @@ mod tests {
     #[test]
     fn success_is_sent_okay_with_the_status_as_an_integer() {
         let d = after_attempt(&props("never"), Ok(204), 7);
-        assert_eq!(d.row.status, RequestStatus::Sent);
-        assert_eq!(d.row.result, RequestResult::Okay);
-        assert_eq!(d.row.epoch, 7);
+        assert_eq!(d.row.status(), RequestStatus::Sent);
+        assert_eq!(d.row.result(), RequestResult::Okay);
+        assert_eq!(d.row.epoch(), Some(7));
         assert_eq!(
-            d.row.properties,
+            d.row.properties(),
             r#"{"retry":"never","x":1,"errorType":"http","errorCode":204}"#
         );
         assert_eq!((d.outcome, d.class), (DeliveryOutcome::Sent, "2xx"));
@@ -126,7 +121,7 @@ mod tests {
     fn failures_follow_the_retry_mode() {
         let d = after_attempt(&props("forever"), Ok(503), 9);
         assert_eq!(
-            (d.row.status, d.row.result, d.outcome, d.class),
+            (d.row.status(), d.row.result(), d.outcome, d.class),
             (
                 RequestStatus::Queued,
                 RequestResult::Fail,
@@ -135,10 +130,10 @@ mod tests {
             )
         );
         let d = after_attempt(&props("never"), Ok(302), 9);
-        assert_eq!((d.row.status, d.class), (RequestStatus::Failed, "3xx"));
+        assert_eq!((d.row.status(), d.class), (RequestStatus::Failed, "3xx"));
         // An unknown retry mode never retries, as in the PHP worker.
         let d = after_attempt(&props("sometimes"), Ok(500), 9);
-        assert_eq!(d.row.status, RequestStatus::Failed);
+        assert_eq!(d.row.status(), RequestStatus::Failed);
     }
 
     #[test]
@@ -146,16 +141,16 @@ mod tests {
         let d = after_attempt(&props("never"), Err(DeliveryError::Timeout), 1);
         assert!(d
             .row
-            .properties
+            .properties()
             .ends_with(r#""errorType":"timeout","errorCode":28}"#));
         assert_eq!(d.class, "timeout");
         let d = after_attempt(&props("forever"), Err(DeliveryError::ConnectionRefused), 1);
         assert!(d
             .row
-            .properties
+            .properties()
             .ends_with(r#""errorType":"http","errorCode":7}"#));
         assert_eq!(
-            (d.row.status, d.class, d.code.as_str(), d.reason),
+            (d.row.status(), d.class, d.code.as_str(), d.reason),
             (
                 RequestStatus::Queued,
                 "connection-refused",
@@ -168,7 +163,7 @@ mod tests {
             Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
             1,
         );
-        assert!(d.row.properties.ends_with(r#""errorCode":60}"#));
+        assert!(d.row.properties().ends_with(r#""errorCode":60}"#));
         assert_eq!(d.reason, "certificate-not-trusted");
     }
 
@@ -176,12 +171,12 @@ mod tests {
     fn a_blocked_redirect_is_phorges_uri_error_and_is_not_retried() {
         let d = after_attempt(&props("forever"), Err(DeliveryError::BlockedRedirect), 3);
         assert_eq!(
-            (d.row.status, d.row.result, d.row.epoch),
-            (RequestStatus::Failed, RequestResult::Fail, 3)
+            (d.row.status(), d.row.result(), d.row.epoch()),
+            (RequestStatus::Failed, RequestResult::Fail, Some(3))
         );
         assert!(d
             .row
-            .properties
+            .properties()
             .ends_with(r#""errorType":"hook","errorCode":"uri"}"#));
     }
 
@@ -189,8 +184,8 @@ mod tests {
     fn terminal_failures_write_no_epoch() {
         let d = without_attempt(HookErrorCode::Disabled, "{}".into());
         assert_eq!(
-            (d.row.status, d.row.result, d.row.epoch, d.class),
-            (RequestStatus::Failed, RequestResult::None, 0, "hook")
+            (d.row.status(), d.row.result(), d.row.epoch(), d.class),
+            (RequestStatus::Failed, RequestResult::None, None, "hook")
         );
         assert_eq!(d.code, "disabled");
     }

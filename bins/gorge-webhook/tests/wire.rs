@@ -612,9 +612,9 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
         let decision = outcome::after_attempt(&properties, result, 1);
         assert_eq!(
             (
-                decision.row.status.as_str(),
-                decision.row.result.as_str(),
-                decision.row.properties.as_str()
+                decision.row.status().as_str(),
+                decision.row.result().as_str(),
+                decision.row.properties()
             ),
             (
                 after["status"].as_str().unwrap(),

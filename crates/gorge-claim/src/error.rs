@@ -21,8 +21,6 @@ pub enum ClaimError {
     },
     /// Any other driver, network or server error.
     Database(mysql_async::Error),
-    /// The caller asked for something the protocol forbids (a bug in the caller).
-    InvalidOutcome(&'static str),
     /// The server answered `NULL` where a value is required (e.g. `GET_LOCK` failed).
     UnexpectedNull(&'static str),
     /// A statement (or the wait for a connection) did not finish within the query timeout;
@@ -72,7 +70,6 @@ impl fmt::Display for ClaimError {
                 "unknown database `{database}` (has Phorge's `bin/storage upgrade` run?)"
             ),
             ClaimError::Database(err) => write!(f, "database error: {err}"),
-            ClaimError::InvalidOutcome(why) => write!(f, "invalid outcome: {why}"),
             ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
             ClaimError::Timeout(what) => write!(f, "database timeout: {what}"),
             ClaimError::InvalidRow(why) => write!(f, "invalid row: {why}"),

@@ -161,14 +161,57 @@ impl std::fmt::Debug for Hook {
 
 /// What to write back into a claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowOutcome {
-    pub status: RequestStatus,
-    pub result: RequestResult,
-    /// When the HTTP attempt ended (Unix seconds), or `0` when no request was made
-    /// (terminal pre-delivery failures: `lastRequestResult` `none`, status `failed`).
-    pub epoch: u64,
+pub enum RowOutcome {
+    /// An HTTP attempt ended at `epoch` (Unix seconds): `sent`, or `queued`/`failed` after a
+    /// failed attempt.
+    Attempted {
+        status: RequestStatus,
+        result: RequestResult,
+        epoch: u64,
+        /// The complete new `properties` JSON text.
+        properties: String,
+    },
+    /// No request was made (Phorge's hook errors: missing/disabled hook, blocked URI, missing
+    /// object, unusable row): the row becomes `failed` / `none` / epoch 0.
+    NotAttempted {
+        /// The complete new `properties` JSON text.
+        properties: String,
+    },
+}
+
+impl RowOutcome {
+    /// The `status` column written.
+    pub fn status(&self) -> RequestStatus {
+        match self {
+            RowOutcome::Attempted { status, .. } => *status,
+            RowOutcome::NotAttempted { .. } => RequestStatus::Failed,
+        }
+    }
+
+    /// The `lastRequestResult` column written.
+    pub fn result(&self) -> RequestResult {
+        match self {
+            RowOutcome::Attempted { result, .. } => *result,
+            RowOutcome::NotAttempted { .. } => RequestResult::None,
+        }
+    }
+
+    /// When the attempt ended; `None` when no request was made.
+    pub fn epoch(&self) -> Option<u64> {
+        match self {
+            RowOutcome::Attempted { epoch, .. } => Some(*epoch),
+            RowOutcome::NotAttempted { .. } => None,
+        }
+    }
+
     /// The complete new `properties` JSON text.
-    pub properties: String,
+    pub fn properties(&self) -> &str {
+        match self {
+            RowOutcome::Attempted { properties, .. } | RowOutcome::NotAttempted { properties } => {
+                properties
+            }
+        }
+    }
 }
 
 /// Row counts for `/api/webhook/stats`.
@@ -546,38 +589,32 @@ impl ClaimStore {
     /// Writes the outcome if the row is still at `claim.version`; `false`: taken over (the
     /// caller counts and logs it, never retries).
     ///
-    /// With an attempt (`epoch != 0`), `lastRequestEpoch = dateModified = max(version, now,
-    /// epoch)`: equal columns mark "result written, not in flight". Without one, status must
-    /// be terminal; `lastRequestEpoch` stays 0 and `dateModified` keeps the claim version.
+    /// After an attempt, `lastRequestEpoch = dateModified = max(version, now, epoch)`: equal
+    /// columns mark "result written, not in flight". Without one (always terminal),
+    /// `lastRequestEpoch` stays 0 and `dateModified` keeps the claim version.
     pub async fn write_outcome(
         &self,
         claim: &Claim,
         outcome: &RowOutcome,
         now: u64,
     ) -> Result<bool, ClaimError> {
-        let (last_epoch, version) = if outcome.epoch == 0 {
-            if outcome.status == RequestStatus::Queued {
-                // Such a write might change no column and so look "taken over"; and it
-                // would leave the row looking in flight. Only terminal outcomes skip the POST.
-                return Err(ClaimError::InvalidOutcome(
-                    "an outcome without a request (epoch 0) must not stay queued",
-                ));
+        let (last_epoch, version) = match outcome.epoch() {
+            None => (0, claim.version),
+            Some(epoch) => {
+                let marker = claim.version.max(now).max(epoch);
+                (marker, marker)
             }
-            (0, claim.version)
-        } else {
-            let marker = claim.version.max(now).max(outcome.epoch);
-            (marker, marker)
         };
         let mut conn = self.conn().await?;
         let out = self
             .timed(conn.exec_drop(
                 OUTCOME_SQL,
                 (
-                    outcome.status.as_str(),
-                    outcome.result.as_str(),
+                    outcome.status().as_str(),
+                    outcome.result().as_str(),
                     last_epoch,
                     version,
-                    outcome.properties.as_str(),
+                    outcome.properties(),
                     claim.id,
                     claim.version,
                 ),

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use gorge_claim::testdb::{server_opts, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
-    hook_lock_name, Candidate, Claim, ClaimError, ClaimStore, ClaimTiming, RequestResult,
-    RequestStatus, RowOutcome, MAX_EXCLUDED_HOOKS,
+    hook_lock_name, Candidate, Claim, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
+    RowOutcome, MAX_EXCLUDED_HOOKS,
 };
 use mysql_async::prelude::Queryable;
 
@@ -62,7 +62,7 @@ async fn candidate_ids(store: &ClaimStore, now: u64, timing: &ClaimTiming) -> Ve
 }
 
 fn failed_attempt(epoch: u64, status: RequestStatus) -> RowOutcome {
-    RowOutcome {
+    RowOutcome::Attempted {
         status,
         result: RequestResult::Fail,
         epoch,
@@ -239,7 +239,7 @@ async fn lease_and_backoff_are_independent() {
     assert_eq!(candidate_ids(&store, T0 + 12 + 30, &timing).await, [id]);
 
     // Delivered: never a candidate again.
-    let sent = RowOutcome {
+    let sent = RowOutcome::Attempted {
         status: RequestStatus::Sent,
         result: RequestResult::Okay,
         epoch: T0 + 14,
@@ -300,22 +300,7 @@ async fn terminal_outcome_without_request_keeps_epoch_zero() {
         .await
         .unwrap()
         .unwrap();
-    let queued_without_request = RowOutcome {
-        status: RequestStatus::Queued,
-        result: RequestResult::None,
-        epoch: 0,
-        properties: "{}".to_owned(),
-    };
-    assert!(matches!(
-        store
-            .write_outcome(&claim, &queued_without_request, T0 + 1)
-            .await,
-        Err(ClaimError::InvalidOutcome(_))
-    ));
-    let not_found = RowOutcome {
-        status: RequestStatus::Failed,
-        result: RequestResult::None,
-        epoch: 0,
+    let not_found = RowOutcome::NotAttempted {
         properties: r#"{"errorType":"hook","errorCode":"not-found"}"#.to_owned(),
     };
     assert!(store
@@ -610,7 +595,7 @@ async fn stats_hooks_and_queue_depth() {
         .await
         .unwrap()
         .unwrap();
-    let sent = RowOutcome {
+    let sent = RowOutcome::Attempted {
         status: RequestStatus::Sent,
         result: RequestResult::Okay,
         epoch: T0,

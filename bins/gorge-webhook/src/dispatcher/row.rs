@@ -238,7 +238,7 @@ impl Dispatcher {
             } else {
                 warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
-                    "reason" => decision.reason, "status" => decision.row.status.as_str());
+                    "reason" => decision.reason, "status" => decision.row.status().as_str());
             }
         }
         Ok(RowEnd::Done)
@@ -365,7 +365,7 @@ impl Dispatcher {
             self.metrics.results_taken_over.inc();
             warn!(self.log, "WEBHOOK_RESULT_TAKEN_OVER";
                 "request" => &candidate.phid, "version" => claim.version,
-                "status" => outcome.status.as_str());
+                "status" => outcome.status().as_str());
         }
         Ok(landed)
     }
@@ -397,7 +397,7 @@ impl Dispatcher {
             warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
                 "request" => &candidate.phid, "hook" => &candidate.webhook_phid,
                 "error_type" => "hook", "code" => &decision.code,
-                "status" => decision.row.status.as_str());
+                "status" => decision.row.status().as_str());
         }
         Ok(RowEnd::Done)
     }
