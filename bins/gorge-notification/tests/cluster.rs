@@ -106,19 +106,17 @@ impl Node {
     /// Posts a message and returns the fingerprint of the receipt. The bounded wait inside
     /// `http` is the "an admin POST never waits on a peer" check.
     async fn post(&self, body: &str) -> String {
-        let target = format!("/?instance={INSTANCE}");
-        // PHP's label; the server must ignore it.
-        let form = [("Content-Type", "application/x-www-form-urlencoded")];
-        let response = http(self.admin_port, "POST", &target, &form, body.as_bytes()).await;
+        let query = format!("?instance={INSTANCE}");
+        let response = common::post(self.admin_port, &query, body).await;
         assert_eq!(response.status, 200, "admin POST: {response:?}");
         response.json()["fingerprint"].as_str().unwrap().to_owned()
     }
 
     async fn messages_in(&self) -> u64 {
-        let target = format!("/status/?instance={INSTANCE}");
-        let response = http(self.admin_port, "GET", &target, &[], b"").await;
-        assert_eq!(response.status, 200);
-        response.json()["messages.in"].as_u64().unwrap()
+        let query = format!("?instance={INSTANCE}");
+        common::status(self.admin_port, &query).await["messages.in"]
+            .as_u64()
+            .unwrap()
     }
 
     /// Polls `/metrics` until `condition` holds for it: relay workers update their metrics on

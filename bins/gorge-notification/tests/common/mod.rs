@@ -157,27 +157,11 @@ impl Server {
     }
 
     pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        http(
-            self.admin_port,
-            "POST",
-            &format!("/{query}"),
-            &[("Content-Type", "application/x-www-form-urlencoded")],
-            body.as_bytes(),
-        )
-        .await
+        post(self.admin_port, query, body).await
     }
 
     pub async fn status(&self, query: &str) -> Value {
-        let r = http(
-            self.admin_port,
-            "GET",
-            &format!("/status/{query}"),
-            &[],
-            b"",
-        )
-        .await;
-        assert_eq!(r.status, 200);
-        serde_json::from_slice(&r.body).unwrap()
+        status(self.admin_port, query).await
     }
 
     /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
@@ -262,27 +246,11 @@ impl InProcess {
     }
 
     pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        http(
-            self.admin_port,
-            "POST",
-            &format!("/{query}"),
-            &[("Content-Type", "application/x-www-form-urlencoded")],
-            body.as_bytes(),
-        )
-        .await
+        post(self.admin_port, query, body).await
     }
 
     pub async fn status(&self, query: &str) -> Value {
-        let r = http(
-            self.admin_port,
-            "GET",
-            &format!("/status/{query}"),
-            &[],
-            b"",
-        )
-        .await;
-        assert_eq!(r.status, 200);
-        serde_json::from_slice(&r.body).unwrap()
+        status(self.admin_port, query).await
     }
 
     pub async fn metric(&self, sample: &str) -> Option<f64> {
@@ -301,6 +269,25 @@ impl Drop for InProcess {
 }
 
 /// The value of one sample line of `/metrics` on `admin_port`.
+/// Posts `body` to the admin port as Phorge's PHP client does (labelled as a form).
+pub async fn post(admin_port: u16, query: &str, body: &str) -> HttpResponse {
+    http(
+        admin_port,
+        "POST",
+        &format!("/{query}"),
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        body.as_bytes(),
+    )
+    .await
+}
+
+/// `GET /status/{query}` on the admin port, which must answer 200 with JSON.
+pub async fn status(admin_port: u16, query: &str) -> Value {
+    let r = http(admin_port, "GET", &format!("/status/{query}"), &[], b"").await;
+    assert_eq!(r.status, 200);
+    serde_json::from_slice(&r.body).unwrap()
+}
+
 pub async fn metric(admin_port: u16, sample: &str) -> Option<f64> {
     let r = http(admin_port, "GET", "/metrics", &[], b"").await;
     let text = String::from_utf8(r.body).unwrap();
