@@ -12,12 +12,12 @@
 //! a socket that subscribes after a POST was answered does not get that message live.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use gorge_hub::Hub;
+use gorge_hub::{Hub, Publication, MAX_BATCH};
 use slog::{debug, Logger};
 use tokio::sync::watch;
 
@@ -28,6 +28,9 @@ pub const HANDOFF_MESSAGES: usize = 4096;
 
 /// Bytes of messages waiting for the fan-out thread, at most.
 pub const HANDOFF_BYTES: usize = 64 << 20;
+
+/// Bytes of messages one fan-out pass takes at most (more waits for the next pass).
+pub const BATCH_BYTES: usize = 1 << 20;
 
 /// One accepted message.
 pub struct Job {
@@ -69,10 +72,12 @@ impl Fanout {
         std::thread::Builder::new()
             .name("fanout".into())
             .spawn(move || {
-                for job in rx {
-                    waiting.fetch_sub(job.frame.len(), Ordering::Relaxed);
-                    deliver(&hub, &metrics, &log, job);
-                    done.send_modify(|n| *n += 1);
+                while let Ok(first) = rx.recv() {
+                    let batch = take_batch(first, &rx);
+                    let bytes = batch.iter().map(|job| job.frame.len()).sum();
+                    waiting.fetch_sub(bytes, Ordering::Relaxed);
+                    deliver(&hub, &metrics, &log, &batch);
+                    done.send_modify(|n| *n += batch.len() as u64);
                 }
             })
             .expect("spawn the fan-out thread");
@@ -116,19 +121,52 @@ impl Fanout {
     }
 }
 
-fn deliver(hub: &Hub, m: &Metrics, log: &Logger, job: Job) {
-    // The admin port checked the instance name already.
-    let Ok(outcome) = hub.publish_at(&job.instance, &job.subscribers, job.frame, job.at_ms) else {
-        return;
-    };
-    m.fanout_seconds
-        .observe(job.accepted_at.elapsed().as_secs_f64());
-    m.messages_out.inc_by(outcome.queued as u64);
-    m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
-    m.slow_consumer_disconnects
-        .inc_by(outcome.slow_consumers as u64);
-    m.set_history(outcome.history_entries, outcome.history_bytes);
-    debug!(log, "NOTIFY_MESSAGE_DELIVERED";
-        "instance" => &job.instance, "subscribers" => job.subscribers.len(),
-        "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers);
+/// The first job and those already waiting behind it, up to [`BATCH_BYTES`] and
+/// [`MAX_BATCH`] messages. Waiting for more would delay the first; taking what is there
+/// costs nothing and lets a socket get several frames in one write when messages arrive
+/// faster than one pass over the sockets.
+fn take_batch(first: Job, rx: &Receiver<Job>) -> Vec<Job> {
+    let mut bytes = first.frame.len();
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH && bytes < BATCH_BYTES {
+        match rx.try_recv() {
+            Ok(job) => {
+                bytes += job.frame.len();
+                batch.push(job);
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
+    let messages: Vec<Publication<'_>> = batch
+        .iter()
+        .map(|job| Publication {
+            instance: &job.instance,
+            subscribers: &job.subscribers,
+            frame: job.frame.clone(),
+            at_ms: job.at_ms,
+        })
+        .collect();
+    let outcomes = hub.publish_batch(&messages);
+    m.fanout_batch_messages.observe(batch.len() as f64);
+    for (job, outcome) in batch.iter().zip(outcomes) {
+        // The admin port checked the instance name already.
+        let Ok(outcome) = outcome else {
+            continue;
+        };
+        m.fanout_seconds
+            .observe(job.accepted_at.elapsed().as_secs_f64());
+        m.messages_out.inc_by(outcome.queued as u64);
+        m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
+        m.slow_consumer_disconnects
+            .inc_by(outcome.slow_consumers as u64);
+        m.set_history(outcome.history_entries, outcome.history_bytes);
+        debug!(log, "NOTIFY_MESSAGE_DELIVERED";
+            "instance" => &job.instance, "subscribers" => job.subscribers.len(),
+            "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers,
+            "batch" => batch.len());
+    }
 }

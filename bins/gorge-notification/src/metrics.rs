@@ -66,6 +66,7 @@ pub struct Metrics {
     pub messages_out: Counter,
     pub admin_rejected: Family<ReasonLabel, Counter>,
     pub fanout_seconds: Histogram,
+    pub fanout_batch_messages: Histogram,
     pub queue_dropped_frames: Counter,
     pub slow_consumer_disconnects: Counter,
     pub replayed_frames: Counter,
@@ -100,6 +101,8 @@ impl Metrics {
             admin_rejected: Family::default(),
             // 10 µs .. ~0.65 s.
             fanout_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 17)),
+            // 1 .. 64 messages (the fan-out's batch limit).
+            fanout_batch_messages: Histogram::new(exponential_buckets(1.0, 2.0, 7)),
             queue_dropped_frames: Counter::default(),
             slow_consumer_disconnects: Counter::default(),
             replayed_frames: Counter::default(),
@@ -178,6 +181,11 @@ impl Metrics {
             "fanout_seconds",
             "Time from an accepted POST to its last frame queued",
             m.fanout_seconds,
+        );
+        registry.register(
+            "fanout_batch_messages",
+            "Messages delivered by one fan-out pass (more than one when POSTs arrive faster than a pass)",
+            m.fanout_batch_messages,
         );
         registry.register(
             "queue_dropped_frames",

@@ -131,6 +131,25 @@ impl SocketHandle {
     }
 }
 
+/// One target socket of a batch and the frames it gets, numbered, in order.
+struct Delivery {
+    outbound: Arc<Outbound>,
+    frames: Vec<(Bytes, u64)>,
+    /// For each frame, its message's index in the batch.
+    messages: Vec<usize>,
+}
+
+/// One message for [`Hub::publish_batch`].
+#[derive(Debug, Clone)]
+pub struct Publication<'a> {
+    pub instance: &'a str,
+    pub subscribers: &'a [String],
+    /// The encoded frame, shared by every recipient and the history.
+    pub frame: Bytes,
+    /// When the message was accepted, by the hub's clock.
+    pub at_ms: u64,
+}
+
 /// What one publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PublishOutcome {
@@ -540,56 +559,124 @@ impl Hub {
         frame: Bytes,
         now: u64,
     ) -> Result<PublishOutcome, InstanceNameTooLong> {
-        if !self.instance_name_ok(instance) {
-            return Err(InstanceNameTooLong);
-        }
-        let caps = self.caps();
-        let mut outcome = PublishOutcome::default();
-        let (seq, targets) = {
-            let mut state = self.lock();
-            state.published += 1;
-            let seq = state.published;
-            self.confirm(&mut state, instance);
-            let State {
-                instances, history, ..
-            } = &mut *state;
-            let instance_entry = instances.get_key_value(instance);
-            let history_instance = match instance_entry {
-                Some((key, _)) => key.clone(),
-                None => Arc::from(instance),
-            };
-            let targets = instance_entry.map_or_else(Vec::new, |(_, target)| {
-                targets(&target.subscriptions, subscribers)
-            });
-            history.append(
-                Entry {
-                    instance: history_instance,
-                    at_ms: now,
-                    subscribers: Subscribers::new(subscribers),
-                    body: frame.clone(),
-                },
-                now,
-            );
-            (outcome.history_entries, outcome.history_bytes) = history.totals();
-            (seq, targets)
+        let message = Publication {
+            instance,
+            subscribers,
+            frame,
+            at_ms: now,
         };
-        for outbound in &targets {
-            // Counted before the write so `messages.out` never lags a frame a client holds.
-            self.messages_out.fetch_add(1, Ordering::Relaxed);
-            match outbound.push(frame.clone(), seq, caps) {
-                Push::Written | Push::Queued => {
-                    outcome.queued += 1;
+        self.publish_batch(std::slice::from_ref(&message))
+            .pop()
+            .expect("one outcome per message")
+    }
+
+    /// Publishes messages in order, exactly as [`Hub::publish_at`] of each in turn would,
+    /// except that each socket gets all of its frames of the batch in one write (the
+    /// fan-out batches the messages that arrived while it was busy). One outcome per
+    /// message, in order.
+    pub fn publish_batch(
+        &self,
+        batch: &[Publication<'_>],
+    ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
+        let caps = self.caps();
+        let mut outcomes: Vec<Result<PublishOutcome, InstanceNameTooLong>> =
+            Vec::with_capacity(batch.len());
+        let mut deliveries: Vec<Delivery> = Vec::new();
+        let mut delivery_of: HashMap<*const Outbound, usize> = HashMap::new();
+        {
+            let mut state = self.lock();
+            for (index, message) in batch.iter().enumerate() {
+                if !self.instance_name_ok(message.instance) {
+                    outcomes.push(Err(InstanceNameTooLong));
                     continue;
                 }
-                Push::Overflowed { dropped } => {
-                    outcome.slow_consumers += 1;
-                    outcome.dropped_frames += dropped;
+                let (seq, targets, totals) = self.append_locked(&mut state, message);
+                outcomes.push(Ok(PublishOutcome {
+                    history_entries: totals.0,
+                    history_bytes: totals.1,
+                    ..PublishOutcome::default()
+                }));
+                for outbound in targets {
+                    let slot = if batch.len() == 1 {
+                        deliveries.len()
+                    } else {
+                        *delivery_of
+                            .entry(Arc::as_ptr(&outbound))
+                            .or_insert(deliveries.len())
+                    };
+                    if slot == deliveries.len() {
+                        deliveries.push(Delivery {
+                            outbound,
+                            frames: Vec::new(),
+                            messages: Vec::new(),
+                        });
+                    }
+                    deliveries[slot].frames.push((message.frame.clone(), seq));
+                    deliveries[slot].messages.push(index);
                 }
-                Push::Closing | Push::Replayed => {}
             }
-            self.messages_out.fetch_sub(1, Ordering::Relaxed);
         }
-        Ok(outcome)
+        for Delivery {
+            outbound,
+            frames,
+            messages,
+        } in &deliveries
+        {
+            // Counted before the write so `messages.out` never lags a frame a client holds.
+            self.messages_out
+                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+            outbound.push_batch(frames, caps, |i, push| {
+                let Some(Ok(outcome)) = outcomes.get_mut(messages[i]) else {
+                    return;
+                };
+                match push {
+                    Push::Written | Push::Queued => {
+                        outcome.queued += 1;
+                        return;
+                    }
+                    Push::Overflowed { dropped } => {
+                        outcome.slow_consumers += 1;
+                        outcome.dropped_frames += dropped;
+                    }
+                    Push::Closing | Push::Replayed => {}
+                }
+                self.messages_out.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        outcomes
+    }
+
+    /// Numbers one message, stores it in history and lists its target sockets, under the
+    /// hub lock. Returns the number, the targets and the history's totals after it.
+    fn append_locked(
+        &self,
+        state: &mut State,
+        message: &Publication<'_>,
+    ) -> (u64, Vec<Arc<Outbound>>, (usize, usize)) {
+        state.published += 1;
+        let seq = state.published;
+        self.confirm(state, message.instance);
+        let State {
+            instances, history, ..
+        } = state;
+        let instance_entry = instances.get_key_value(message.instance);
+        let history_instance = match instance_entry {
+            Some((key, _)) => key.clone(),
+            None => Arc::from(message.instance),
+        };
+        let targets = instance_entry.map_or_else(Vec::new, |(_, target)| {
+            targets(&target.subscriptions, message.subscribers)
+        });
+        history.append(
+            Entry {
+                instance: history_instance,
+                at_ms: message.at_ms,
+                subscribers: Subscribers::new(message.subscribers),
+                body: message.frame.clone(),
+            },
+            message.at_ms,
+        );
+        (seq, targets, history.totals())
     }
 
     /// Queues this socket's instance's retained messages from the last `age_ms`, oldest first,
@@ -806,6 +893,45 @@ mod tests {
         assert_eq!(out.queued, 1);
         assert_eq!(frames(&a), [Bytes::from_static(b"m1")]);
         assert!(frames(&b).is_empty());
+    }
+
+    #[test]
+    fn a_batch_publishes_like_one_message_after_another() {
+        let (hub, _) = hub();
+        let a = hub.connect("default").unwrap();
+        let b = hub.connect("default").unwrap();
+        hub.subscribe(&a, strings(&["PHID-A"]));
+        hub.subscribe(&b, strings(&["PHID-B"]));
+        let (to_a, to_b) = (strings(&["PHID-A"]), strings(&["PHID-B", "PHID-A"]));
+        let long = "i".repeat(1000);
+        let message = |instance, subscribers, body: &'static str| Publication {
+            instance,
+            subscribers,
+            frame: Bytes::from_static(body.as_bytes()),
+            at_ms: 0,
+        };
+        let outcomes = hub.publish_batch(&[
+            message("default", &to_a, "m1"),
+            message(&long, &to_a, "refused"),
+            message("default", &to_b, "m2"),
+            message("default", &to_a, "m3"),
+        ]);
+        let queued: Vec<Option<usize>> = outcomes
+            .iter()
+            .map(|o| o.as_ref().ok().map(|o| o.queued))
+            .collect();
+        assert_eq!(queued, [Some(1), None, Some(2), Some(1)]);
+        assert_eq!(outcomes[3].as_ref().unwrap().history_entries, 3);
+        assert_eq!(
+            frames(&a),
+            [
+                Bytes::from_static(b"m1"),
+                Bytes::from_static(b"m2"),
+                Bytes::from_static(b"m3")
+            ]
+        );
+        assert_eq!(frames(&b), [Bytes::from_static(b"m2")]);
+        assert_eq!(hub.status("default").messages_out, 4);
     }
 
     #[test]

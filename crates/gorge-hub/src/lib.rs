@@ -14,8 +14,8 @@ mod subscriptions;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use hub::{
-    ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishOutcome,
-    ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
+    ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, Publication,
+    PublishOutcome, ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
 };
-pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink};
+pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink, MAX_BATCH};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};
