@@ -10,8 +10,8 @@
 #   BENCH=target/release/gorge-bench SOCKETS=2000 LIVE="5000 10000" ROUNDS=3 \
 #   bins/gorge-bench/floor_compare.sh
 #
-# SERVERS limits the servers (floor new old aphlict; the default is floor, new, and old /
-# aphlict when their path is set), SCENARIOS limits the scenarios (burst live batched stuck),
+# SERVERS limits the servers (floor new old aphlict, or name=/path/to/gorge-notification for
+# any other build; the default is floor, new, and old / aphlict when their path is set), SCENARIOS limits the scenarios (burst live batched stuck),
 # ROUNDS repeats everything (servers interleaved within each round, so a noisy minute does
 # not land on one server only), PRELOAD=path runs gorge under another allocator
 # (LD_PRELOAD). APHLICT is the path of Phorge's own aphlict_server.js with its `ws` module
@@ -86,11 +86,12 @@ wait_port() {
 # binary_of NAME: the program a server name runs.
 binary_of() {
     case "$1" in
+        *=*) echo "${1#*=}" ;;
         floor) echo "$BENCH" ;;
         new) echo "$NEW" ;;
         old) echo "$OLD" ;;
         aphlict) echo "$APHLICT" ;;
-        *) echo "unknown server $1 (floor, new, old, aphlict)" >&2; return 1 ;;
+        *) echo "unknown server $1 (floor, new, old, aphlict, or name=/path/to/gorge-notification)" >&2; return 1 ;;
     esac
 }
 
@@ -138,8 +139,8 @@ import json, sys
 r = json.loads(sys.stdin.read())
 r.update(scenario=sys.argv[1], server=sys.argv[2], binary=sys.argv[3], round=int(sys.argv[4]))
 print(json.dumps(r))' \
-        "$name" "$server${PRELOAD:+ ($(basename "$PRELOAD"))}" "$(binary_of "$server")" "$round" >>"$OUT"
-    echo "round $round: $name $server done" >&2
+        "$name" "${server%%=*}${PRELOAD:+ ($(basename "$PRELOAD"))}" "$(binary_of "$server")" "$round" >>"$OUT"
+    echo "round $round: $name ${server%%=*} done" >&2
 }
 
 wants() { case " ${SCENARIOS:-burst live batched stuck} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }

@@ -19,6 +19,7 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
 use slog::{debug, info, warn};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -68,7 +69,11 @@ struct Stream(TcpStream);
 
 impl Sink for Stream {
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        self.0.try_write_vectored(bufs)
+        // sendmsg rather than tokio's writev: a socket call skips the file layer (its
+        // position lock and checks), a measurable share of the fan-out's CPU per frame.
+        self.0.try_io(Interest::WRITABLE, || {
+            socket2::SockRef::from(&self.0).send_vectored(bufs)
+        })
     }
 }
 

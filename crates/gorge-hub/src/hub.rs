@@ -131,12 +131,79 @@ impl SocketHandle {
     }
 }
 
-/// One target socket of a batch and the frames it gets, numbered, in order.
-struct Delivery {
-    outbound: Arc<Outbound>,
+/// A batch ready to be written: every target socket with its frames, in order. Parts of
+/// it can be delivered on several threads at once; each socket is in exactly one part, so
+/// its frames keep their order.
+#[derive(Debug)]
+pub struct BatchPlan {
+    sockets: Vec<Arc<Outbound>>,
+    /// Socket `i`'s frames are `frames[starts[i]..starts[i + 1]]`.
+    starts: Vec<usize>,
     frames: Vec<(Bytes, u64)>,
     /// For each frame, its message's index in the batch.
     messages: Vec<usize>,
+    outcomes: Vec<Result<PublishOutcome, InstanceNameTooLong>>,
+    caps: QueueCaps,
+}
+
+/// What delivering one part of a [`BatchPlan`] did, per message.
+#[derive(Debug)]
+pub struct PartCounts(Vec<PublishOutcome>);
+
+impl BatchPlan {
+    /// Target sockets.
+    pub fn sockets(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Delivers part `part` of `parts` equal shares of the sockets.
+    pub fn deliver_part(&self, hub: &Hub, part: usize, parts: usize) -> PartCounts {
+        let mut counts = vec![PublishOutcome::default(); self.outcomes.len()];
+        let share = self.sockets.len().div_ceil(parts.max(1));
+        let first = (part * share).min(self.sockets.len());
+        let last = (first + share).min(self.sockets.len());
+        for socket in first..last {
+            let range = self.starts[socket]..self.starts[socket + 1];
+            let messages = &self.messages[range.clone()];
+            // Counted before the write so `messages.out` never lags a frame a client holds.
+            hub.messages_out
+                .fetch_add(range.len() as u64, Ordering::Relaxed);
+            self.sockets[socket].push_batch(&self.frames[range], self.caps, |i, push| {
+                let count = &mut counts[messages[i]];
+                match push {
+                    Push::Written | Push::Queued => {
+                        count.queued += 1;
+                        return;
+                    }
+                    Push::Overflowed { dropped } => {
+                        count.slow_consumers += 1;
+                        count.dropped_frames += dropped;
+                    }
+                    Push::Closing | Push::Replayed => {}
+                }
+                hub.messages_out.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        PartCounts(counts)
+    }
+
+    /// One outcome per message, in order, from the counts of every part.
+    pub fn finish(
+        self,
+        parts: impl IntoIterator<Item = PartCounts>,
+    ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
+        let mut outcomes = self.outcomes;
+        for PartCounts(counts) in parts {
+            for (outcome, count) in outcomes.iter_mut().zip(counts) {
+                if let Ok(outcome) = outcome {
+                    outcome.queued += count.queued;
+                    outcome.slow_consumers += count.slow_consumers;
+                    outcome.dropped_frames += count.dropped_frames;
+                }
+            }
+        }
+        outcomes
+    }
 }
 
 /// One message for [`Hub::publish_batch`].
@@ -578,11 +645,20 @@ impl Hub {
         &self,
         batch: &[Publication<'_>],
     ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
-        let caps = self.caps();
-        let mut outcomes: Vec<Result<PublishOutcome, InstanceNameTooLong>> =
-            Vec::with_capacity(batch.len());
-        let mut deliveries: Vec<Delivery> = Vec::new();
-        let mut delivery_of: HashMap<*const Outbound, usize> = HashMap::new();
+        let plan = self.plan_batch(batch);
+        let counts = plan.deliver_part(self, 0, 1);
+        plan.finish([counts])
+    }
+
+    /// The first half of [`Hub::publish_batch`], under the hub lock: numbers the messages,
+    /// stores them in history and lists each target socket with its frames. Delivering
+    /// the plan ([`BatchPlan::deliver_part`]) writes to the sockets, without the lock.
+    pub fn plan_batch(&self, batch: &[Publication<'_>]) -> BatchPlan {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut sockets: Vec<Arc<Outbound>> = Vec::new();
+        // (socket, message, seq) for every frame, in message order.
+        let mut hits: Vec<(usize, usize, u64)> = Vec::new();
+        let mut socket_of: HashMap<*const Outbound, usize> = HashMap::new();
         {
             let mut state = self.lock();
             for (index, message) in batch.iter().enumerate() {
@@ -590,60 +666,56 @@ impl Hub {
                     outcomes.push(Err(InstanceNameTooLong));
                     continue;
                 }
-                let (seq, targets, totals) = self.append_locked(&mut state, message);
+                let (seq, targets, (history_entries, history_bytes)) =
+                    self.append_locked(&mut state, message);
                 outcomes.push(Ok(PublishOutcome {
-                    history_entries: totals.0,
-                    history_bytes: totals.1,
+                    history_entries,
+                    history_bytes,
                     ..PublishOutcome::default()
                 }));
+                hits.reserve(targets.len());
                 for outbound in targets {
-                    let slot = if batch.len() == 1 {
-                        deliveries.len()
+                    // One message's targets are distinct already; only a batch can repeat one.
+                    let socket = if batch.len() == 1 {
+                        sockets.len()
                     } else {
-                        *delivery_of
+                        *socket_of
                             .entry(Arc::as_ptr(&outbound))
-                            .or_insert(deliveries.len())
+                            .or_insert(sockets.len())
                     };
-                    if slot == deliveries.len() {
-                        deliveries.push(Delivery {
-                            outbound,
-                            frames: Vec::new(),
-                            messages: Vec::new(),
-                        });
+                    if socket == sockets.len() {
+                        sockets.push(outbound);
                     }
-                    deliveries[slot].frames.push((message.frame.clone(), seq));
-                    deliveries[slot].messages.push(index);
+                    hits.push((socket, index, seq));
                 }
             }
         }
-        for Delivery {
-            outbound,
+        // Each socket's frames side by side, in message order (a counting sort: no
+        // allocation per socket).
+        let mut starts = vec![0usize; sockets.len() + 1];
+        for &(socket, _, _) in &hits {
+            starts[socket + 1] += 1;
+        }
+        for socket in 0..sockets.len() {
+            starts[socket + 1] += starts[socket];
+        }
+        let mut next = starts.clone();
+        let mut frames = vec![(Bytes::new(), 0); hits.len()];
+        let mut messages = vec![0; hits.len()];
+        for (socket, index, seq) in hits {
+            let at = next[socket];
+            next[socket] += 1;
+            frames[at] = (batch[index].frame.clone(), seq);
+            messages[at] = index;
+        }
+        BatchPlan {
+            sockets,
+            starts,
             frames,
             messages,
-        } in &deliveries
-        {
-            // Counted before the write so `messages.out` never lags a frame a client holds.
-            self.messages_out
-                .fetch_add(frames.len() as u64, Ordering::Relaxed);
-            outbound.push_batch(frames, caps, |i, push| {
-                let Some(Ok(outcome)) = outcomes.get_mut(messages[i]) else {
-                    return;
-                };
-                match push {
-                    Push::Written | Push::Queued => {
-                        outcome.queued += 1;
-                        return;
-                    }
-                    Push::Overflowed { dropped } => {
-                        outcome.slow_consumers += 1;
-                        outcome.dropped_frames += dropped;
-                    }
-                    Push::Closing | Push::Replayed => {}
-                }
-                self.messages_out.fetch_sub(1, Ordering::Relaxed);
-            });
+            outcomes,
+            caps: self.caps(),
         }
-        outcomes
     }
 
     /// Numbers one message, stores it in history and lists its target sockets, under the
@@ -932,6 +1004,40 @@ mod tests {
         );
         assert_eq!(frames(&b), [Bytes::from_static(b"m2")]);
         assert_eq!(hub.status("default").messages_out, 4);
+    }
+
+    #[test]
+    fn a_plan_delivered_in_parts_is_the_same_as_in_one() {
+        let (hub, _) = hub();
+        let sockets: Vec<SocketHandle> = (0..5).map(|_| hub.connect("default").unwrap()).collect();
+        for socket in &sockets {
+            hub.subscribe(socket, strings(&["PHID-A"]));
+        }
+        let to_a = strings(&["PHID-A"]);
+        let message = |body: &'static str| Publication {
+            instance: "default",
+            subscribers: &to_a,
+            frame: Bytes::from_static(body.as_bytes()),
+            at_ms: 0,
+        };
+        let plan = hub.plan_batch(&[message("m1"), message("m2")]);
+        assert_eq!(plan.sockets(), 5);
+        let parts: Vec<PartCounts> = (0..3)
+            .map(|part| plan.deliver_part(&hub, part, 3))
+            .collect();
+        let queued: Vec<usize> = plan
+            .finish(parts)
+            .into_iter()
+            .map(|o| o.unwrap().queued)
+            .collect();
+        assert_eq!(queued, [5, 5]);
+        for socket in &sockets {
+            assert_eq!(
+                frames(socket),
+                [Bytes::from_static(b"m1"), Bytes::from_static(b"m2")]
+            );
+        }
+        assert_eq!(hub.status("default").messages_out, 10);
     }
 
     #[test]
