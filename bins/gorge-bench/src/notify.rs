@@ -267,70 +267,96 @@ pub async fn run(args: NotifyArgs) -> Value {
     } else {
         0.0
     };
-    let mut posters = JoinSet::new();
-    for _ in 0..args.post_concurrency.max(1) {
-        let (deliveries, post_latency, post_errors) = (
-            deliveries.clone(),
-            post_latency.clone(),
-            post_errors.clone(),
-        );
-        let (next_seq, payload, reader_indices, target) = (
-            next_seq.clone(),
-            payload.clone(),
-            reader_indices.clone(),
-            target.clone(),
-        );
-        let (messages, fanout, shared0) = (args.messages, args.fanout, shared[0].clone());
-        posters.spawn(async move {
-            let mut conn: Option<HttpConn> = None;
-            loop {
-                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
-                if seq >= messages || Instant::now() >= deadline {
-                    return;
-                }
-                let due = epoch + Duration::from_micros((seq as f64 * interval_us) as u64);
-                tokio::time::sleep_until(due.into()).await;
-                let subscribers = match fanout {
-                    Fanout::All => vec![shared0.clone()],
-                    Fanout::One if reader_indices.is_empty() => Vec::new(),
-                    Fanout::One => vec![private_phid(reader_indices[seq % reader_indices.len()])],
-                };
-                let sent_us = deliveries.now_us().max(1);
-                let body = message_body(seq, &subscribers, sent_us, &payload);
-                deliveries.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
-                let started = Instant::now();
-                let result = async {
-                    if conn.is_none() {
-                        conn = Some(HttpConn::connect(admin).await?);
+    // The posters get their own thread and runtime: on the readers' runtime a POST's
+    // response waits behind thousands of woken reader tasks, and that wait would be
+    // measured as the server's admin latency.
+    let posters_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the posters");
+    let (concurrency, messages, fanout, shared0) = (
+        args.post_concurrency.max(1),
+        args.messages,
+        args.fanout,
+        shared[0].clone(),
+    );
+    let (deliveries_for_posters, latency_for_posters, errors_for_posters) = (
+        deliveries.clone(),
+        post_latency.clone(),
+        post_errors.clone(),
+    );
+    let posting = std::thread::spawn(move || {
+        posters_runtime.block_on(async move {
+            let mut posters = JoinSet::new();
+            for _ in 0..concurrency {
+                let (deliveries, post_latency, post_errors) = (
+                    deliveries_for_posters.clone(),
+                    latency_for_posters.clone(),
+                    errors_for_posters.clone(),
+                );
+                let (next_seq, payload, reader_indices, target) = (
+                    next_seq.clone(),
+                    payload.clone(),
+                    reader_indices.clone(),
+                    target.clone(),
+                );
+                let shared0 = shared0.clone();
+                posters.spawn(async move {
+                    let mut conn: Option<HttpConn> = None;
+                    loop {
+                        let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+                        if seq >= messages || Instant::now() >= deadline {
+                            return;
+                        }
+                        let due = epoch + Duration::from_micros((seq as f64 * interval_us) as u64);
+                        tokio::time::sleep_until(due.into()).await;
+                        let subscribers = match fanout {
+                            Fanout::All => vec![shared0.clone()],
+                            Fanout::One if reader_indices.is_empty() => Vec::new(),
+                            Fanout::One => {
+                                vec![private_phid(reader_indices[seq % reader_indices.len()])]
+                            }
+                        };
+                        let sent_us = deliveries.now_us().max(1);
+                        let body = message_body(seq, &subscribers, sent_us, &payload);
+                        deliveries.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
+                        let started = Instant::now();
+                        let result = async {
+                            if conn.is_none() {
+                                conn = Some(HttpConn::connect(admin).await?);
+                            }
+                            let c = conn
+                                .as_mut()
+                                .ok_or_else(|| std::io::Error::other("no connection"))?;
+                            c.request(
+                                "POST",
+                                &target,
+                                &[("Content-Type", PHP_CONTENT_TYPE)],
+                                &body,
+                            )
+                            .await
+                        }
+                        .await;
+                        match result {
+                            Ok(response) if response.status == 200 => {
+                                post_latency.record(started.elapsed().as_micros() as u64)
+                            }
+                            Ok(_) => {
+                                post_errors.non_200.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                post_errors.io.fetch_add(1, Ordering::Relaxed);
+                                conn = None;
+                            }
+                        }
                     }
-                    let c = conn
-                        .as_mut()
-                        .ok_or_else(|| std::io::Error::other("no connection"))?;
-                    c.request(
-                        "POST",
-                        &target,
-                        &[("Content-Type", PHP_CONTENT_TYPE)],
-                        &body,
-                    )
-                    .await
-                }
-                .await;
-                match result {
-                    Ok(response) if response.status == 200 => {
-                        post_latency.record(started.elapsed().as_micros() as u64)
-                    }
-                    Ok(_) => {
-                        post_errors.non_200.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(_) => {
-                        post_errors.io.fetch_add(1, Ordering::Relaxed);
-                        conn = None;
-                    }
-                }
+                });
             }
-        });
-    }
-    while posters.join_next().await.is_some() {}
+            while posters.join_next().await.is_some() {}
+        })
+    });
+    let joined = tokio::task::spawn_blocking(move || posting.join()).await;
+    assert!(matches!(joined, Ok(Ok(()))), "the poster thread panicked");
     let posting_s = epoch.elapsed().as_secs_f64();
 
     // Wait for the stragglers: until everything expected arrived, the settle time passed
