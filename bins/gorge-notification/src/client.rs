@@ -77,6 +77,10 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
     }
     let instance = instance_from_path(request.uri().path()).to_string();
+    // An instance PHP has posted to is confirmed by the fan-out thread; a browser that
+    // connects right after that POST was answered must find it so, not be refused as one
+    // more unknown instance.
+    app.fanout.settled().await;
     let handle = match app.hub.connect(&instance) {
         Ok(handle) => handle,
         Err(err) => {

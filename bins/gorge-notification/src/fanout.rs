@@ -4,7 +4,9 @@
 //! Phorge's PHP posts synchronously inside the request of the user who acted, so nothing on
 //! the admin path may scale with the number or slowness of subscribers. One thread keeps
 //! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
-//! and a full hand-off refuses the POST (503) and counts it rather than grow.
+//! and a full hand-off refuses the POST (503) and counts it rather than grow. Messages that
+//! arrive while a pass runs share the next one, so a socket gets them in one write; the
+//! thread runs below the runtime's priority so an admin POST never waits for a pass.
 //!
 //! A client cannot tell the hand-off from a synchronous publish: a socket's commands, and a
 //! status read, first wait until every message accepted before them has been delivered
@@ -32,21 +34,6 @@ pub const HANDOFF_BYTES: usize = 64 << 20;
 /// The fan-out thread's nice value (Linux niceness is per thread): a quarter of a default
 /// thread's CPU share when both want the same core, which is what lets them cut in.
 pub const FANOUT_NICE: i32 = 5;
-
-/// A pass to at least this many sockets is split across [`fanout_threads`] threads: one
-/// thread writing to 10 000 sockets is the POST→frame latency of the last of them.
-pub const PARALLEL_SOCKETS: usize = 1024;
-
-/// Threads a large pass is split across: one per core, at most 4 (beyond that the
-/// sockets' own tasks and the admin port need the cores more).
-fn fanout_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-}
-
-/// Puts the calling thread at [`FANOUT_NICE`].
-fn lower_priority() -> rustix::io::Result<()> {
-    rustix::process::setpriority_process(None, FANOUT_NICE)
-}
 
 /// Bytes of messages one fan-out pass takes at most (more waits for the next pass).
 pub const BATCH_BYTES: usize = 1 << 20;
@@ -95,7 +82,7 @@ impl Fanout {
                 // arrives during a long pass gets a core at once instead of waiting for
                 // the pass's time slice to end. Raising one's own nice value needs no
                 // privilege; if it fails the thread just runs at the default priority.
-                if let Err(err) = lower_priority() {
+                if let Err(err) = rustix::process::setpriority_process(None, FANOUT_NICE) {
                     warn!(log, "NOTIFY_FANOUT_PRIORITY_NOT_SET"; "error" => %err);
                 }
                 while let Ok(first) = rx.recv() {
@@ -176,38 +163,7 @@ fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
             at_ms: job.at_ms,
         })
         .collect();
-    let plan = hub.plan_batch(&messages);
-    let parts = if plan.sockets() >= PARALLEL_SOCKETS {
-        fanout_threads()
-    } else {
-        1
-    };
-    let counts = if parts == 1 {
-        vec![plan.deliver_part(hub, 0, 1)]
-    } else {
-        // Each socket is in one part, so its frames keep their order; the pass ends when
-        // every part has.
-        std::thread::scope(|scope| {
-            let helpers: Vec<_> = (1..parts)
-                .map(|part| {
-                    let plan = &plan;
-                    scope.spawn(move || {
-                        // Failing is logged once, by the fan-out thread itself.
-                        let _ = lower_priority();
-                        plan.deliver_part(hub, part, parts)
-                    })
-                })
-                .collect();
-            let mut counts = vec![plan.deliver_part(hub, 0, parts)];
-            counts.extend(
-                helpers
-                    .into_iter()
-                    .map(|helper| helper.join().expect("a fan-out helper thread panicked")),
-            );
-            counts
-        })
-    };
-    let outcomes = plan.finish(counts);
+    let outcomes = hub.publish_batch(&messages);
     m.fanout_batch_messages.observe(batch.len() as f64);
     for (job, outcome) in batch.iter().zip(outcomes) {
         // The admin port checked the instance name already.

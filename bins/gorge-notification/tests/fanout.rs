@@ -1,6 +1,6 @@
-//! The fan-out's large passes: messages that arrive while a pass runs share the next one
-//! (each socket gets them in one write), and a pass to many sockets is split across
-//! threads. Neither may reorder, lose or repeat a frame on any socket.
+//! The fan-out's batched passes: messages that arrive while a pass runs share the next one
+//! (each socket gets them in one write). That may not reorder, lose or repeat a frame on
+//! any socket.
 
 mod common;
 
@@ -8,7 +8,7 @@ use common::{Server, Ws};
 use futures_util::future::join_all;
 use serde_json::Value;
 
-/// More sockets than one thread's pass (`fanout::PARALLEL_SOCKETS`).
+/// Enough sockets that one pass over them takes long enough for POSTs to queue behind it.
 const SOCKETS: usize = 1100;
 
 const MESSAGES: usize = 30;

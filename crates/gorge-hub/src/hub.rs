@@ -131,11 +131,8 @@ impl SocketHandle {
     }
 }
 
-/// A batch ready to be written: every target socket with its frames, in order. Parts of
-/// it can be delivered on several threads at once; each socket is in exactly one part, so
-/// its frames keep their order.
-#[derive(Debug)]
-pub struct BatchPlan {
+/// A batch ready to be written: every target socket with its frames, in order.
+struct BatchPlan {
     sockets: Vec<Arc<Outbound>>,
     /// Socket `i`'s frames are `frames[starts[i]..starts[i + 1]]`.
     starts: Vec<usize>,
@@ -146,61 +143,33 @@ pub struct BatchPlan {
     caps: QueueCaps,
 }
 
-/// What delivering one part of a [`BatchPlan`] did, per message.
-#[derive(Debug)]
-pub struct PartCounts(Vec<PublishOutcome>);
-
 impl BatchPlan {
-    /// Target sockets.
-    pub fn sockets(&self) -> usize {
-        self.sockets.len()
-    }
-
-    /// Delivers part `part` of `parts` equal shares of the sockets.
-    pub fn deliver_part(&self, hub: &Hub, part: usize, parts: usize) -> PartCounts {
-        let mut counts = vec![PublishOutcome::default(); self.outcomes.len()];
-        let share = self.sockets.len().div_ceil(parts.max(1));
-        let first = (part * share).min(self.sockets.len());
-        let last = (first + share).min(self.sockets.len());
-        for socket in first..last {
+    /// Writes (or queues) every socket's frames; one outcome per message, in order.
+    fn deliver(self, hub: &Hub) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
+        let mut outcomes = self.outcomes;
+        for (socket, outbound) in self.sockets.iter().enumerate() {
             let range = self.starts[socket]..self.starts[socket + 1];
             let messages = &self.messages[range.clone()];
             // Counted before the write so `messages.out` never lags a frame a client holds.
             hub.messages_out
                 .fetch_add(range.len() as u64, Ordering::Relaxed);
-            self.sockets[socket].push_batch(&self.frames[range], self.caps, |i, push| {
-                let count = &mut counts[messages[i]];
+            outbound.push_batch(&self.frames[range], self.caps, |i, push| {
+                let Some(Ok(outcome)) = outcomes.get_mut(messages[i]) else {
+                    return;
+                };
                 match push {
                     Push::Written | Push::Queued => {
-                        count.queued += 1;
+                        outcome.queued += 1;
                         return;
                     }
                     Push::Overflowed { dropped } => {
-                        count.slow_consumers += 1;
-                        count.dropped_frames += dropped;
+                        outcome.slow_consumers += 1;
+                        outcome.dropped_frames += dropped;
                     }
                     Push::Closing | Push::Replayed => {}
                 }
                 hub.messages_out.fetch_sub(1, Ordering::Relaxed);
             });
-        }
-        PartCounts(counts)
-    }
-
-    /// One outcome per message, in order, from the counts of every part.
-    pub fn finish(
-        self,
-        parts: impl IntoIterator<Item = PartCounts>,
-    ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
-        let mut outcomes = self.outcomes;
-        for PartCounts(counts) in parts {
-            for (outcome, count) in outcomes.iter_mut().zip(counts) {
-                if let Ok(outcome) = outcome {
-                    outcome.queued += count.queued;
-                    outcome.slow_consumers += count.slow_consumers;
-                    outcome.dropped_frames += count.dropped_frames;
-                }
-            }
         }
         outcomes
     }
@@ -645,15 +614,13 @@ impl Hub {
         &self,
         batch: &[Publication<'_>],
     ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
-        let plan = self.plan_batch(batch);
-        let counts = plan.deliver_part(self, 0, 1);
-        plan.finish([counts])
+        self.plan_batch(batch).deliver(self)
     }
 
     /// The first half of [`Hub::publish_batch`], under the hub lock: numbers the messages,
     /// stores them in history and lists each target socket with its frames. Delivering
-    /// the plan ([`BatchPlan::deliver_part`]) writes to the sockets, without the lock.
-    pub fn plan_batch(&self, batch: &[Publication<'_>]) -> BatchPlan {
+    /// the plan writes to the sockets, without the lock.
+    fn plan_batch(&self, batch: &[Publication<'_>]) -> BatchPlan {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut sockets: Vec<Arc<Outbound>> = Vec::new();
         // (socket, message, seq) for every frame, in message order.
@@ -1004,40 +971,6 @@ mod tests {
         );
         assert_eq!(frames(&b), [Bytes::from_static(b"m2")]);
         assert_eq!(hub.status("default").messages_out, 4);
-    }
-
-    #[test]
-    fn a_plan_delivered_in_parts_is_the_same_as_in_one() {
-        let (hub, _) = hub();
-        let sockets: Vec<SocketHandle> = (0..5).map(|_| hub.connect("default").unwrap()).collect();
-        for socket in &sockets {
-            hub.subscribe(socket, strings(&["PHID-A"]));
-        }
-        let to_a = strings(&["PHID-A"]);
-        let message = |body: &'static str| Publication {
-            instance: "default",
-            subscribers: &to_a,
-            frame: Bytes::from_static(body.as_bytes()),
-            at_ms: 0,
-        };
-        let plan = hub.plan_batch(&[message("m1"), message("m2")]);
-        assert_eq!(plan.sockets(), 5);
-        let parts: Vec<PartCounts> = (0..3)
-            .map(|part| plan.deliver_part(&hub, part, 3))
-            .collect();
-        let queued: Vec<usize> = plan
-            .finish(parts)
-            .into_iter()
-            .map(|o| o.unwrap().queued)
-            .collect();
-        assert_eq!(queued, [5, 5]);
-        for socket in &sockets {
-            assert_eq!(
-                frames(socket),
-                [Bytes::from_static(b"m1"), Bytes::from_static(b"m2")]
-            );
-        }
-        assert_eq!(hub.status("default").messages_out, 10);
     }
 
     #[test]
