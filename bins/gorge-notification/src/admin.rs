@@ -17,7 +17,7 @@ use hyper::{Method, Request, StatusCode};
 use percent_encoding::percent_decode_str;
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
-use crate::app::App;
+use crate::state::ServerState;
 use crate::fanout::Job;
 use crate::wire;
 
@@ -45,7 +45,7 @@ fn decode_form(text: &str) -> String {
 }
 
 /// Routes one admin request.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
     let path = request.uri().path().to_string();
     if path == "/metrics" {
         // Gauges of hub state are read when scraped, not kept up to date on every change.
@@ -67,7 +67,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
     }
 }
 
-fn status(app: &App, query: Option<&str>) -> Response {
+fn status(app: &ServerState, query: Option<&str>) -> Response {
     let instance = instance_from_query(query);
     let hub = app.hub.status(&instance);
     let status = Status {
@@ -80,14 +80,14 @@ fn status(app: &App, query: Option<&str>) -> Response {
         version: aphlict::PROTOCOL_VERSION,
         history_size: hub.history_size,
         history_age: hub.history_age_ms,
-        server: Some(App::server_name()),
+        server: Some(ServerState::server_name()),
     };
     let (entries, bytes) = app.hub.history_totals();
     app.metrics.set_history(entries, bytes);
     bytes_response(StatusCode::OK, JSON, status.to_json())
 }
 
-async fn post_message(app: &App, request: Request<Incoming>) -> Response {
+async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response {
     let instance = instance_from_query(request.uri().query());
     let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
         Ok(body) => body,
@@ -146,7 +146,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
     receipt(app)
 }
 
-fn receipt(app: &App) -> Response {
+fn receipt(app: &ServerState) -> Response {
     bytes_response(StatusCode::OK, JSON, aphlict::receipt(&app.fingerprint))
 }
 

@@ -21,7 +21,7 @@ use hyper::{Method, Request, StatusCode};
 use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::app::App;
+use crate::state::ServerState;
 use crate::metrics::instance_class;
 use crate::session::{self, Registration};
 
@@ -64,7 +64,7 @@ fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
 }
 
 /// Handles one request on the client port.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
     if !is_websocket_upgrade(&request) {
         return bytes_response(
             StatusCode::NOT_IMPLEMENTED,

@@ -161,7 +161,7 @@ impl std::fmt::Debug for Hook {
 
 /// What to write back into a claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RowOutcome {
+pub enum ResultWrite {
     /// An HTTP attempt ended at `epoch` (Unix seconds): `sent`, or `queued`/`failed` after a
     /// failed attempt.
     Attempted {
@@ -179,35 +179,35 @@ pub enum RowOutcome {
     },
 }
 
-impl RowOutcome {
+impl ResultWrite {
     /// The `status` column written.
     pub fn status(&self) -> RequestStatus {
         match self {
-            RowOutcome::Attempted { status, .. } => *status,
-            RowOutcome::NotAttempted { .. } => RequestStatus::Failed,
+            ResultWrite::Attempted { status, .. } => *status,
+            ResultWrite::NotAttempted { .. } => RequestStatus::Failed,
         }
     }
 
     /// The `lastRequestResult` column written.
     pub fn result(&self) -> RequestResult {
         match self {
-            RowOutcome::Attempted { result, .. } => *result,
-            RowOutcome::NotAttempted { .. } => RequestResult::None,
+            ResultWrite::Attempted { result, .. } => *result,
+            ResultWrite::NotAttempted { .. } => RequestResult::None,
         }
     }
 
     /// When the attempt ended; `None` when no request was made.
     pub fn epoch(&self) -> Option<u64> {
         match self {
-            RowOutcome::Attempted { epoch, .. } => Some(*epoch),
-            RowOutcome::NotAttempted { .. } => None,
+            ResultWrite::Attempted { epoch, .. } => Some(*epoch),
+            ResultWrite::NotAttempted { .. } => None,
         }
     }
 
     /// The complete new `properties` JSON text.
     pub fn properties(&self) -> &str {
         match self {
-            RowOutcome::Attempted { properties, .. } | RowOutcome::NotAttempted { properties } => {
+            ResultWrite::Attempted { properties, .. } | ResultWrite::NotAttempted { properties } => {
                 properties
             }
         }
@@ -592,10 +592,10 @@ impl ClaimStore {
     /// After an attempt, `lastRequestEpoch = dateModified = max(version, now, epoch)`: equal
     /// columns mark "result written, not in flight". Without one (always terminal),
     /// `lastRequestEpoch` stays 0 and `dateModified` keeps the claim version.
-    pub async fn write_outcome(
+    pub async fn write_result(
         &self,
         claim: &Claim,
-        outcome: &RowOutcome,
+        outcome: &ResultWrite,
         now: u64,
     ) -> Result<bool, ClaimError> {
         let (last_epoch, version) = match outcome.epoch() {

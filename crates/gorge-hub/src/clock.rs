@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A monotonic millisecond clock; only differences between readings mean anything.
-pub trait Clock: Send + Sync {
+pub trait MillisClock: Send + Sync {
     fn now_ms(&self) -> u64;
 }
 
@@ -23,7 +23,7 @@ impl MonotonicClock {
     }
 }
 
-impl Clock for MonotonicClock {
+impl MillisClock for MonotonicClock {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -31,21 +31,21 @@ impl Clock for MonotonicClock {
 
 /// A clock that only moves when told to (tests).
 #[derive(Debug, Default)]
-pub struct ManualClock {
+pub struct ManualMillisClock {
     now: AtomicU64,
 }
 
-impl ManualClock {
+impl ManualMillisClock {
     pub fn new() -> Arc<Self> {
-        Arc::new(ManualClock::default())
+        Arc::new(ManualMillisClock::default())
     }
 
-    pub fn advance(&self, ms: u64) {
+    pub fn advance_ms(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
     }
 }
 
-impl Clock for ManualClock {
+impl MillisClock for ManualMillisClock {
     fn now_ms(&self) -> u64 {
         self.now.load(Ordering::SeqCst)
     }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::clock::Clock;
+use crate::clock::MillisClock;
 use crate::history::{Entry, History, HistoryLimits, Subscribers};
 use crate::outbound::{Outbound, Push, QueueCaps};
 use crate::subscriptions::{subscription_cost, SubscriptionIndex};
@@ -133,7 +133,7 @@ impl SocketHandle {
 
 /// What one publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PublishOutcome {
+pub struct PublishCounts {
     /// Frames queued for live delivery.
     pub queued: usize,
     /// Sockets whose queue overflowed on this publish (now closing with 1008).
@@ -147,7 +147,7 @@ pub struct PublishOutcome {
 
 /// What one subscribe did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SubscribeOutcome {
+pub struct SubscribeCounts {
     pub added: usize,
     /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
     pub ignored: usize,
@@ -157,7 +157,7 @@ pub struct SubscribeOutcome {
 
 /// What one replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReplayOutcome {
+pub struct ReplayCounts {
     pub queued: usize,
     /// Matching frames that did not fit in the socket's queue (the oldest are skipped).
     pub dropped_frames: usize,
@@ -264,7 +264,7 @@ impl State {
 pub struct Hub {
     state: Mutex<State>,
     limits: Limits,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn MillisClock>,
     messages_in: AtomicU64,
     messages_out: AtomicU64,
 }
@@ -276,7 +276,7 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
-    pub fn new(limits: Limits, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(limits: Limits, clock: Arc<dyn MillisClock>) -> Self {
         let history = History::new(HistoryLimits {
             entries: limits.history_entries,
             age_ms: limits.history_age_ms,
@@ -414,9 +414,9 @@ impl Hub {
 
     /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
     /// limits.
-    pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeOutcome {
+    pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeCounts {
         let limits = &self.limits;
-        let mut outcome = SubscribeOutcome::default();
+        let mut outcome = SubscribeCounts::default();
         let mut state = self.lock();
         let State {
             sockets,
@@ -523,7 +523,7 @@ impl Hub {
         instance: &str,
         subscribers: &[String],
         frame: Bytes,
-    ) -> Result<PublishOutcome, InstanceNameTooLong> {
+    ) -> Result<PublishCounts, InstanceNameTooLong> {
         self.publish_at(instance, subscribers, frame, self.clock.now_ms())
     }
 
@@ -539,12 +539,12 @@ impl Hub {
         subscribers: &[String],
         frame: Bytes,
         now: u64,
-    ) -> Result<PublishOutcome, InstanceNameTooLong> {
+    ) -> Result<PublishCounts, InstanceNameTooLong> {
         if !self.instance_name_ok(instance) {
             return Err(InstanceNameTooLong);
         }
         let caps = self.caps();
-        let mut outcome = PublishOutcome::default();
+        let mut outcome = PublishCounts::default();
         let (seq, targets) = {
             let mut state = self.lock();
             state.published += 1;
@@ -598,7 +598,7 @@ impl Hub {
     /// Refused (and reported) beyond the socket's replay rate. History is walked newest first
     /// in slices of bounded work, letting go of the lock between slices so publishing never
     /// waits for more than one slice; only what fits in the socket's queue is kept.
-    pub fn replay(&self, handle: &SocketHandle, age_ms: u64) -> ReplayOutcome {
+    pub fn replay(&self, handle: &SocketHandle, age_ms: u64) -> ReplayCounts {
         self.replay_between_slices(handle, age_ms, std::thread::yield_now)
     }
 
@@ -608,11 +608,11 @@ impl Hub {
         handle: &SocketHandle,
         age_ms: u64,
         mut between: impl FnMut(),
-    ) -> ReplayOutcome {
+    ) -> ReplayCounts {
         let caps = self.caps();
         let now = self.clock.now_ms();
         let since = now.saturating_sub(age_ms);
-        let mut outcome = ReplayOutcome::default();
+        let mut outcome = ReplayCounts::default();
         let mut state = self.lock();
         outcome.slices = 1;
         let room = {
@@ -761,15 +761,15 @@ fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outboun
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::ManualMillisClock;
     use crate::outbound::CloseReason;
 
-    fn hub_with(limits: Limits) -> (Hub, Arc<ManualClock>) {
-        let clock = ManualClock::new();
+    fn hub_with(limits: Limits) -> (Hub, Arc<ManualMillisClock>) {
+        let clock = ManualMillisClock::new();
         (Hub::new(limits, clock.clone()), clock)
     }
 
-    fn hub() -> (Hub, Arc<ManualClock>) {
+    fn hub() -> (Hub, Arc<ManualMillisClock>) {
         hub_with(Limits::default())
     }
 
@@ -786,7 +786,7 @@ mod tests {
         instance: &str,
         subscribers: &[&str],
         body: &'static str,
-    ) -> PublishOutcome {
+    ) -> PublishCounts {
         hub.publish(
             instance,
             &strings(subscribers),
@@ -939,9 +939,9 @@ mod tests {
         let (hub, clock) = hub();
         assert_eq!(hub.status("default").history_age_ms, None);
         publish(&hub, "default", &["P"], "m");
-        clock.advance(250);
+        clock.advance_ms(250);
         assert_eq!(hub.status("default").history_age_ms, Some(250));
-        clock.advance(60_000);
+        clock.advance_ms(60_000);
         let s = hub.status("default");
         assert_eq!((s.history_size, s.history_age_ms), (0, None));
     }
@@ -950,10 +950,10 @@ mod tests {
     fn replay_by_age_and_subscription_oldest_first() {
         let (hub, clock) = hub();
         publish(&hub, "default", &["A"], "old-a");
-        clock.advance(10_000);
+        clock.advance_ms(10_000);
         publish(&hub, "default", &["B"], "b");
         publish(&hub, "default", &["A"], "new-a");
-        clock.advance(1_000);
+        clock.advance_ms(1_000);
         let s = hub.connect("default").unwrap();
         hub.subscribe(&s, strings(&["A"]));
         assert_eq!(hub.replay(&s, 5_000).queued, 1);
@@ -1022,7 +1022,7 @@ mod tests {
         let out = hub.subscribe(&s, strings(&["A", "toolong", "A", "B", "C"]));
         assert_eq!(
             out,
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 2,
                 ignored: 2,
                 over_total: 0,
@@ -1132,19 +1132,19 @@ mod tests {
         let other = hub.connect("default").unwrap();
         hub.subscribe(&s, strings(&["A"]));
         hub.subscribe(&other, strings(&["A"]));
-        let refused = |out: ReplayOutcome| (out.refused, out.queued);
+        let refused = |out: ReplayCounts| (out.refused, out.queued);
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
         // Another socket has its own allowance.
         assert_eq!(refused(hub.replay(&other, 60_000)), (false, 1));
-        clock.advance(999);
+        clock.advance_ms(999);
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
-        clock.advance(1);
+        clock.advance_ms(1);
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
         // A long pause refills up to the burst, not beyond.
-        clock.advance(10_000);
+        clock.advance_ms(10_000);
         for _ in 0..2 {
             assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         }
@@ -1222,7 +1222,7 @@ mod tests {
         let phids = |from: usize| (from..from + 4).map(|i| format!("P-{i:02}")).collect();
         assert_eq!(
             hub.subscribe(&a, phids(0)),
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 3,
                 ignored: 1,
                 over_total: 0
@@ -1230,7 +1230,7 @@ mod tests {
         );
         assert_eq!(
             hub.subscribe(&b, phids(10)),
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 2,
                 ignored: 0,
                 over_total: 2

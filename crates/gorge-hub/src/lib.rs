@@ -12,10 +12,10 @@ mod hub;
 mod outbound;
 mod subscriptions;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{MillisClock, ManualMillisClock, MonotonicClock};
 pub use hub::{
-    ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishOutcome,
-    ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
+    ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishCounts,
+    ReplayCounts, SocketHandle, SocketId, SubscribeCounts,
 };
 pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, RowOutcome, Unchecked};
+use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{
     rewrite_properties, sign, PropertiesError, RequestProperties, WebhookPayload,
@@ -22,7 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
-use crate::metrics::{DeliveryOutcome, InvalidRowReason, SkipReason};
+use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::outcome;
 use crate::policy::{CheckedTarget, PolicyError};
 
@@ -158,8 +158,8 @@ impl Dispatcher {
         // 4. Breaker.
         let since = self
             .clock
-            .now()
-            .saturating_sub(self.config.breaker_window_sec);
+            .now_sec()
+            .saturating_sub(self.config.error_backoff_sec);
         let failures = self.store.recent_failures(&hook.phid, since).await?;
         if self.note_breaker(&hook.phid, failures) {
             self.rest(&hook.phid, BREAKER_REST);
@@ -229,7 +229,7 @@ impl Dispatcher {
             self.metrics.policy_blocks.inc();
         }
         // 9. The outcome, in Phorge's values.
-        let decision = outcome::after_attempt(properties, result, self.clock.now());
+        let decision = outcome::after_attempt(properties, result, self.clock.now_sec());
         if self.write(candidate, &claim, &decision.row).await? {
             self.metrics.delivered(decision.outcome, decision.class);
             if decision.outcome == DeliveryOutcome::Sent {
@@ -255,7 +255,7 @@ impl Dispatcher {
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
     fn rest(&self, hook: &str, duration: std::time::Duration) {
-        let until = self.clock.now_millis() + duration.as_millis() as u64;
+        let until = self.clock.now_ms() + duration.as_millis() as u64;
         self.local_state().resting.insert(hook.to_string(), until);
     }
 
@@ -301,7 +301,7 @@ impl Dispatcher {
         if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(None);
         }
-        let claim = self.store.claim(candidate, self.clock.now()).await?;
+        let claim = self.store.claim(candidate, self.clock.now_sec()).await?;
         match claim {
             Some(_) => self.metrics.claim_won(),
             None => {
@@ -320,7 +320,7 @@ impl Dispatcher {
         &self,
         candidate: &Candidate,
         claim: &Claim,
-        outcome: &RowOutcome,
+        outcome: &ResultWrite,
     ) -> Result<bool, ClaimError> {
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
@@ -328,7 +328,7 @@ impl Dispatcher {
         let landed = loop {
             match self
                 .store
-                .write_outcome(claim, outcome, self.clock.now())
+                .write_result(claim, outcome, self.clock.now_sec())
                 .await
             {
                 Ok(landed) => break landed,
@@ -337,7 +337,7 @@ impl Dispatcher {
                     if matches!(err, ClaimError::Timeout(_)) {
                         self.metrics.db_timeouts.inc();
                     }
-                    let now = self.clock.now_millis();
+                    let now = self.clock.now_ms();
                     if now + pause.as_millis() as u64 >= lease_end_ms {
                         warn!(self.log, "WEBHOOK_RESULT_WRITE_ABANDONED";
                             "request" => &candidate.phid, "error" => %err, "retries" => retries,

@@ -22,7 +22,7 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
 }
 
-pub struct App {
+pub struct ServerState {
     pub hub: Arc<Hub>,
     /// Where the admin port hands accepted messages (it never delivers them itself).
     pub fanout: Fanout,
@@ -38,7 +38,7 @@ pub struct App {
     pub session_ended: Notify,
 }
 
-impl App {
+impl ServerState {
     /// `"gorge-notification <version>"`, the extra `server` key of `/status/`.
     pub fn server_name() -> String {
         concat!("gorge-notification ", env!("CARGO_PKG_VERSION")).to_string()
