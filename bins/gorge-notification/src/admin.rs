@@ -1,4 +1,4 @@
-//! The admin port (spec §3): Phorge's PHP posts messages to `POST /` and reads `GET /status/`;
+//! The admin port (docs/notification.md, "Admin port"): Phorge's PHP posts messages to `POST /` and reads `GET /status/`;
 //! the probes (`/healthz`, `/readyz`, `/metrics`) live here too.
 //!
 //! `PhabricatorNotificationClient` posts raw JSON labelled `application/x-www-form-urlencoded`

@@ -1,4 +1,4 @@
-//! The client port (spec §4): WebSocket upgrades on any path, and the exact Aphlict answer to
+//! The client port (docs/notification.md, "Client port"): WebSocket upgrades on any path, and the exact Aphlict answer to
 //! everything else.
 //!
 //! Phorge's cluster status page probes this port with a plain HTTP request and treats `501`

@@ -1,4 +1,4 @@
-//! Graceful drain on SIGTERM (spec §7): close every socket with 1001, spread over the drain
+//! Graceful drain on SIGTERM (docs/notification.md, "Failure behaviour"): close every socket with 1001, spread over the drain
 //! window with jitter, while the peer relay flushes its queues.
 //!
 //! Browsers reconnect immediately after a close and then back off without jitter; closing

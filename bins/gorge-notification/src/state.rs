@@ -13,7 +13,7 @@ use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
-/// Per-request and per-socket limits (spec §6).
+/// Per-request and per-socket limits (the `GORGE_NOTIFICATION_MAX_*`, ping and idle settings).
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     pub max_frame_bytes: usize,

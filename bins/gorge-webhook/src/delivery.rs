@@ -1,6 +1,7 @@
 //! One webhook POST: the exact headers Phorge's worker sends, redirects followed the way its
-//! cURL call follows them (webhook.md §4.10), a whole-request deadline, and every failure
-//! reduced to the cURL error number Phorge writes into `errorCode` (§2).
+//! cURL call follows them (docs/webhook.md, "Outbound policy and redirects"), a whole-request
+//! deadline, and every failure reduced to the cURL error number Phorge writes into
+//! `errorCode` (docs/webhook.md, "Error codes").
 //!
 //! Async on the tokio runtime; the connections come from the pooled client in `client.rs`.
 

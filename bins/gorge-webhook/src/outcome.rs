@@ -1,5 +1,5 @@
 //! What a delivery attempt (or a refusal to attempt) writes back into the row, in Phorge's
-//! value domain only (webhook.md §4.8), and how it is counted.
+//! value domain only (docs/webhook.md, "Error codes"), and how it is counted.
 //!
 //! Pure functions: the dispatcher decides *whether* to write, this module decides *what*.
 

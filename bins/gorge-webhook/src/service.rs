@@ -1,6 +1,7 @@
 //! Wiring: builds the store, dispatcher, API and probes from [`Settings`] and runs them
-//! under `gorge_service::run` until SIGTERM, then drains in the order the spec requires:
-//! stop polling → in-flight deliveries finish and write their results → close the pool.
+//! under `gorge_service::run` until SIGTERM, then drains in this order: stop polling →
+//! in-flight deliveries finish and write their results → close the pool (closing it first
+//! would turn every result write into a duplicate POST once the lease runs out).
 //!
 //! The poll loop is supervised: if it ever ends outside a shutdown (a panic, a return),
 //! readiness fails at once and the process exits non-zero — a service that answers 200

@@ -8,7 +8,7 @@
 //! walks history in bounded slices and lets go of the lock between them, and each socket's
 //! replays are rate-limited: no client can hold the lock the publish path needs.
 //!
-//! Instances come in two kinds (issue 9 N2): *confirmed* ones — any instance the admin port
+//! Instances come in two kinds: *confirmed* ones — any instance the admin port
 //! has published to, i.e. one Phorge itself names — and *anonymous* ones, named only by a
 //! browser's URL. Each kind has its own table of `Limits::instances` slots, so anonymous
 //! sockets on made-up `~names` can fill only the anonymous table and never keep a real

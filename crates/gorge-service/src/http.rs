@@ -34,7 +34,8 @@ pub fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
     }
 }
 
-/// The stable error code for a status, as the specs define them.
+/// The stable `code` of the error envelope for a status (`ERR_` and the status's name), the
+/// same in both services so a client can match on it.
 pub fn error_code(status: StatusCode) -> &'static str {
     match status {
         StatusCode::BAD_REQUEST => "ERR_BAD_REQUEST",

@@ -2,7 +2,7 @@
 //!
 //! - this file: the poll loop, its back-off on database errors, and progress for readiness;
 //! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
-//! - [`row`]: the per-request steps of webhook.md §4, top to bottom;
+//! - [`row`]: the per-request steps (docs/webhook.md, "Per-request steps"), top to bottom;
 //! - [`breaker`]: the per-hook circuit breaker;
 //! - [`state`]: what this process is working on right now.
 //!

@@ -1,4 +1,5 @@
-//! The per-request steps of webhook.md §4 for one candidate, top to bottom:
+//! The per-request steps (docs/webhook.md, "Per-request steps") for one candidate, top to
+//! bottom:
 //!
 //! parse `properties` → load the hook → per-hook lock → breaker → outbound policy (resolves
 //! the host; after the lock and breaker so skipped rows resolve nothing) → load the object
@@ -92,7 +93,7 @@ impl Dispatcher {
         }
     }
 
-    /// The §4 steps for one candidate.
+    /// The per-request steps for one candidate, in the order of this module's doc.
     async fn process(&self, candidate: &Candidate) -> Result<RowEnd, ClaimError> {
         // 1. Properties.
         let properties = match RequestProperties::parse(&candidate.properties) {
