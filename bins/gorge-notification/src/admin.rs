@@ -14,7 +14,6 @@ use gorge_service::http::{
 use gorge_service::Response;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
-use percent_encoding::percent_decode_str;
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
 use crate::state::ServerState;
@@ -23,25 +22,20 @@ use crate::wire;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
+///
+/// Decoded as `application/x-www-form-urlencoded`, `+` being a space: PHP's
+/// `http_build_query` encodes a space as `+`, and Aphlict (Node's `querystring`) decodes it
+/// so, which is the behaviour PHP relies on.
 pub fn instance_from_query(query: Option<&str>) -> String {
-    let found = query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode_form(key) == "instance").then(|| decode_form(value))
-        });
+    let found = query.and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(key, _)| key == "instance")
+            .map(|(_, value)| value.into_owned())
+    });
     match found {
         Some(name) if !name.is_empty() => name,
         _ => "default".to_string(),
     }
-}
-
-/// Decodes one `application/x-www-form-urlencoded` component (PHP encodes spaces as `+`).
-fn decode_form(text: &str) -> String {
-    percent_decode_str(&text.replace('+', " "))
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 /// Routes one admin request.
@@ -162,5 +156,12 @@ mod tests {
         assert_eq!(instance_from_query(Some("instance=acme")), "acme");
         assert_eq!(instance_from_query(Some("x=1&instance=a%2Fb+c")), "a/b c");
         assert_eq!(instance_from_query(Some("instancex=1")), "default");
+        // What PHP's http_build_query(['instance' => 'my team+1']) sends.
+        assert_eq!(
+            instance_from_query(Some("instance=my+team%2B1")),
+            "my team+1"
+        );
+        // The first `instance` wins, as before.
+        assert_eq!(instance_from_query(Some("instance=a&instance=b")), "a");
     }
 }
