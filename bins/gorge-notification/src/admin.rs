@@ -16,8 +16,8 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
-use crate::state::ServerState;
 use crate::fanout::Job;
+use crate::state::ServerState;
 use crate::wire;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or

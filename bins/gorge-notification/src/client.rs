@@ -21,9 +21,9 @@ use hyper::{Method, Request, StatusCode};
 use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::state::ServerState;
 use crate::metrics::instance_class;
 use crate::session::{self, Registration};
+use crate::state::ServerState;
 
 /// Aphlict's answer to any request that is not a WebSocket upgrade.
 pub const NOT_WEBSOCKET_BODY: &[u8] = b"HTTP/501 Use Websockets\n";

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gorge_hub::{MillisClock, Hub};
+use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, Handler, ListenerSpec, Probes, RunError, RunOptions,
@@ -16,11 +16,11 @@ use rand::RngCore;
 use slog::{info, o, warn, Logger};
 use tokio::sync::Notify;
 
-use crate::state::{ServerState, ConnectionLimits};
 use crate::config::{Config, ServerKind};
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
+use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client, drain};
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound

@@ -22,8 +22,8 @@ use slog::{debug, info, warn};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::state::ServerState;
 use crate::metrics::{ClassLabel, ReasonLabel};
+use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
 
 /// How long a closing socket may take to take its last frames and answer our close.

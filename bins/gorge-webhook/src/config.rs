@@ -644,10 +644,12 @@ impl Settings {
             "namespace" => format!("{} (database {})", self.namespace, self.database()),
             "poll_interval_ms" => self.poll_interval.as_millis().to_string(),
             "delivery_timeout" => self.delivery_timeout.as_secs().to_string(),
-            "claim_lease_sec" if self.claim_lease_sec != self.configured_claim_lease_sec => format!(
-                "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                self.claim_lease_sec, self.configured_claim_lease_sec
-            ),
+            "claim_lease_sec" if self.claim_lease_sec != self.configured_claim_lease_sec => {
+                format!(
+                    "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
+                    self.claim_lease_sec, self.configured_claim_lease_sec
+                )
+            }
             "mysql_socket" if self.mysql_socket.is_empty() => {
                 "(none: TCP to host and port)".to_string()
             }

@@ -10,10 +10,10 @@ use std::time::Duration;
 use common::{CapturedLog, Harness, Receiver};
 use gorge_claim::testdb::{NewRequest, TestDb};
 use gorge_service::Shutdown;
-use gorge_webhook::service::{readiness, supervise_poll_loop, PollHealth};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::metrics::Metrics;
 use gorge_webhook::outcome::InvalidRowReason;
+use gorge_webhook::service::{readiness, supervise_poll_loop, PollHealth};
 use mysql_async::prelude::Queryable;
 
 const T0: u64 = 1_700_000_000;

@@ -30,11 +30,16 @@
 //! Rows last saved by Phorge's PHP worker (`dateModified != lastRequestEpoch`) fall under the
 //! lease rule.
 
+#![warn(missing_docs)]
+
 mod error;
 mod lock;
 pub mod objects;
 mod store;
 #[cfg(feature = "test-support")]
+// Test support (never in a release build) whose row fields, which mirror the table's
+// columns, are not documented yet; drop this allow once they are.
+#[allow(missing_docs)]
 pub mod testdb;
 
 pub use error::ClaimError;

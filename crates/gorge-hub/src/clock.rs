@@ -4,8 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A monotonic millisecond clock; only differences between readings mean anything.
+/// A monotonic millisecond clock; only differences between readings mean anything. (The
+/// webhook's `UnixClock` is a different thing: wall-clock Unix time.)
 pub trait MillisClock: Send + Sync {
+    /// Milliseconds since an arbitrary start; never goes back.
     fn now_ms(&self) -> u64;
 }
 
@@ -16,6 +18,7 @@ pub struct MonotonicClock {
 }
 
 impl MonotonicClock {
+    /// A clock reading 0 now.
     pub fn new() -> Arc<Self> {
         Arc::new(MonotonicClock {
             start: Instant::now(),
@@ -36,10 +39,12 @@ pub struct ManualMillisClock {
 }
 
 impl ManualMillisClock {
+    /// A clock at 0.
     pub fn new() -> Arc<Self> {
         Arc::new(ManualMillisClock::default())
     }
 
+    /// Moves the clock forward by `ms` milliseconds.
     pub fn advance_ms(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
     }

@@ -34,20 +34,30 @@ const REPLAY_SLICE_WORK: usize = 256;
 /// Every bound the hub enforces.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Frames one socket's outbound queue may hold before the socket is closed as a slow
+    /// consumer.
     pub queue_frames: usize,
+    /// Bytes one socket's outbound queue may hold, likewise.
     pub queue_bytes: usize,
+    /// History entries kept for replay, all instances together (the oldest go first).
     pub history_entries: usize,
+    /// Entries older than this are dropped from history.
     pub history_age_ms: u64,
+    /// Bytes of history kept, all instances together.
     pub history_bytes: usize,
+    /// PHIDs one socket may subscribe to.
     pub subscriptions_per_socket: usize,
     /// Bytes of subscriptions per socket (see [`crate::SUBSCRIPTION_OVERHEAD_BYTES`]).
     pub subscription_bytes_per_socket: usize,
     /// Bytes of subscriptions of all sockets together.
     pub subscription_bytes_total: usize,
+    /// Longest PHID accepted in a subscription; longer ones are ignored.
     pub phid_bytes: usize,
     /// Slots per kind of instance (confirmed, anonymous).
     pub instances: usize,
+    /// Longest instance name a socket or a POST may use.
     pub instance_name_bytes: usize,
+    /// Open sockets, all instances together.
     pub sockets: usize,
     /// Replays a socket may ask for at once...
     pub replay_burst: u32,
@@ -79,8 +89,11 @@ impl Default for Limits {
 /// Why a socket could not join.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectError {
+    /// [`Limits::sockets`] sockets are already open.
     TooManySockets,
+    /// The instance is new and every slot of its kind ([`Limits::instances`]) is taken.
     TooManyInstances,
+    /// The instance name is longer than [`Limits::instance_name_bytes`].
     InstanceNameTooLong,
 }
 
@@ -118,14 +131,17 @@ pub struct SocketHandle {
 }
 
 impl SocketHandle {
+    /// This socket's id, unique for the life of the hub.
     pub fn id(&self) -> SocketId {
         self.id
     }
 
+    /// The instance the socket joined.
     pub fn instance(&self) -> &str {
         &self.instance
     }
 
+    /// The socket's outbound queue, which its writer drains.
     pub fn outbound(&self) -> &Arc<Outbound> {
         &self.outbound
     }
@@ -142,12 +158,14 @@ pub struct PublishCounts {
     pub dropped_frames: usize,
     /// History size after the publish.
     pub history_entries: usize,
+    /// History bytes after the publish.
     pub history_bytes: usize,
 }
 
 /// What one subscribe did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SubscribeCounts {
+    /// PHIDs newly subscribed (already subscribed ones are not counted again).
     pub added: usize,
     /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
     pub ignored: usize,
@@ -158,6 +176,7 @@ pub struct SubscribeCounts {
 /// What one replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplayCounts {
+    /// History frames queued for the socket.
     pub queued: usize,
     /// Matching frames that did not fit in the socket's queue (the oldest are skipped).
     pub dropped_frames: usize,
@@ -170,19 +189,28 @@ pub struct ReplayCounts {
 /// An instance's counters for `/status/` (uptime and version are the caller's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubStatus {
+    /// Sockets of the instance open now.
     pub clients_active: u64,
+    /// Sockets the instance has had since the hub started.
     pub clients_total: u64,
+    /// Messages accepted, all instances (Aphlict's `messages.in`).
     pub messages_in: u64,
+    /// Frames queued or written for live delivery, all instances; replays excluded.
     pub messages_out: u64,
+    /// Retained history entries of the instance.
     pub history_size: u64,
+    /// Milliseconds since the instance's oldest retained entry; `None` when it has none.
     pub history_age_ms: Option<u64>,
 }
 
 /// Global gauges of the hub, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HubUsage {
+    /// Instances Phorge has published to (each holds a slot of its kind).
     pub confirmed_instances: usize,
+    /// Instances named only by browsers' URLs (each holds a slot of its kind).
     pub anonymous_instances: usize,
+    /// Bytes of subscriptions held by all sockets (see [`crate::subscription_cost`]).
     pub subscription_bytes: usize,
 }
 
@@ -276,6 +304,7 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
+    /// A hub enforcing `limits`, reading history age from `clock`.
     pub fn new(limits: Limits, clock: Arc<dyn MillisClock>) -> Self {
         let history = History::new(HistoryLimits {
             entries: limits.history_entries,
@@ -299,6 +328,7 @@ impl Hub {
         }
     }
 
+    /// The bounds this hub was created with.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }

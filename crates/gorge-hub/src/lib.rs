@@ -6,13 +6,15 @@
 //! that drains that socket's [`Outbound`] queue. Publishing only pushes shared [`bytes::Bytes`]
 //! into queues under a short lock; it never waits on a socket.
 
+#![warn(missing_docs)]
+
 mod clock;
 mod history;
 mod hub;
 mod outbound;
 mod subscriptions;
 
-pub use clock::{MillisClock, ManualMillisClock, MonotonicClock};
+pub use clock::{ManualMillisClock, MillisClock, MonotonicClock};
 pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, PublishCounts,
     ReplayCounts, SocketHandle, SocketId, SubscribeCounts,

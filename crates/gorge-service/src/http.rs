@@ -8,9 +8,12 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::StatusCode;
 use serde::Serialize;
 
+/// The body of every response: the whole body in one buffer (no streaming anywhere).
 pub type Body = Full<Bytes>;
+/// The response type every handler returns.
 pub type Response = hyper::Response<Body>;
 
+/// `Content-Type` of JSON answers.
 pub const JSON: &str = "application/json";
 
 /// The message of every 500: internals (driver text, addresses, SQL) stay in the logs.
@@ -92,6 +95,7 @@ pub fn method_not_allowed(allow: &str) -> Response {
     response
 }
 
+/// Why [`read_body_limited`] did not return a body.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BodyError {
     /// The body is longer than the limit (declared or actual).

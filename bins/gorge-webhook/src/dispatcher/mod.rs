@@ -96,8 +96,7 @@ impl Dispatcher {
     }
 
     fn made_progress(&self) {
-        self.progress
-            .store(self.clock.now_ms(), Ordering::SeqCst);
+        self.progress.store(self.clock.now_ms(), Ordering::SeqCst);
     }
 
     /// How long ago (clock time) the dispatcher last made progress.

@@ -23,8 +23,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
-use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::outcome;
+use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::policy::{CheckedTarget, PolicyError};
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
