@@ -915,7 +915,7 @@ mod tests {
             (4, 16)
         );
         assert_eq!(s.connection_budget(), 4 + 8);
-        // W8: never moved onto the local Unix socket unless one is configured.
+        // Never moved onto the local Unix socket unless one is configured.
         assert!(!s.mysql_opts().prefer_socket());
         assert_eq!(s.mysql_opts().socket(), None);
         let s = validate(|r| r.mysql_socket = "/run/mysqld/mysqld.sock".into()).unwrap();

@@ -497,7 +497,7 @@ mod tests {
         assert_eq!(join("?q=2").unwrap(), "https://h.example:8443/a/b?q=2");
         assert_eq!(join("#frag").unwrap(), "https://h.example:8443/a/b?x=1");
         assert_eq!(join("../up").unwrap(), "https://h.example:8443/up");
-        // Issue 9 W7: not a path on the same host.
+        // Another scheme is refused, not taken as a path on the same host.
         assert_eq!(join("file:///etc/passwd"), Err(DeliveryError::BadRedirect));
         assert_eq!(join("ftp://h.example/x"), Err(DeliveryError::BadRedirect));
         assert_eq!(join(""), Err(DeliveryError::BadRedirect));

@@ -12,8 +12,9 @@
 //! - [`delivery`]: one signed POST with redirects and a whole-request timeout;
 //! - [`client`]: the pooled hyper client and the connector that dials checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
-//! - [`dispatcher`]: polling, claiming, the breaker, writing outcomes;
-//! - [`outcome`]: what an attempt writes back, in Phorge's values;
+//! - [`dispatcher`]: polling, claiming, the breaker, writing results;
+//! - [`outcome`]: what an attempt writes back, in Phorge's values, and the labels it is
+//!   counted under;
 //! - [`api`]: `/api/webhook/*` and the probes;
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`clock`]: injectable time.

@@ -10,7 +10,7 @@ use phorge_wire::webhook::{ErrorCode, RequestProperties};
 use crate::delivery::DeliveryError;
 
 /// Where a delivered (or not delivered) request ended up: the `outcome` label of
-/// `gorge_webhook_deliveries_total` (the only thing in this service called an outcome).
+/// `gorge_webhook_deliveries_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryOutcome {
     /// `sent`.
@@ -102,7 +102,7 @@ pub struct Decision {
     pub reason: &'static str,
 }
 
-/// The outcome of an HTTP attempt that ended at `epoch` with `result`.
+/// The decision for an HTTP attempt that ended at `epoch` with `result`.
 ///
 /// 2xx → `sent`/`okay`/`http`/the status (the PHP worker records the status on success too).
 /// Anything else → `fail`; `retry=forever` stays `queued`, everything else becomes `failed`.

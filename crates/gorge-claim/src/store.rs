@@ -320,7 +320,7 @@ const CLAIM_SQL: &str = "\
 UPDATE herald_webhookrequest SET dateModified = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ?";
 
-const OUTCOME_SQL: &str = "\
+const RESULT_WRITE_SQL: &str = "\
 UPDATE herald_webhookrequest \
 SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ?";
@@ -610,7 +610,7 @@ impl ClaimStore {
         }))
     }
 
-    /// Writes the outcome if the row is still at `claim.version`; `false`: taken over (the
+    /// Writes `write` if the row is still at `claim.version`; `false`: taken over (the
     /// caller counts and logs it, never retries).
     ///
     /// After an attempt, `lastRequestEpoch = dateModified = max(version, now, epoch)`: equal
@@ -619,10 +619,10 @@ impl ClaimStore {
     pub async fn write_result(
         &self,
         claim: &Claim,
-        outcome: &ResultWrite,
+        write: &ResultWrite,
         now: u64,
     ) -> Result<bool, ClaimError> {
-        let (last_epoch, version) = match outcome.epoch() {
+        let (last_epoch, version) = match write.epoch() {
             None => (0, claim.version),
             Some(epoch) => {
                 let marker = claim.version.max(now).max(epoch);
@@ -632,13 +632,13 @@ impl ClaimStore {
         let mut conn = self.conn().await?;
         let out = self
             .timed(conn.exec_drop(
-                OUTCOME_SQL,
+                RESULT_WRITE_SQL,
                 (
-                    outcome.status().as_str(),
-                    outcome.result().as_str(),
+                    write.status().as_str(),
+                    write.result().as_str(),
                     last_epoch,
                     version,
-                    outcome.properties(),
+                    write.properties(),
                     claim.id,
                     claim.version,
                 ),

@@ -176,7 +176,7 @@ impl fmt::Display for PropertiesError {
 impl std::error::Error for PropertiesError {}
 
 /// A parsed `properties` column. The original object is kept whole, in order, so the
-/// outcome write can preserve every key, including keys this code does not know.
+/// result write can preserve every key, including keys this code does not know.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestProperties {
     original: Map<String, Value>,

@@ -3,7 +3,7 @@
 //!
 //! parse `properties` → load the hook → per-hook lock → breaker → outbound policy (resolves
 //! the host; after the lock and breaker so skipped rows resolve nothing) → load the object
-//! and its transactions as Phorge does → claim → POST → write the outcome (only while the
+//! and its transactions as Phorge does → claim → POST → write the result (only while the
 //! row is still ours) → release the lock.
 //!
 //! Nothing is written before the claim is won, except for rows that cannot be claimed at
@@ -314,14 +314,14 @@ impl Dispatcher {
         Ok(claim)
     }
 
-    /// Writes the outcome while the row is still ours. Database errors are retried for as
+    /// Writes `write` while the row is still ours. Database errors are retried for as
     /// long as the claim's lease protects the row (never a taken-over row, never a statement
     /// the server rejects). True when it landed.
     async fn write(
         &self,
         candidate: &Candidate,
         claim: &Claim,
-        outcome: &ResultWrite,
+        write: &ResultWrite,
     ) -> Result<bool, ClaimError> {
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
@@ -329,7 +329,7 @@ impl Dispatcher {
         let landed = loop {
             match self
                 .store
-                .write_result(claim, outcome, self.clock.now_sec())
+                .write_result(claim, write, self.clock.now_sec())
                 .await
             {
                 Ok(landed) => break landed,
@@ -366,7 +366,7 @@ impl Dispatcher {
             self.metrics.results_taken_over.inc();
             warn!(self.log, "WEBHOOK_RESULT_TAKEN_OVER";
                 "request" => &candidate.phid, "version" => claim.version,
-                "status" => outcome.status().as_str());
+                "status" => write.status().as_str());
         }
         Ok(landed)
     }
