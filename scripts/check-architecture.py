@@ -30,12 +30,12 @@ LINE = re.compile(r"^([\w-]+)\s+(->|-dev->)\s+([\w-]+(?:\s*,\s*[\w-]+)*)$")
 
 
 def drawn_graph(text):
-    """The edges of the crate-graph block as (from, arrow, to), and every crate it names;
-    raises ValueError on a line that is not an edge list."""
+    """The edges of the crate-graph block as (from, arrow, to), every crate it names, and the
+    crates drawn `-> nothing`; raises ValueError on a line that is not an edge list."""
     blocks = BLOCK.findall(text)
     if len(blocks) != 1:
         raise ValueError(f"expected one ```crate-graph block, found {len(blocks)}")
-    edges, named = set(), set()
+    edges, named, leaves = set(), set(), set()
     for number, line in enumerate(blocks[0].splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -49,10 +49,12 @@ def drawn_graph(text):
         source, arrow, targets = match.groups()
         named.add(source)
         for target in (t.strip() for t in targets.split(",")):
-            if target != "nothing":
+            if target == "nothing":
+                leaves.add(source)
+            else:
                 edges.add((source, arrow, target))
                 named.add(target)
-    return edges, named
+    return edges, named, leaves
 
 
 def cargo_edges(metadata):
@@ -70,9 +72,14 @@ def cargo_edges(metadata):
     return edges, members
 
 
-def compare(drawn, named, actual, members):
+def compare(drawn, named, leaves, actual, members):
     """Readable differences between the drawing and Cargo; empty when they agree."""
     problems = []
+    contradictory = sorted(leaves & {a for a, _, _ in drawn})
+    if contradictory:
+        problems.append(
+            "drawn both '-> nothing' and with dependencies: " + ", ".join(contradictory)
+        )
     unknown = sorted(named - members)
     if unknown:
         problems.append("not workspace members (misspelt or removed): " + ", ".join(unknown))
@@ -106,47 +113,75 @@ def metadata():
 
 def check(text, meta):
     actual, members = cargo_edges(meta)
-    drawn, named = drawn_graph(text)
-    return compare(drawn, named, actual, members)
+    drawn, named, leaves = drawn_graph(text)
+    return compare(drawn, named, leaves, actual, members)
 
 
 def self_test(meta):
-    """A drawing with one edge left out and one invented must fail, naming both."""
+    """Wrong drawings must fail, naming exactly what to change."""
     actual, members = cargo_edges(meta)
-    left_out = sorted(actual)[0]
-    lines = [f"{a} {arrow} {b}" for a, arrow, b in sorted(actual - {left_out})]
-    lines += [f"{m} -> nothing" for m in sorted(members)]
-    lines.append("gorge-hub -> phorge-wire")
-    wrong = "```crate-graph\n" + "\n".join(lines) + "\n```\n"
-    problems = check(wrong, meta)
-    expected = [
-        "add to the crate-graph block of docs/architecture.md:",
-        "    {} {} {}".format(*left_out),
-        "remove from the crate-graph block (Cargo.toml has no such dependency):",
-        "    gorge-hub -> phorge-wire",
+    sources = [a for a, _, _ in actual]
+    # An edge whose crate keeps another line, so only the edge itself goes missing.
+    left_out = sorted(e for e in actual if sources.count(e[0]) > 1)[0]
+    right = [f"{a} {arrow} {b}" for a, arrow, b in sorted(actual)]
+    right += [f"{m} -> nothing" for m in sorted(members - set(sources))]
+
+    def block(lines):
+        return "```crate-graph\n" + "\n".join(lines) + "\n```\n"
+
+    cases = [
+        (
+            "an edge left out and one invented",
+            block([l for l in right if l != "{} {} {}".format(*left_out)]
+                  + ["gorge-claim -> gorge-hub"]),
+            meta,
+            [
+                "add to the crate-graph block of docs/architecture.md:",
+                "    {} {} {}".format(*left_out),
+                "remove from the crate-graph block (Cargo.toml has no such dependency):",
+                "    gorge-claim -> gorge-hub",
+            ],
+        ),
+        (
+            "a leaf drawn with a dependency",
+            block(right + ["phorge-wire -> gorge-hub"]),
+            meta,
+            [
+                "drawn both '-> nothing' and with dependencies: phorge-wire",
+                "remove from the crate-graph block (Cargo.toml has no such dependency):",
+                "    phorge-wire -> gorge-hub",
+            ],
+        ),
     ]
-    if problems != expected:
-        print("self-test: a wrong drawing was not reported as expected:", file=sys.stderr)
-        print("\n".join(problems) or "(no differences reported)", file=sys.stderr)
-        return 1
-    # A crate added to the workspace (as gorge-testkit will be) must be asked for by name.
+    # A crate added to the workspace (as gorge-testkit will be) is asked for by name, and a
+    # dev-only dependency on it is drawn `-dev->`.
     with_new_crate = json.loads(json.dumps(meta))
     with_new_crate["packages"].append({"name": "gorge-newcrate", "dependencies": []})
     for package in with_new_crate["packages"]:
         if package["name"] == "gorge-webhook":
             package["dependencies"].append({"name": "gorge-newcrate", "kind": "dev"})
-    problems = check("```crate-graph\n" + "\n".join(lines[:-1] + [
-        "{} {} {}".format(*left_out)]) + "\n```\n", with_new_crate)
-    expected = [
-        "workspace members missing from the drawing (add their line, '<crate> -> nothing' "
-        "if they depend on no workspace crate): gorge-newcrate",
-        "add to the crate-graph block of docs/architecture.md:",
-        "    gorge-webhook -dev-> gorge-newcrate",
-    ]
-    if problems != expected:
-        print("self-test: a new workspace crate was not reported as expected:", file=sys.stderr)
-        print("\n".join(problems) or "(no differences reported)", file=sys.stderr)
+    cases.append(
+        (
+            "a new crate",
+            block(right),
+            with_new_crate,
+            [
+                "workspace members missing from the drawing (add their line, "
+                "'<crate> -> nothing' if they depend on no workspace crate): gorge-newcrate",
+                "add to the crate-graph block of docs/architecture.md:",
+                "    gorge-webhook -dev-> gorge-newcrate",
+            ],
+        )
+    )
+    if check(block(right), meta):
+        print("self-test: the right drawing was refused", file=sys.stderr)
         return 1
+    for name, text, case_meta, expected in cases:
+        problems = check(text, case_meta)
+        if problems != expected:
+            print(f"self-test: {name} was not reported as expected:", file=sys.stderr)
+            print("\n".join(problems) or "(no differences reported)", file=sys.stderr)
+            return 1
     try:
         drawn_graph("```crate-graph\ngorge-hub => phorge-wire\n```\n")
     except ValueError:
