@@ -1,4 +1,4 @@
-//! The admin port (spec §3): Phorge's PHP posts messages to `POST /` and reads `GET /status/`;
+//! The admin port (docs/notification.md, "Admin port"): Phorge's PHP posts messages to `POST /` and reads `GET /status/`;
 //! the probes (`/healthz`, `/readyz`, `/metrics`) live here too.
 //!
 //! `PhabricatorNotificationClient` posts raw JSON labelled `application/x-www-form-urlencoded`
@@ -14,38 +14,32 @@ use gorge_service::http::{
 use gorge_service::Response;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
-use percent_encoding::percent_decode_str;
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
-use crate::app::App;
 use crate::fanout::Job;
+use crate::state::ServerState;
 use crate::wire;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
+///
+/// Decoded as `application/x-www-form-urlencoded`, `+` being a space: PHP's
+/// `http_build_query` encodes a space as `+`, and Aphlict (Node's `querystring`) decodes it
+/// so, which is the behaviour PHP relies on.
 pub fn instance_from_query(query: Option<&str>) -> String {
-    let found = query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode_form(key) == "instance").then(|| decode_form(value))
-        });
+    let found = query.and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(key, _)| key == "instance")
+            .map(|(_, value)| value.into_owned())
+    });
     match found {
         Some(name) if !name.is_empty() => name,
         _ => "default".to_string(),
     }
 }
 
-/// Decodes one `application/x-www-form-urlencoded` component (PHP encodes spaces as `+`).
-fn decode_form(text: &str) -> String {
-    percent_decode_str(&text.replace('+', " "))
-        .decode_utf8_lossy()
-        .into_owned()
-}
-
 /// Routes one admin request.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
     let path = request.uri().path().to_string();
     if path == "/metrics" {
         // Gauges of hub state are read when scraped, not kept up to date on every change.
@@ -67,7 +61,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
     }
 }
 
-fn status(app: &App, query: Option<&str>) -> Response {
+fn status(app: &ServerState, query: Option<&str>) -> Response {
     let instance = instance_from_query(query);
     let hub = app.hub.status(&instance);
     let status = Status {
@@ -80,14 +74,14 @@ fn status(app: &App, query: Option<&str>) -> Response {
         version: aphlict::PROTOCOL_VERSION,
         history_size: hub.history_size,
         history_age: hub.history_age_ms,
-        server: Some(App::server_name()),
+        server: Some(ServerState::server_name()),
     };
     let (entries, bytes) = app.hub.history_totals();
     app.metrics.set_history(entries, bytes);
     bytes_response(StatusCode::OK, JSON, status.to_json())
 }
 
-async fn post_message(app: &App, request: Request<Incoming>) -> Response {
+async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response {
     let instance = instance_from_query(request.uri().query());
     let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
         Ok(body) => body,
@@ -146,7 +140,7 @@ async fn post_message(app: &App, request: Request<Incoming>) -> Response {
     receipt(app)
 }
 
-fn receipt(app: &App) -> Response {
+fn receipt(app: &ServerState) -> Response {
     bytes_response(StatusCode::OK, JSON, aphlict::receipt(&app.fingerprint))
 }
 
@@ -162,5 +156,12 @@ mod tests {
         assert_eq!(instance_from_query(Some("instance=acme")), "acme");
         assert_eq!(instance_from_query(Some("x=1&instance=a%2Fb+c")), "a/b c");
         assert_eq!(instance_from_query(Some("instancex=1")), "default");
+        // What PHP's http_build_query(['instance' => 'my team+1']) sends.
+        assert_eq!(
+            instance_from_query(Some("instance=my+team%2B1")),
+            "my team+1"
+        );
+        // The first `instance` wins, as before.
+        assert_eq!(instance_from_query(Some("instance=a&instance=b")), "a");
     }
 }

@@ -1,4 +1,4 @@
-//! The client port (spec §4): WebSocket upgrades on any path, and the exact Aphlict answer to
+//! The client port (docs/notification.md, "Client port"): WebSocket upgrades on any path, and the exact Aphlict answer to
 //! everything else.
 //!
 //! Phorge's cluster status page probes this port with a plain HTTP request and treats `501`
@@ -21,9 +21,9 @@ use hyper::{Method, Request, StatusCode};
 use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::app::App;
 use crate::metrics::instance_class;
 use crate::session::{self, Registration};
+use crate::state::ServerState;
 
 /// Aphlict's answer to any request that is not a WebSocket upgrade.
 pub const NOT_WEBSOCKET_BODY: &[u8] = b"HTTP/501 Use Websockets\n";
@@ -64,7 +64,7 @@ fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
 }
 
 /// Handles one request on the client port.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response {
+pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
     if !is_websocket_upgrade(&request) {
         return bytes_response(
             StatusCode::NOT_IMPLEMENTED,

@@ -1,4 +1,4 @@
-//! Graceful drain on SIGTERM (spec §7): close every socket with 1001, spread over the drain
+//! Graceful drain on SIGTERM (docs/notification.md, "Failure behaviour"): close every socket with 1001, spread over the drain
 //! window with jitter, while the peer relay flushes its queues.
 //!
 //! Browsers reconnect immediately after a close and then back off without jitter; closing
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use gorge_hub::CloseReason;
 
-use crate::app::App;
+use crate::state::ServerState;
 
 /// When each of `count` sockets is closed, as offsets into `window`: one slot per socket,
 /// a uniformly random point inside each slot, in increasing order.
@@ -31,7 +31,7 @@ pub fn close_offsets(count: usize, window: Duration, rng: &mut impl Rng) -> Vec<
 
 /// Runs the drain; returns when every socket is closed or the window (plus a short grace for
 /// the last close handshakes) has passed. The caller bounds the whole drain again.
-pub async fn drain(app: Arc<App>, window: Duration) {
+pub async fn drain(app: Arc<ServerState>, window: Duration) {
     let started = Instant::now();
     app.metrics.draining.set(1);
     let mut sockets = app.hub.outbounds();

@@ -5,6 +5,7 @@
 //! [`session`] (browsers' port). The hub itself is the `gorge-hub` crate, the wire formats
 //! `phorge-wire`.
 //!
+//! - [`state`]: what the handlers share (the hub, metrics, limits, the relay);
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
 //! - [`admin`]: `POST /`, `/status/` and the probes;
 //! - [`client`]: WebSocket upgrades and the exact 501;
@@ -17,7 +18,6 @@
 //! - [`fdlimit`]: raising the open-file limit at startup.
 
 pub mod admin;
-pub mod app;
 pub mod client;
 pub mod config;
 pub mod drain;
@@ -27,4 +27,5 @@ pub mod metrics;
 pub mod peers;
 pub mod service;
 pub mod session;
+pub mod state;
 pub mod wire;

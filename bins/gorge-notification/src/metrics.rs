@@ -1,4 +1,5 @@
-//! Prometheus metrics of the notification service (spec §9), except the peer relay's own.
+//! Prometheus metrics of the notification service (listed in docs/notification.md,
+//! "Metrics"), except the peer relay's own.
 //! They are registered without a prefix: the registry the binary hands in adds
 //! `gorge_notification_` to every name.
 //!

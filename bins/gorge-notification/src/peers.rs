@@ -1,5 +1,5 @@
-//! Relays accepted messages to the other servers of a cluster (spec §8), so that a message PHP
-//! posted to one admin port reaches the browsers connected to every server.
+//! Relays accepted messages to the other servers of a cluster, so that a message PHP posted
+//! to one admin port reaches the browsers connected to every server.
 //!
 //! Peers come from the configuration (static URLs) and from DNS (re-resolved periodically).
 //! Each peer has one ordered, bounded queue drained by its own worker thread; `relay` only

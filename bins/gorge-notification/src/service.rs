@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gorge_hub::{Clock, Hub};
+use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, Handler, ListenerSpec, Probes, RunError, RunOptions,
@@ -16,11 +16,11 @@ use rand::RngCore;
 use slog::{info, o, warn, Logger};
 use tokio::sync::Notify;
 
-use crate::app::{App, ConnectionLimits};
 use crate::config::{Config, ServerKind};
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
+use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client, drain};
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
@@ -29,7 +29,7 @@ const REQUEST_GRACE: Duration = Duration::from_secs(2);
 
 /// A bound, not yet serving, notification service.
 pub struct Server {
-    app: Arc<App>,
+    app: Arc<ServerState>,
     listeners: Vec<BoundListener>,
     drain_window: Duration,
     drain_deadline: Duration,
@@ -40,7 +40,7 @@ impl Server {
     /// Builds the service from `config` and binds every listener (all or none).
     pub async fn bind(
         config: Config,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn MillisClock>,
         log: &Logger,
     ) -> Result<Server, BindError> {
         for ignored in &config.ignored {
@@ -70,7 +70,7 @@ impl Server {
             metrics.clone(),
             log.new(o!("component" => "fanout")),
         );
-        let app = Arc::new(App {
+        let app = Arc::new(ServerState {
             hub,
             fanout,
             fingerprint,
@@ -127,7 +127,7 @@ impl Server {
         self
     }
 
-    pub fn app(&self) -> &Arc<App> {
+    pub fn app(&self) -> &Arc<ServerState> {
         &self.app
     }
 
@@ -176,7 +176,7 @@ pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
         .collect()
 }
 
-fn handler(app: Arc<App>, kind: ServerKind) -> Handler {
+fn handler(app: Arc<ServerState>, kind: ServerKind) -> Handler {
     Arc::new(move |request, _peer| {
         let app = app.clone();
         match kind {

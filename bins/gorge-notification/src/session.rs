@@ -23,8 +23,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::app::App;
 use crate::metrics::{ClassLabel, ReasonLabel};
+use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
 
 /// How long a closing socket may take to take its last frames and answer our close.
@@ -40,13 +40,13 @@ const READ_CHUNK: usize = 4096;
 
 /// A socket's place in the hub, released (and counted) when the session ends however it ends.
 pub struct Registration {
-    app: Arc<App>,
+    app: Arc<ServerState>,
     handle: SocketHandle,
     class: ClassLabel,
 }
 
 impl Registration {
-    pub fn new(app: Arc<App>, handle: SocketHandle, class: ClassLabel) -> Self {
+    pub fn new(app: Arc<ServerState>, handle: SocketHandle, class: ClassLabel) -> Self {
         Registration { app, handle, class }
     }
 }
@@ -259,7 +259,7 @@ fn write_some(outbound: &Outbound) -> Result<Written, ()> {
 }
 
 async fn serve(
-    app: &App,
+    app: &ServerState,
     handle: &SocketHandle,
     stream: &Stream,
     reader: &mut wire::Reader,
@@ -341,7 +341,7 @@ async fn serve(
 }
 
 /// Handles one client frame; returns how the session ends, if it does.
-async fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
+async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
     match inbound {
         Inbound::Text(text) => {
             // Messages whose POST was answered before this command was read are delivered
@@ -364,17 +364,17 @@ async fn inbound_frame(app: &App, handle: &SocketHandle, inbound: Inbound) -> Op
 
 /// Queues a frame of our own behind everything queued; over the queue's bound the socket
 /// becomes a slow consumer.
-fn control(app: &App, outbound: &Outbound, frame: Bytes) {
+fn control(app: &ServerState, outbound: &Outbound, frame: Bytes) {
     counted(app, outbound.push_control(frame, app.hub.caps()));
 }
 
 /// Queues a control frame ahead of the backlog (a ping must be answerable however much
 /// is queued), within the same bound.
-fn urgent(app: &App, outbound: &Outbound, frame: Bytes) {
+fn urgent(app: &ServerState, outbound: &Outbound, frame: Bytes) {
     counted(app, outbound.push_urgent(frame, app.hub.caps()));
 }
 
-fn counted(app: &App, push: Push) {
+fn counted(app: &ServerState, push: Push) {
     if let Push::Overflowed { dropped } = push {
         app.metrics.slow_consumer_disconnects.inc();
         app.metrics.queue_dropped_frames.inc_by(dropped as u64);
@@ -382,7 +382,7 @@ fn counted(app: &App, push: Push) {
 }
 
 /// Applies one client command; returns whether it was a `ping` that needs a `pong`.
-fn apply(app: &App, handle: &SocketHandle, command: ClientCommand) -> bool {
+fn apply(app: &ServerState, handle: &SocketHandle, command: ClientCommand) -> bool {
     let m = &app.metrics;
     match command {
         ClientCommand::Subscribe(phids) => {

@@ -121,7 +121,7 @@ async fn replay_by_subscription_and_age_within_the_instance() {
     server
         .post("?instance=other", r#"{"m":"other","subscribers":["P1"]}"#)
         .await;
-    server.clock.advance(300);
+    server.clock.advance_ms(300);
     server
         .post("", r#"{"m":"new-1","subscribers":["P1","P2"]}"#)
         .await;

@@ -107,6 +107,11 @@ enum Route {
 }
 
 /// The percent-decoded value of the first `token=` query parameter.
+///
+/// Only `%XX` is decoded; `+` stays `+`. Unlike the notification admin port's `instance`
+/// (which PHP sends through `http_build_query`), the token comes from a person or a script
+/// typing a generated secret into a URL, and base64 secrets contain `+`: decoding it as a
+/// space would refuse the right token. A space in a token must be sent as `%20`.
 fn query_token(query: Option<&str>) -> Option<Vec<u8>> {
     query?
         .split('&')
@@ -127,5 +132,6 @@ mod tests {
         assert_eq!(query_token(Some("xtoken=1")), None);
         assert_eq!(query_token(None), None);
         assert_eq!(query_token(Some("token=")), Some(Vec::new()));
+        assert_eq!(query_token(Some("token=a+b%2Bc")), Some(b"a+b+c".to_vec()));
     }
 }

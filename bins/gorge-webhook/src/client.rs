@@ -7,7 +7,8 @@
 //! `Host` header is set explicitly), which makes the pool key (scheme, host, port, pinned
 //! address): a connection made for one host or address is never reused for another, and
 //! the connector re-checks every address against the policy before it dials, so neither a
-//! pooled connection nor a second lookup can get past it (webhook.md §9).
+//! pooled connection nor a second lookup can get past it (docs/webhook.md, "TLS and
+//! connections").
 
 use std::fmt;
 use std::future::Future;

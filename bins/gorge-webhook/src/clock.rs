@@ -8,13 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// A source of the current Unix time in whole seconds (the precision of Phorge's columns).
-pub trait Clock: Send + Sync + 'static {
-    fn now(&self) -> u64;
+/// A source of the current Unix time. Unlike gorge-hub's `MillisClock` (milliseconds since
+/// an arbitrary start), readings here are wall-clock times comparable with the row columns.
+pub trait UnixClock: Send + Sync + 'static {
+    /// Unix time in whole seconds (the precision of Phorge's `dateModified` and
+    /// `lastRequestEpoch`).
+    fn now_sec(&self) -> u64;
 
     /// The same clock in milliseconds (for waits shorter than a second).
-    fn now_millis(&self) -> u64 {
-        self.now().saturating_mul(1000)
+    fn now_ms(&self) -> u64 {
+        self.now_sec().saturating_mul(1000)
     }
 }
 
@@ -22,12 +25,12 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
-impl Clock for SystemClock {
-    fn now(&self) -> u64 {
-        self.now_millis() / 1000
+impl UnixClock for SystemClock {
+    fn now_sec(&self) -> u64 {
+        self.now_ms() / 1000
     }
 
-    fn now_millis(&self) -> u64 {
+    fn now_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -37,37 +40,40 @@ impl Clock for SystemClock {
 
 /// A clock that only moves when told to; clones share the same time.
 #[derive(Debug, Clone)]
-pub struct ManualClock {
+pub struct ManualUnixClock {
     millis: Arc<AtomicU64>,
 }
 
-impl ManualClock {
-    /// A clock at `now` Unix seconds.
-    pub fn new(now: u64) -> Self {
+impl ManualUnixClock {
+    /// A clock at `now_sec` Unix seconds.
+    pub fn new(now_sec: u64) -> Self {
         Self {
-            millis: Arc::new(AtomicU64::new(now * 1000)),
+            millis: Arc::new(AtomicU64::new(now_sec * 1000)),
         }
     }
 
-    pub fn set(&self, now: u64) {
-        self.millis.store(now * 1000, Ordering::SeqCst);
+    /// Jumps (forward or back) to `now_sec` Unix seconds, for every clone.
+    pub fn set_sec(&self, now_sec: u64) {
+        self.millis.store(now_sec * 1000, Ordering::SeqCst);
     }
 
-    pub fn advance(&self, secs: u64) {
+    /// Moves forward by whole seconds.
+    pub fn advance_sec(&self, secs: u64) {
         self.millis.fetch_add(secs * 1000, Ordering::SeqCst);
     }
 
-    pub fn advance_millis(&self, millis: u64) {
-        self.millis.fetch_add(millis, Ordering::SeqCst);
+    /// Moves forward by milliseconds (to cross a local rest without crossing a second).
+    pub fn advance_ms(&self, ms: u64) {
+        self.millis.fetch_add(ms, Ordering::SeqCst);
     }
 }
 
-impl Clock for ManualClock {
-    fn now(&self) -> u64 {
-        self.now_millis() / 1000
+impl UnixClock for ManualUnixClock {
+    fn now_sec(&self) -> u64 {
+        self.now_ms() / 1000
     }
 
-    fn now_millis(&self) -> u64 {
+    fn now_ms(&self) -> u64 {
         self.millis.load(Ordering::SeqCst)
     }
 }
@@ -78,19 +84,19 @@ mod tests {
 
     #[test]
     fn manual_clock_moves_only_when_told_and_clones_share_time() {
-        let clock = ManualClock::new(1_000);
+        let clock = ManualUnixClock::new(1_000);
         let other = clock.clone();
-        assert_eq!(clock.now(), 1_000);
-        other.advance(5);
-        assert_eq!(clock.now(), 1_005);
-        clock.set(7);
-        assert_eq!(other.now(), 7);
-        clock.advance_millis(1500);
-        assert_eq!((other.now(), other.now_millis()), (8, 8500));
+        assert_eq!(clock.now_sec(), 1_000);
+        other.advance_sec(5);
+        assert_eq!(clock.now_sec(), 1_005);
+        clock.set_sec(7);
+        assert_eq!(other.now_sec(), 7);
+        clock.advance_ms(1500);
+        assert_eq!((other.now_sec(), other.now_ms()), (8, 8500));
     }
 
     #[test]
     fn system_clock_is_after_2020() {
-        assert!(SystemClock.now() > 1_577_836_800);
+        assert!(SystemClock.now_sec() > 1_577_836_800);
     }
 }

@@ -64,7 +64,9 @@ struct RawSettings {
     namespace: String,
     poll_interval_ms: i64,
     max_concurrent: u64,
-    delivery_timeout: u64,
+    /// `GORGE_WEBHOOK_DELIVERY_TIMEOUT`, whose name (an operator contract) has no unit.
+    #[serde(rename = "delivery_timeout")]
+    delivery_timeout_sec: u64,
     claim_lease_sec: u64,
     retry_backoff_sec: u64,
     error_backoff_sec: u64,
@@ -233,7 +235,7 @@ impl Default for RawSettings {
             namespace: "phabricator".into(),
             poll_interval_ms: 1000,
             max_concurrent: 8,
-            delivery_timeout: 15,
+            delivery_timeout_sec: 15,
             claim_lease_sec: 30,
             retry_backoff_sec: 60,
             error_backoff_sec: 300,
@@ -266,13 +268,13 @@ pub struct Settings {
     pub max_concurrent: usize,
     pub configured_max_concurrent: usize,
     pub delivery_timeout: Duration,
-    /// As configured; see [`Settings::lease_sec`] for the effective value.
-    pub configured_lease_sec: u64,
+    /// As configured; see [`Settings::claim_lease_sec`] for the effective value.
+    pub configured_claim_lease_sec: u64,
     /// Effective lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
-    pub lease_sec: u64,
+    pub claim_lease_sec: u64,
     pub retry_backoff_sec: u64,
-    pub breaker_window_sec: u64,
-    pub breaker_threshold: u64,
+    pub error_backoff_sec: u64,
+    pub error_threshold: u64,
     pub outbound_policy: OutboundPolicy,
     /// Whether the blacklist is Phorge's default (for `--check-config`).
     pub outbound_blacklist_is_default: bool,
@@ -372,7 +374,7 @@ impl Settings {
             ));
         }
         for (key, value) in [
-            ("delivery_timeout", raw.delivery_timeout),
+            ("delivery_timeout", raw.delivery_timeout_sec),
             ("claim_lease_sec", raw.claim_lease_sec),
             ("retry_backoff_sec", raw.retry_backoff_sec),
             ("error_backoff_sec", raw.error_backoff_sec),
@@ -418,10 +420,10 @@ impl Settings {
                 "must be at least 1 second",
             ));
         }
-        if raw.delivery_timeout == 0 {
+        if raw.delivery_timeout_sec == 0 {
             return Err(ConfigError::new(
                 var("delivery_timeout"),
-                raw.delivery_timeout,
+                raw.delivery_timeout_sec,
                 "must be at least 1 second",
             ));
         }
@@ -486,9 +488,9 @@ impl Settings {
             })?,
             None => ExtraRoots::default(),
         };
-        let lease_sec = raw
+        let claim_lease_sec = raw
             .claim_lease_sec
-            .max(raw.delivery_timeout + LEASE_MARGIN_SEC);
+            .max(raw.delivery_timeout_sec + LEASE_MARGIN_SEC);
         let raw_copy = raw.clone();
         Ok(Settings {
             raw: raw_copy,
@@ -507,12 +509,12 @@ impl Settings {
             namespace: raw.namespace,
             poll_interval: Duration::from_millis(raw.poll_interval_ms as u64),
             max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections) as usize,
-            delivery_timeout: Duration::from_secs(raw.delivery_timeout),
-            configured_lease_sec: raw.claim_lease_sec,
-            lease_sec,
+            delivery_timeout: Duration::from_secs(raw.delivery_timeout_sec),
+            configured_claim_lease_sec: raw.claim_lease_sec,
+            claim_lease_sec,
             retry_backoff_sec: raw.retry_backoff_sec,
-            breaker_window_sec: raw.error_backoff_sec,
-            breaker_threshold: raw.error_threshold,
+            error_backoff_sec: raw.error_backoff_sec,
+            error_threshold: raw.error_threshold,
             outbound_policy,
             ca_file,
             extra_roots,
@@ -570,11 +572,11 @@ impl Settings {
                 "lowered to GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS: each delivery holds one lock connection",
             ));
         }
-        if self.lease_sec != self.configured_lease_sec {
+        if self.claim_lease_sec != self.configured_claim_lease_sec {
             out.push((
                 "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-                self.configured_lease_sec,
-                self.lease_sec,
+                self.configured_claim_lease_sec,
+                self.claim_lease_sec,
                 "raised to the delivery timeout + 5 s so a running POST is never re-claimed",
             ));
         }
@@ -599,11 +601,11 @@ impl Settings {
                 self.retry_backoff_sec
             ));
         }
-        if self.breaker_window_sec * 1000 < poll_ms {
+        if self.error_backoff_sec * 1000 < poll_ms {
             out.push(format!(
                 "GORGE_WEBHOOK_ERROR_BACKOFF_SEC={} is shorter than the poll interval ({poll_ms} ms): \
                  the breaker window closes between polls",
-                self.breaker_window_sec
+                self.error_backoff_sec
             ));
         }
         out
@@ -642,10 +644,12 @@ impl Settings {
             "namespace" => format!("{} (database {})", self.namespace, self.database()),
             "poll_interval_ms" => self.poll_interval.as_millis().to_string(),
             "delivery_timeout" => self.delivery_timeout.as_secs().to_string(),
-            "claim_lease_sec" if self.lease_sec != self.configured_lease_sec => format!(
-                "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                self.lease_sec, self.configured_lease_sec
-            ),
+            "claim_lease_sec" if self.claim_lease_sec != self.configured_claim_lease_sec => {
+                format!(
+                    "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
+                    self.claim_lease_sec, self.configured_claim_lease_sec
+                )
+            }
             "mysql_socket" if self.mysql_socket.is_empty() => {
                 "(none: TCP to host and port)".to_string()
             }
@@ -661,10 +665,10 @@ impl Settings {
                 "{} (configured {}, limited by the lock connections)",
                 self.max_concurrent, self.configured_max_concurrent
             ),
-            "claim_lease_sec" => self.lease_sec.to_string(),
+            "claim_lease_sec" => self.claim_lease_sec.to_string(),
             "retry_backoff_sec" => self.retry_backoff_sec.to_string(),
-            "error_backoff_sec" => self.breaker_window_sec.to_string(),
-            "error_threshold" => self.breaker_threshold.to_string(),
+            "error_backoff_sec" => self.error_backoff_sec.to_string(),
+            "error_threshold" => self.error_threshold.to_string(),
             "max_concurrent" => self.max_concurrent.to_string(),
             "outbound_blacklist" => format!(
                 "{} networks{}",
@@ -768,9 +772,9 @@ mod tests {
         assert_eq!(s.poll_interval, Duration::from_millis(1000));
         assert_eq!(s.max_concurrent, 8);
         assert_eq!(s.delivery_timeout, Duration::from_secs(15));
-        assert_eq!((s.configured_lease_sec, s.lease_sec), (30, 30));
+        assert_eq!((s.configured_claim_lease_sec, s.claim_lease_sec), (30, 30));
         assert_eq!(s.retry_backoff_sec, 60);
-        assert_eq!((s.breaker_window_sec, s.breaker_threshold), (300, 10));
+        assert_eq!((s.error_backoff_sec, s.error_threshold), (300, 10));
         assert_eq!(s.listen_addr, "0.0.0.0:8160".parse().unwrap());
         assert_eq!(s.outbound_policy.len(), 29);
         assert!(s.outbound_blacklist_is_default);
@@ -782,10 +786,10 @@ mod tests {
     fn lease_is_raised_to_cover_the_timeout_and_reported() {
         let s = validate(|r| {
             r.claim_lease_sec = 10;
-            r.delivery_timeout = 20;
+            r.delivery_timeout_sec = 20;
         })
         .unwrap();
-        assert_eq!(s.lease_sec, 25);
+        assert_eq!(s.claim_lease_sec, 25);
         assert_eq!(s.adjustments().len(), 1);
         assert_eq!(
             shown(&s, "GORGE_WEBHOOK_CLAIM_LEASE_SEC"),
@@ -911,7 +915,7 @@ mod tests {
             (4, 16)
         );
         assert_eq!(s.connection_budget(), 4 + 8);
-        // W8: never moved onto the local Unix socket unless one is configured.
+        // Never moved onto the local Unix socket unless one is configured.
         assert!(!s.mysql_opts().prefer_socket());
         assert_eq!(s.mysql_opts().socket(), None);
         let s = validate(|r| r.mysql_socket = "/run/mysqld/mysqld.sock".into()).unwrap();

@@ -1,6 +1,7 @@
 //! One webhook POST: the exact headers Phorge's worker sends, redirects followed the way its
-//! cURL call follows them (webhook.md §4.10), a whole-request deadline, and every failure
-//! reduced to the cURL error number Phorge writes into `errorCode` (§2).
+//! cURL call follows them (docs/webhook.md, "Outbound policy and redirects"), a whole-request
+//! deadline, and every failure reduced to the cURL error number Phorge writes into
+//! `errorCode` (docs/webhook.md, "Error codes").
 //!
 //! Async on the tokio runtime; the connections come from the pooled client in `client.rs`.
 
@@ -496,7 +497,7 @@ mod tests {
         assert_eq!(join("?q=2").unwrap(), "https://h.example:8443/a/b?q=2");
         assert_eq!(join("#frag").unwrap(), "https://h.example:8443/a/b?x=1");
         assert_eq!(join("../up").unwrap(), "https://h.example:8443/up");
-        // Issue 9 W7: not a path on the same host.
+        // Another scheme is refused, not taken as a path on the same host.
         assert_eq!(join("file:///etc/passwd"), Err(DeliveryError::BadRedirect));
         assert_eq!(join("ftp://h.example/x"), Err(DeliveryError::BadRedirect));
         assert_eq!(join(""), Err(DeliveryError::BadRedirect));

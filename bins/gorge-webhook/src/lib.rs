@@ -1,24 +1,25 @@
 //! gorge-webhook: delivers Phorge's Herald webhook requests from Phorge's own
 //! `herald_webhookrequest` table, byte-compatible with `HeraldWebhookWorker`.
 //!
-//! Where to start reading: [`dispatcher`] (the poll loop and the per-request steps), then
-//! [`delivery`] and [`policy`] (the POST and where it may go). The claim protocol itself
+//! Where to start reading: [`service`] (wiring and shutdown order), then [`dispatcher`]
+//! (the poll loop and the per-request steps), then [`delivery`] and [`policy`] (the POST and where it may go). The claim protocol itself
 //! lives in the `gorge-claim` crate, the request bytes in `phorge-wire`.
 //!
+//! - [`service`]: wiring and graceful shutdown (the counterpart of gorge-notification's
+//!   `service`);
 //! - [`config`]: settings from defaults, file and environment, validated at startup;
 //! - [`policy`]: the outbound blacklist and the checked (pinned) addresses;
 //! - [`delivery`]: one signed POST with redirects and a whole-request timeout;
 //! - [`client`]: the pooled hyper client and the connector that dials checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
-//! - [`dispatcher`]: polling, claiming, the breaker, writing outcomes;
-//! - [`outcome`]: what an attempt writes back, in Phorge's values;
+//! - [`dispatcher`]: polling, claiming, the breaker, writing results;
+//! - [`outcome`]: what an attempt writes back, in Phorge's values, and the labels it is
+//!   counted under;
 //! - [`api`]: `/api/webhook/*` and the probes;
 //! - [`metrics`]: the Prometheus metrics;
-//! - [`clock`]: injectable time;
-//! - [`app`]: wiring and graceful shutdown.
+//! - [`clock`]: injectable time.
 
 pub mod api;
-pub mod app;
 pub mod client;
 pub mod clock;
 pub mod config;
@@ -27,4 +28,5 @@ pub mod dispatcher;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;
+pub mod service;
 pub mod tls;

@@ -41,7 +41,7 @@ fn main() {
     let logging = init_logging("gorge-webhook", env!("CARGO_PKG_VERSION"))
         .unwrap_or_else(|e| exit_config_error(&e));
     run_to_exit(logging, |log| async move {
-        match gorge_webhook::app::run(settings, log).await {
+        match gorge_webhook::service::run(settings, log).await {
             Ok(()) => 0,
             Err(code) => code,
         }

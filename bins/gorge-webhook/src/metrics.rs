@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
+
 type Labels1 = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
 
@@ -41,27 +43,6 @@ pub struct Metrics {
     pub db_up: Gauge,
 }
 
-/// Why a row was failed with `invalid-row`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InvalidRowReason {
-    /// A column of the request row is not readable (e.g. a PHID that is not UTF-8).
-    Unreadable,
-    /// The server kept rejecting a statement about the row (e.g. the claim UPDATE).
-    Rejected,
-    /// The row's hook has columns that are not readable.
-    HookRow,
-}
-
-impl InvalidRowReason {
-    pub fn label(self) -> &'static str {
-        match self {
-            InvalidRowReason::Unreadable => "unreadable",
-            InvalidRowReason::Rejected => "rejected",
-            InvalidRowReason::HookRow => "hook-row",
-        }
-    }
-}
-
 /// The `(pool, state)` series of the pool gauge, in [`Metrics::set_pool`] order.
 const POOL_SERIES: [(&str, &str); 5] = [
     ("query", "open"),
@@ -70,59 +51,6 @@ const POOL_SERIES: [(&str, &str); 5] = [
     ("lock", "open"),
     ("lock", "held"),
 ];
-
-/// Where a delivered (or not delivered) request ended up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeliveryOutcome {
-    /// `sent`.
-    Sent,
-    /// Failed, stays `queued` for a retry (`retry=forever`).
-    Retry,
-    /// `failed` for good.
-    Failed,
-}
-
-impl DeliveryOutcome {
-    fn label(self) -> &'static str {
-        match self {
-            DeliveryOutcome::Sent => "sent",
-            DeliveryOutcome::Retry => "retry",
-            DeliveryOutcome::Failed => "failed",
-        }
-    }
-}
-
-/// Why a candidate was passed over this round without being claimed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SkipReason {
-    /// Another delivery of the same hook (this or another process) holds its lock.
-    HookBusy,
-    /// The hook's circuit breaker is open.
-    BreakerOpen,
-    /// The row is already being delivered by this process.
-    InFlight,
-}
-
-impl SkipReason {
-    fn label(self) -> &'static str {
-        match self {
-            SkipReason::HookBusy => "hook-busy",
-            SkipReason::BreakerOpen => "breaker-open",
-            SkipReason::InFlight => "in-flight",
-        }
-    }
-}
-
-/// The class of an HTTP status for the deliveries metric.
-pub fn status_class(status: u16) -> &'static str {
-    match status {
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        500..=599 => "5xx",
-        _ => "other",
-    }
-}
 
 impl Metrics {
     /// Creates the metrics and registers them in `registry`, which names them: the service's
@@ -391,6 +319,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::status_class;
 
     #[test]
     fn exposition_has_the_documented_names() {

@@ -1,19 +1,96 @@
 //! What a delivery attempt (or a refusal to attempt) writes back into the row, in Phorge's
-//! value domain only (webhook.md §4.8), and how it is counted.
+//! value domain only (docs/webhook.md, "Error codes"), and how it is counted.
 //!
 //! Pure functions: the dispatcher decides *whether* to write, this module decides *what*.
 
-use gorge_claim::RowOutcome;
+use gorge_claim::ResultWrite;
 use phorge_wire::values::{ErrorType, HookErrorCode, RequestResult, RequestStatus, RetryMode};
 use phorge_wire::webhook::{ErrorCode, RequestProperties};
 
 use crate::delivery::DeliveryError;
-use crate::metrics::{status_class, DeliveryOutcome};
+
+/// Where a delivered (or not delivered) request ended up: the `outcome` label of
+/// `gorge_webhook_deliveries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// `sent`.
+    Sent,
+    /// Failed, stays `queued` for a retry (`retry=forever`).
+    Retry,
+    /// `failed` for good.
+    Failed,
+}
+
+impl DeliveryOutcome {
+    /// The `outcome` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Sent => "sent",
+            DeliveryOutcome::Retry => "retry",
+            DeliveryOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// Why a candidate was passed over this round without being claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Another delivery of the same hook (this or another process) holds its lock.
+    HookBusy,
+    /// The hook's circuit breaker is open.
+    BreakerOpen,
+    /// The row is already being delivered by this process.
+    InFlight,
+}
+
+impl SkipReason {
+    /// The `reason` label of `gorge_webhook_skipped_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SkipReason::HookBusy => "hook-busy",
+            SkipReason::BreakerOpen => "breaker-open",
+            SkipReason::InFlight => "in-flight",
+        }
+    }
+}
+
+/// The class of an HTTP status for the deliveries metric.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    }
+}
+
+/// Why a row was failed with `invalid-row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidRowReason {
+    /// A column of the request row is not readable (e.g. a PHID that is not UTF-8).
+    Unreadable,
+    /// The server kept rejecting a statement about the row (e.g. the claim UPDATE).
+    Rejected,
+    /// The row's hook has columns that are not readable.
+    HookRow,
+}
+
+impl InvalidRowReason {
+    /// The `reason` label of `gorge_webhook_invalid_rows_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            InvalidRowReason::Unreadable => "unreadable",
+            InvalidRowReason::Rejected => "rejected",
+            InvalidRowReason::HookRow => "hook-row",
+        }
+    }
+}
 
 /// The row update for an attempt, with the labels it is counted and logged under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    pub row: RowOutcome,
+    pub row: ResultWrite,
     pub outcome: DeliveryOutcome,
     /// The `class` label of the deliveries metric: the status class (`2xx`…), `hook`, or
     /// for a transport failure its readable reason (`connection-refused`, `timeout`…).
@@ -25,7 +102,7 @@ pub struct Decision {
     pub reason: &'static str,
 }
 
-/// The outcome of an HTTP attempt that ended at `epoch` with `result`.
+/// The decision for an HTTP attempt that ended at `epoch` with `result`.
 ///
 /// 2xx → `sent`/`okay`/`http`/the status (the PHP worker records the status on success too).
 /// Anything else → `fail`; `retry=forever` stays `queued`, everything else becomes `failed`.
@@ -66,7 +143,7 @@ pub fn after_attempt(
         (false, false) => (RequestStatus::Failed, DeliveryOutcome::Failed),
     };
     Decision {
-        row: RowOutcome::Attempted {
+        row: ResultWrite::Attempted {
             status,
             result: if success {
                 RequestResult::Okay
@@ -87,7 +164,7 @@ pub fn after_attempt(
 /// `properties` is the complete new column text.
 pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
     Decision {
-        row: RowOutcome::NotAttempted { properties },
+        row: ResultWrite::NotAttempted { properties },
         outcome: DeliveryOutcome::Failed,
         class: "hook",
         code: code.as_str().to_string(),

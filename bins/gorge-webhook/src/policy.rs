@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn invalid_ports_are_invalid_uris() {
-        // Issue 9 W6: `http` parsed these as "no port" and delivered to port 80.
+        // Out-of-range ports are invalid URIs, not "no port" (which would deliver to port 80).
         let policy = OutboundPolicy::parse("").unwrap();
         let t = Duration::from_secs(2);
         for uri in [

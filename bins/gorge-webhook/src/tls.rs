@@ -1,5 +1,6 @@
 //! Which certificate authorities webhook receivers are checked against: the bundled Mozilla
-//! roots, the system store and the operator's `GORGE_WEBHOOK_CA_FILE` (webhook.md §9), and
+//! roots, the system store and the operator's `GORGE_WEBHOOK_CA_FILE` (docs/webhook.md, "TLS
+//! and connections"), and
 //! how a TLS failure is reduced to cURL's numbers (35 handshake, 60 peer certificate).
 
 use std::path::Path;

@@ -6,7 +6,7 @@ mod common;
 use common::{CapturedLog, Harness, Receiver};
 use gorge_claim::testdb::{NewRequest, TestDb};
 use gorge_claim::ClaimTiming;
-use gorge_webhook::clock::ManualClock;
+use gorge_webhook::clock::ManualUnixClock;
 
 const T0: u64 = 1_700_000_000;
 const FOREVER: &str = r#"{"retry":"forever","transactionPHIDs":[],"triggerPHIDs":[]}"#;
@@ -27,7 +27,7 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
         )
         .await
         .unwrap();
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness {
         timing: ClaimTiming {
@@ -51,12 +51,12 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     );
 
     // Inside the backoff: not a candidate.
-    clock.set(T0 + 1 + 9);
+    clock.set_sec(T0 + 1 + 9);
     assert_eq!(dispatcher.run_round().await.unwrap().fetched, 0);
     assert_eq!(receiver.count(), 1);
 
     // The backoff (10 s) has passed; the lease (30 s) has not, and must not matter.
-    clock.set(T0 + 1 + 10);
+    clock.set_sec(T0 + 1 + 10);
     assert_eq!(dispatcher.run_round().await.unwrap().started, 1);
     assert_eq!(receiver.count(), 2);
     let row = db.read_request(id).await.unwrap();
@@ -64,7 +64,7 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
 
     // A success ends the retries.
     receiver.set_behaviour(|_, _| common::Reply::Status(200));
-    clock.set(T0 + 21);
+    clock.set_sec(T0 + 21);
     dispatcher.run_round().await.unwrap();
     let row = db.read_request(id).await.unwrap();
     assert_eq!(
@@ -90,7 +90,7 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
         .await
         .unwrap();
     }
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 
@@ -112,7 +112,7 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
         )
         .await
         .unwrap();
-    clock.set(T0 + 2);
+    clock.set_sec(T0 + 2);
     for _ in 0..3 {
         dispatcher.run_round().await.unwrap();
     }
@@ -135,14 +135,14 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
     assert_eq!(metrics.breaker_open_hooks.get(), 1);
 
     // Still open one second before the failures leave the 300 s window.
-    clock.set(T0 + 1 + 299);
+    clock.set_sec(T0 + 1 + 299);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 10);
 
     // The window slid past the failures and the hook's rest (5 s of clock time after the
     // last check) is over: closed, delivered, logged once.
     receiver.set_behaviour(|_, _| common::Reply::Status(200));
-    clock.set(T0 + 1 + 299 + 5);
+    clock.set_sec(T0 + 1 + 299 + 5);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 11);
     let row = db.read_request(next).await.unwrap();
@@ -167,7 +167,7 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
     db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
         .await
         .unwrap();
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     // One slot: a batch is 4 candidates, a tenth of the broken backlog below.
     let (dispatcher, _) = Harness {
@@ -247,7 +247,7 @@ async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
         .insert_request(&NewRequest::new(&healthy, "PHID-TASK-y"), T0)
         .await
         .unwrap();
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness {
         max_concurrent: 2,

@@ -10,9 +10,10 @@ use std::time::Duration;
 use common::{CapturedLog, Harness, Receiver};
 use gorge_claim::testdb::{NewRequest, TestDb};
 use gorge_service::Shutdown;
-use gorge_webhook::app::{readiness, supervise_poll_loop, PollHealth};
-use gorge_webhook::clock::ManualClock;
-use gorge_webhook::metrics::{InvalidRowReason, Metrics};
+use gorge_webhook::clock::ManualUnixClock;
+use gorge_webhook::metrics::Metrics;
+use gorge_webhook::outcome::InvalidRowReason;
+use gorge_webhook::service::{readiness, supervise_poll_loop, PollHealth};
 use mysql_async::prelude::Queryable;
 
 const T0: u64 = 1_700_000_000;
@@ -57,7 +58,7 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
         )
         .await
         .unwrap();
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 
@@ -114,7 +115,7 @@ async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_deliveri
             .unwrap(),
         );
     }
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{admin_sql, CapturedLog, DbProxy, Harness, Receiver, Reply};
 use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
 use gorge_claim::{ClaimStore, StoreOptions};
-use gorge_webhook::clock::ManualClock;
+use gorge_webhook::clock::ManualUnixClock;
 use mysql_async::prelude::Queryable;
 
 const T0: u64 = 1_700_000_000;
@@ -39,7 +39,7 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
         .unwrap();
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
     let first = db
@@ -108,7 +108,7 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
         .unwrap();
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
     let round = {
@@ -140,7 +140,7 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     );
 
     // After the lease: nothing is delivered again.
-    clock.advance(31);
+    clock.advance_sec(31);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 1, "no duplicate POST");
     db.drop_database().await;
@@ -182,7 +182,7 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
         .prefer_socket(false);
     let store =
         ClaimStore::with_options(opts.into(), db.database(), options(Duration::from_secs(5)));
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness {
         max_concurrent: 3,
@@ -252,19 +252,19 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
 #[tokio::test]
 async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
     let db = TestDb::create().await.unwrap();
-    let clock = ManualClock::new(T0);
+    let clock = ManualUnixClock::new(T0);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
     let slot: Arc<std::sync::OnceLock<Arc<gorge_webhook::dispatcher::Dispatcher>>> = Arc::default();
     let _ = slot.set(Arc::clone(&dispatcher));
-    let ready = gorge_webhook::app::readiness(
+    let ready = gorge_webhook::service::readiness(
         db.store(),
         Arc::default(),
         Arc::clone(&slot),
         Duration::from_secs(45),
     );
     assert_eq!(ready().await, Ok(()));
-    clock.advance(46);
+    clock.advance_sec(46);
     let reason = ready().await.unwrap_err();
     assert!(reason.contains("no poll round"), "{reason}");
     // One completed round is progress again.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{admin_sql, CapturedLog, Harness, Receiver};
 use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
 use gorge_claim::ClaimStore;
-use gorge_webhook::clock::ManualClock;
+use gorge_webhook::clock::ManualUnixClock;
 use serde_json::Value;
 
 const T0: u64 = 1_700_000_000;
@@ -70,7 +70,7 @@ async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_
         )
         .await
         .unwrap();
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
     for _ in 0..3 {
@@ -141,7 +141,7 @@ async fn a_refused_select_falls_back_to_the_stored_order_and_is_logged_once_per_
         .user(Some(user.clone()))
         .pass(Some("pw"));
     let store = ClaimStore::new(opts.into(), db.database());
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
     for _ in 0..3 {
@@ -178,7 +178,7 @@ async fn an_unknown_phid_type_is_delivered_and_warned_about_once() {
         .await
         .unwrap();
     }
-    let clock = ManualClock::new(T0 + 1);
+    let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
     for _ in 0..3 {

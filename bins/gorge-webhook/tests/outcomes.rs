@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{CapturedLog, Harness, Receiver, Reply};
 use gorge_claim::testdb::{NewRequest, RequestRow, TestDb};
-use gorge_webhook::clock::ManualClock;
-use gorge_webhook::metrics::DeliveryOutcome;
+use gorge_webhook::clock::ManualUnixClock;
+use gorge_webhook::outcome::DeliveryOutcome;
 use gorge_webhook::policy::OutboundPolicy;
 use phorge_wire::webhook::{sign, RequestProperties, WebhookPayload};
 
@@ -48,7 +48,7 @@ struct Case {
     /// Unique per test: MySQL named locks (the per-hook lock) are server-wide, so tests
     /// running in parallel must not share a hook PHID.
     hook: String,
-    clock: ManualClock,
+    clock: ManualUnixClock,
     log: CapturedLog,
 }
 
@@ -58,7 +58,7 @@ impl Case {
         Case {
             hook: format!("PHID-HWBH-{}", db.namespace()),
             db,
-            clock: ManualClock::new(NOW),
+            clock: ManualUnixClock::new(NOW),
             log: CapturedLog::default(),
         }
     }

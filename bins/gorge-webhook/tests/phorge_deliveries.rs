@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::{CapturedLog, Harness, Receiver, Recorded, Reply};
 use gorge_claim::testdb::TestDb;
 use gorge_claim::ClaimTiming;
-use gorge_webhook::clock::ManualClock;
+use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::policy::OutboundPolicy;
 use mysql_async::prelude::Queryable;
 use serde_json::Value;
@@ -140,7 +140,7 @@ async fn run(strictness: Strictness) {
     }
     drop(conn);
     // One hook's objects (the `blocked` scenario) live on 127.0.0.2: block exactly that.
-    let clock = ManualClock::new(1_796_110_900);
+    let clock = ManualUnixClock::new(1_796_110_900);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness {
         policy: OutboundPolicy::parse("127.0.0.2/32").unwrap(),

@@ -12,7 +12,9 @@ const TABLES_TSV: &str = include_str!("../../../compat/phorge-object-tables.tsv"
 /// The tables of one PHID type. Database names are without the `{namespace}_` prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectTables {
+    /// The database holding the objects (`maniphest`, `differential`…).
     pub database: &'static str,
+    /// The object table, whose `phid` column the request's object PHID is looked up in.
     pub object_table: &'static str,
     /// `None` when the type has no transactions.
     pub transactions: Option<(&'static str, &'static str)>,

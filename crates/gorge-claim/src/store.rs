@@ -57,9 +57,13 @@ impl Default for StoreOptions {
 /// A `queued` row that may be claimed. Not ours until [`ClaimStore::claim`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
+    /// The row's `id` (candidates come oldest id first).
     pub id: u64,
+    /// The request's own PHID (`PHID-HWBR-…`).
     pub phid: String,
+    /// The hook's PHID, the key of the per-hook lock and breaker.
     pub webhook_phid: String,
+    /// The PHID of the object the request is about.
     pub object_phid: String,
     /// The raw `properties` column (JSON text as Phorge wrote it).
     pub properties: String,
@@ -67,6 +71,7 @@ pub struct Candidate {
     pub date_created: u64,
     /// The row version the claim compares against.
     pub date_modified: u64,
+    /// When the last attempt ended (Unix seconds); 0 before the first.
     pub last_request_epoch: u64,
 }
 
@@ -74,7 +79,9 @@ pub struct Candidate {
 /// It can still be addressed by id and version, so it can be failed for good.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokenRow {
+    /// The row's `id`.
     pub id: u64,
+    /// The row version a failing compare-and-set is made against.
     pub date_modified: u64,
     /// The `properties` text when it could be read.
     pub properties: Option<String>,
@@ -87,6 +94,7 @@ pub struct BrokenRow {
 pub struct Batch {
     /// Usable rows, oldest id first.
     pub rows: Vec<Candidate>,
+    /// Rows that can be addressed but not delivered; the caller fails them.
     pub broken: Vec<BrokenRow>,
     /// Rows whose id or version could not be read (cannot be written to at all).
     pub unaddressable: usize,
@@ -103,8 +111,11 @@ pub enum Unchecked {
     NoTable(String),
     /// The server refused or did not know the table; `grant` is the statement that fixes it.
     Refused {
+        /// The database (with its namespace) the table is in.
         database: String,
+        /// The `GRANT SELECT …` that would let the service read it.
         grant: String,
+        /// The server's error text.
         error: String,
     },
 }
@@ -116,7 +127,9 @@ pub enum ObjectLoad {
     /// exist for this object, newest first — or, when `unchecked` says why that could not be
     /// looked up, the stored list as is.
     Found {
+        /// The transaction PHIDs the payload lists.
         transactions: Vec<String>,
+        /// Why the transactions could not be checked, when they could not.
         unchecked: Option<Unchecked>,
     },
     /// No such object (or a PHID without a type part): Phorge's `ERROR_OBJECT`.
@@ -126,14 +139,18 @@ pub enum ObjectLoad {
 /// A won claim: the row is ours while its `dateModified` is still `version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
+    /// The row's `id`.
     pub id: u64,
+    /// The `dateModified` the claim wrote; the result write compares against it.
     pub version: u64,
 }
 
 /// A `herald_webhook` row, as much of it as delivery needs.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Hook {
+    /// The hook's PHID (`PHID-HWBH-…`).
     pub phid: String,
+    /// Where requests are POSTed, as stored.
     pub uri: String,
     /// Raw `status`; see [`Hook::hook_status`].
     pub status: String,
@@ -161,12 +178,16 @@ impl std::fmt::Debug for Hook {
 
 /// What to write back into a claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RowOutcome {
+pub enum ResultWrite {
     /// An HTTP attempt ended at `epoch` (Unix seconds): `sent`, or `queued`/`failed` after a
     /// failed attempt.
     Attempted {
+        /// `sent`, or `queued`/`failed` after a failed attempt.
         status: RequestStatus,
+        /// `okay` or `fail`.
         result: RequestResult,
+        /// When the attempt ended (Unix seconds). `lastRequestEpoch` and `dateModified` are
+        /// both set to at least this, the "not in flight" marker.
         epoch: u64,
         /// The complete new `properties` JSON text.
         properties: String,
@@ -179,37 +200,36 @@ pub enum RowOutcome {
     },
 }
 
-impl RowOutcome {
+impl ResultWrite {
     /// The `status` column written.
     pub fn status(&self) -> RequestStatus {
         match self {
-            RowOutcome::Attempted { status, .. } => *status,
-            RowOutcome::NotAttempted { .. } => RequestStatus::Failed,
+            ResultWrite::Attempted { status, .. } => *status,
+            ResultWrite::NotAttempted { .. } => RequestStatus::Failed,
         }
     }
 
     /// The `lastRequestResult` column written.
     pub fn result(&self) -> RequestResult {
         match self {
-            RowOutcome::Attempted { result, .. } => *result,
-            RowOutcome::NotAttempted { .. } => RequestResult::None,
+            ResultWrite::Attempted { result, .. } => *result,
+            ResultWrite::NotAttempted { .. } => RequestResult::None,
         }
     }
 
     /// When the attempt ended; `None` when no request was made.
     pub fn epoch(&self) -> Option<u64> {
         match self {
-            RowOutcome::Attempted { epoch, .. } => Some(*epoch),
-            RowOutcome::NotAttempted { .. } => None,
+            ResultWrite::Attempted { epoch, .. } => Some(*epoch),
+            ResultWrite::NotAttempted { .. } => None,
         }
     }
 
     /// The complete new `properties` JSON text.
     pub fn properties(&self) -> &str {
         match self {
-            RowOutcome::Attempted { properties, .. } | RowOutcome::NotAttempted { properties } => {
-                properties
-            }
+            ResultWrite::Attempted { properties, .. }
+            | ResultWrite::NotAttempted { properties } => properties,
         }
     }
 }
@@ -217,8 +237,11 @@ impl RowOutcome {
 /// Row counts for `/api/webhook/stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Rows with status `queued`.
     pub queued: u64,
+    /// Rows with status `sent`.
     pub sent: u64,
+    /// Rows with status `failed`.
     pub failed: u64,
     /// Hooks with status `enabled` or `firehose`.
     pub active_hooks: u64,
@@ -227,6 +250,7 @@ pub struct Stats {
 /// The backlog, for a gauge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueDepth {
+    /// Rows with status `queued`, in flight or waiting.
     pub queued: u64,
     /// `now - MIN(dateCreated)` over queued rows; `None` when nothing is queued.
     pub oldest_age_sec: Option<u64>,
@@ -296,7 +320,7 @@ const CLAIM_SQL: &str = "\
 UPDATE herald_webhookrequest SET dateModified = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ?";
 
-const OUTCOME_SQL: &str = "\
+const RESULT_WRITE_SQL: &str = "\
 UPDATE herald_webhookrequest \
 SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ?";
@@ -586,19 +610,19 @@ impl ClaimStore {
         }))
     }
 
-    /// Writes the outcome if the row is still at `claim.version`; `false`: taken over (the
+    /// Writes `write` if the row is still at `claim.version`; `false`: taken over (the
     /// caller counts and logs it, never retries).
     ///
     /// After an attempt, `lastRequestEpoch = dateModified = max(version, now, epoch)`: equal
     /// columns mark "result written, not in flight". Without one (always terminal),
     /// `lastRequestEpoch` stays 0 and `dateModified` keeps the claim version.
-    pub async fn write_outcome(
+    pub async fn write_result(
         &self,
         claim: &Claim,
-        outcome: &RowOutcome,
+        write: &ResultWrite,
         now: u64,
     ) -> Result<bool, ClaimError> {
-        let (last_epoch, version) = match outcome.epoch() {
+        let (last_epoch, version) = match write.epoch() {
             None => (0, claim.version),
             Some(epoch) => {
                 let marker = claim.version.max(now).max(epoch);
@@ -608,13 +632,13 @@ impl ClaimStore {
         let mut conn = self.conn().await?;
         let out = self
             .timed(conn.exec_drop(
-                OUTCOME_SQL,
+                RESULT_WRITE_SQL,
                 (
-                    outcome.status().as_str(),
-                    outcome.result().as_str(),
+                    write.status().as_str(),
+                    write.result().as_str(),
                     last_epoch,
                     version,
-                    outcome.properties(),
+                    write.properties(),
                     claim.id,
                     claim.version,
                 ),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use gorge_claim::testdb::{server_opts, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
     hook_lock_name, Candidate, Claim, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
-    RowOutcome, MAX_EXCLUDED_HOOKS,
+    ResultWrite, MAX_EXCLUDED_HOOKS,
 };
 use mysql_async::prelude::Queryable;
 
@@ -61,8 +61,8 @@ async fn candidate_ids(store: &ClaimStore, now: u64, timing: &ClaimTiming) -> Ve
         .collect()
 }
 
-fn failed_attempt(epoch: u64, status: RequestStatus) -> RowOutcome {
-    RowOutcome::Attempted {
+fn failed_attempt(epoch: u64, status: RequestStatus) -> ResultWrite {
+    ResultWrite::Attempted {
         status,
         result: RequestResult::Fail,
         epoch,
@@ -188,7 +188,7 @@ async fn lease_and_backoff_are_independent() {
 
     // The attempt failed at T0 + 2 and retries forever.
     let written = store
-        .write_outcome(
+        .write_result(
             &claim,
             &failed_attempt(T0 + 2, RequestStatus::Queued),
             T0 + 2,
@@ -215,7 +215,7 @@ async fn lease_and_backoff_are_independent() {
     // A stale claim cannot write: the row is not at its version any more.
     let before = db.read_request(id).await.unwrap();
     let stale = store
-        .write_outcome(
+        .write_result(
             &claim,
             &failed_attempt(T0 + 13, RequestStatus::Failed),
             T0 + 13,
@@ -239,13 +239,13 @@ async fn lease_and_backoff_are_independent() {
     assert_eq!(candidate_ids(&store, T0 + 12 + 30, &timing).await, [id]);
 
     // Delivered: never a candidate again.
-    let sent = RowOutcome::Attempted {
+    let sent = ResultWrite::Attempted {
         status: RequestStatus::Sent,
         result: RequestResult::Okay,
         epoch: T0 + 14,
         properties: "{}".to_owned(),
     };
-    assert!(store.write_outcome(&claim, &sent, T0 + 14).await.unwrap());
+    assert!(store.write_result(&claim, &sent, T0 + 14).await.unwrap());
     assert!(candidate_ids(&store, T0 + 100_000, &timing)
         .await
         .is_empty());
@@ -271,7 +271,7 @@ async fn backoff_longer_than_lease_is_not_cut_short() {
     assert_eq!(claim.version, T0 + 5);
     // The clock went backwards between claim and result: the marker stays >= the version.
     assert!(store
-        .write_outcome(
+        .write_result(
             &claim,
             &failed_attempt(T0 + 3, RequestStatus::Queued),
             T0 + 3
@@ -300,11 +300,11 @@ async fn terminal_outcome_without_request_keeps_epoch_zero() {
         .await
         .unwrap()
         .unwrap();
-    let not_found = RowOutcome::NotAttempted {
+    let not_found = ResultWrite::NotAttempted {
         properties: r#"{"errorType":"hook","errorCode":"not-found"}"#.to_owned(),
     };
     assert!(store
-        .write_outcome(&claim, &not_found, T0 + 9)
+        .write_result(&claim, &not_found, T0 + 9)
         .await
         .unwrap());
     let row = db.read_request(id).await.unwrap();
@@ -595,13 +595,13 @@ async fn stats_hooks_and_queue_depth() {
         .await
         .unwrap()
         .unwrap();
-    let sent = RowOutcome::Attempted {
+    let sent = ResultWrite::Attempted {
         status: RequestStatus::Sent,
         result: RequestResult::Okay,
         epoch: T0,
         properties: "{}".to_owned(),
     };
-    assert!(store.write_outcome(&claim, &sent, T0).await.unwrap());
+    assert!(store.write_result(&claim, &sent, T0).await.unwrap());
 
     let stats = store.stats().await.unwrap();
     assert_eq!(

@@ -4,8 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A monotonic millisecond clock; only differences between readings mean anything.
-pub trait Clock: Send + Sync {
+/// A monotonic millisecond clock; only differences between readings mean anything. (The
+/// webhook's `UnixClock` is a different thing: wall-clock Unix time.)
+pub trait MillisClock: Send + Sync {
+    /// Milliseconds since an arbitrary start; never goes back.
     fn now_ms(&self) -> u64;
 }
 
@@ -16,6 +18,7 @@ pub struct MonotonicClock {
 }
 
 impl MonotonicClock {
+    /// A clock reading 0 now.
     pub fn new() -> Arc<Self> {
         Arc::new(MonotonicClock {
             start: Instant::now(),
@@ -23,7 +26,7 @@ impl MonotonicClock {
     }
 }
 
-impl Clock for MonotonicClock {
+impl MillisClock for MonotonicClock {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -31,21 +34,23 @@ impl Clock for MonotonicClock {
 
 /// A clock that only moves when told to (tests).
 #[derive(Debug, Default)]
-pub struct ManualClock {
+pub struct ManualMillisClock {
     now: AtomicU64,
 }
 
-impl ManualClock {
+impl ManualMillisClock {
+    /// A clock at 0.
     pub fn new() -> Arc<Self> {
-        Arc::new(ManualClock::default())
+        Arc::new(ManualMillisClock::default())
     }
 
-    pub fn advance(&self, ms: u64) {
+    /// Moves the clock forward by `ms` milliseconds.
+    pub fn advance_ms(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
     }
 }
 
-impl Clock for ManualClock {
+impl MillisClock for ManualMillisClock {
     fn now_ms(&self) -> u64 {
         self.now.load(Ordering::SeqCst)
     }

@@ -8,7 +8,7 @@
 //! walks history in bounded slices and lets go of the lock between them, and each socket's
 //! replays are rate-limited: no client can hold the lock the publish path needs.
 //!
-//! Instances come in two kinds (issue 9 N2): *confirmed* ones — any instance the admin port
+//! Instances come in two kinds: *confirmed* ones — any instance the admin port
 //! has published to, i.e. one Phorge itself names — and *anonymous* ones, named only by a
 //! browser's URL. Each kind has its own table of `Limits::instances` slots, so anonymous
 //! sockets on made-up `~names` can fill only the anonymous table and never keep a real
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::clock::Clock;
+use crate::clock::MillisClock;
 use crate::history::{Entry, History, HistoryLimits, Subscribers};
 use crate::outbound::{Outbound, Push, QueueCaps};
 use crate::subscriptions::{subscription_cost, SubscriptionIndex};
@@ -34,20 +34,30 @@ const REPLAY_SLICE_WORK: usize = 256;
 /// Every bound the hub enforces.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Frames one socket's outbound queue may hold before the socket is closed as a slow
+    /// consumer.
     pub queue_frames: usize,
+    /// Bytes one socket's outbound queue may hold, likewise.
     pub queue_bytes: usize,
+    /// History entries kept for replay, all instances together (the oldest go first).
     pub history_entries: usize,
+    /// Entries older than this are dropped from history.
     pub history_age_ms: u64,
+    /// Bytes of history kept, all instances together.
     pub history_bytes: usize,
+    /// PHIDs one socket may subscribe to.
     pub subscriptions_per_socket: usize,
     /// Bytes of subscriptions per socket (see [`crate::SUBSCRIPTION_OVERHEAD_BYTES`]).
     pub subscription_bytes_per_socket: usize,
     /// Bytes of subscriptions of all sockets together.
     pub subscription_bytes_total: usize,
+    /// Longest PHID accepted in a subscription; longer ones are ignored.
     pub phid_bytes: usize,
     /// Slots per kind of instance (confirmed, anonymous).
     pub instances: usize,
+    /// Longest instance name a socket or a POST may use.
     pub instance_name_bytes: usize,
+    /// Open sockets, all instances together.
     pub sockets: usize,
     /// Replays a socket may ask for at once...
     pub replay_burst: u32,
@@ -79,8 +89,11 @@ impl Default for Limits {
 /// Why a socket could not join.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectError {
+    /// [`Limits::sockets`] sockets are already open.
     TooManySockets,
+    /// The instance is new and every slot of its kind ([`Limits::instances`]) is taken.
     TooManyInstances,
+    /// The instance name is longer than [`Limits::instance_name_bytes`].
     InstanceNameTooLong,
 }
 
@@ -118,14 +131,17 @@ pub struct SocketHandle {
 }
 
 impl SocketHandle {
+    /// This socket's id, unique for the life of the hub.
     pub fn id(&self) -> SocketId {
         self.id
     }
 
+    /// The instance the socket joined.
     pub fn instance(&self) -> &str {
         &self.instance
     }
 
+    /// The socket's outbound queue, which its writer drains.
     pub fn outbound(&self) -> &Arc<Outbound> {
         &self.outbound
     }
@@ -139,13 +155,13 @@ struct BatchPlan {
     frames: Vec<(Bytes, u64)>,
     /// For each frame, its message's index in the batch.
     messages: Vec<usize>,
-    outcomes: Vec<Result<PublishOutcome, InstanceNameTooLong>>,
+    outcomes: Vec<Result<PublishCounts, InstanceNameTooLong>>,
     caps: QueueCaps,
 }
 
 impl BatchPlan {
     /// Writes (or queues) every socket's frames; one outcome per message, in order.
-    fn deliver(self, hub: &Hub) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
+    fn deliver(self, hub: &Hub) -> Vec<Result<PublishCounts, InstanceNameTooLong>> {
         let mut outcomes = self.outcomes;
         for (socket, outbound) in self.sockets.iter().enumerate() {
             let range = self.starts[socket]..self.starts[socket + 1];
@@ -178,7 +194,9 @@ impl BatchPlan {
 /// One message for [`Hub::publish_batch`].
 #[derive(Debug, Clone)]
 pub struct Publication<'a> {
+    /// The instance it was posted to.
     pub instance: &'a str,
+    /// The PHIDs it is for: sockets subscribed to any of them get it.
     pub subscribers: &'a [String],
     /// The encoded frame, shared by every recipient and the history.
     pub frame: Bytes,
@@ -188,7 +206,7 @@ pub struct Publication<'a> {
 
 /// What one publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PublishOutcome {
+pub struct PublishCounts {
     /// Frames queued for live delivery.
     pub queued: usize,
     /// Sockets whose queue overflowed on this publish (now closing with 1008).
@@ -197,12 +215,14 @@ pub struct PublishOutcome {
     pub dropped_frames: usize,
     /// History size after the publish.
     pub history_entries: usize,
+    /// History bytes after the publish.
     pub history_bytes: usize,
 }
 
 /// What one subscribe did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SubscribeOutcome {
+pub struct SubscribeCounts {
+    /// PHIDs newly subscribed (already subscribed ones are not counted again).
     pub added: usize,
     /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
     pub ignored: usize,
@@ -212,7 +232,8 @@ pub struct SubscribeOutcome {
 
 /// What one replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReplayOutcome {
+pub struct ReplayCounts {
+    /// History frames queued for the socket.
     pub queued: usize,
     /// Matching frames that did not fit in the socket's queue (the oldest are skipped).
     pub dropped_frames: usize,
@@ -225,19 +246,28 @@ pub struct ReplayOutcome {
 /// An instance's counters for `/status/` (uptime and version are the caller's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubStatus {
+    /// Sockets of the instance open now.
     pub clients_active: u64,
+    /// Sockets the instance has had since the hub started.
     pub clients_total: u64,
+    /// Messages accepted, all instances (Aphlict's `messages.in`).
     pub messages_in: u64,
+    /// Frames queued or written for live delivery, all instances; replays excluded.
     pub messages_out: u64,
+    /// Retained history entries of the instance.
     pub history_size: u64,
+    /// Milliseconds since the instance's oldest retained entry; `None` when it has none.
     pub history_age_ms: Option<u64>,
 }
 
 /// Global gauges of the hub, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HubUsage {
+    /// Instances Phorge has published to (each holds a slot of its kind).
     pub confirmed_instances: usize,
+    /// Instances named only by browsers' URLs (each holds a slot of its kind).
     pub anonymous_instances: usize,
+    /// Bytes of subscriptions held by all sockets (see [`crate::subscription_cost`]).
     pub subscription_bytes: usize,
 }
 
@@ -319,7 +349,7 @@ impl State {
 pub struct Hub {
     state: Mutex<State>,
     limits: Limits,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn MillisClock>,
     messages_in: AtomicU64,
     messages_out: AtomicU64,
 }
@@ -331,7 +361,8 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
-    pub fn new(limits: Limits, clock: Arc<dyn Clock>) -> Self {
+    /// A hub enforcing `limits`, reading history age from `clock`.
+    pub fn new(limits: Limits, clock: Arc<dyn MillisClock>) -> Self {
         let history = History::new(HistoryLimits {
             entries: limits.history_entries,
             age_ms: limits.history_age_ms,
@@ -354,6 +385,7 @@ impl Hub {
         }
     }
 
+    /// The bounds this hub was created with.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -469,9 +501,9 @@ impl Hub {
 
     /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
     /// limits.
-    pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeOutcome {
+    pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeCounts {
         let limits = &self.limits;
-        let mut outcome = SubscribeOutcome::default();
+        let mut outcome = SubscribeCounts::default();
         let mut state = self.lock();
         let State {
             sockets,
@@ -578,7 +610,7 @@ impl Hub {
         instance: &str,
         subscribers: &[String],
         frame: Bytes,
-    ) -> Result<PublishOutcome, InstanceNameTooLong> {
+    ) -> Result<PublishCounts, InstanceNameTooLong> {
         self.publish_at(instance, subscribers, frame, self.clock.now_ms())
     }
 
@@ -594,7 +626,7 @@ impl Hub {
         subscribers: &[String],
         frame: Bytes,
         now: u64,
-    ) -> Result<PublishOutcome, InstanceNameTooLong> {
+    ) -> Result<PublishCounts, InstanceNameTooLong> {
         let message = Publication {
             instance,
             subscribers,
@@ -613,7 +645,7 @@ impl Hub {
     pub fn publish_batch(
         &self,
         batch: &[Publication<'_>],
-    ) -> Vec<Result<PublishOutcome, InstanceNameTooLong>> {
+    ) -> Vec<Result<PublishCounts, InstanceNameTooLong>> {
         self.plan_batch(batch).deliver(self)
     }
 
@@ -635,10 +667,10 @@ impl Hub {
                 }
                 let (seq, targets, (history_entries, history_bytes)) =
                     self.append_locked(&mut state, message);
-                outcomes.push(Ok(PublishOutcome {
+                outcomes.push(Ok(PublishCounts {
                     history_entries,
                     history_bytes,
-                    ..PublishOutcome::default()
+                    ..PublishCounts::default()
                 }));
                 hits.reserve(targets.len());
                 for outbound in targets {
@@ -724,7 +756,7 @@ impl Hub {
     /// Refused (and reported) beyond the socket's replay rate. History is walked newest first
     /// in slices of bounded work, letting go of the lock between slices so publishing never
     /// waits for more than one slice; only what fits in the socket's queue is kept.
-    pub fn replay(&self, handle: &SocketHandle, age_ms: u64) -> ReplayOutcome {
+    pub fn replay(&self, handle: &SocketHandle, age_ms: u64) -> ReplayCounts {
         self.replay_between_slices(handle, age_ms, std::thread::yield_now)
     }
 
@@ -734,11 +766,11 @@ impl Hub {
         handle: &SocketHandle,
         age_ms: u64,
         mut between: impl FnMut(),
-    ) -> ReplayOutcome {
+    ) -> ReplayCounts {
         let caps = self.caps();
         let now = self.clock.now_ms();
         let since = now.saturating_sub(age_ms);
-        let mut outcome = ReplayOutcome::default();
+        let mut outcome = ReplayCounts::default();
         let mut state = self.lock();
         outcome.slices = 1;
         let room = {
@@ -887,15 +919,15 @@ fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outboun
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::ManualMillisClock;
     use crate::outbound::CloseReason;
 
-    fn hub_with(limits: Limits) -> (Hub, Arc<ManualClock>) {
-        let clock = ManualClock::new();
+    fn hub_with(limits: Limits) -> (Hub, Arc<ManualMillisClock>) {
+        let clock = ManualMillisClock::new();
         (Hub::new(limits, clock.clone()), clock)
     }
 
-    fn hub() -> (Hub, Arc<ManualClock>) {
+    fn hub() -> (Hub, Arc<ManualMillisClock>) {
         hub_with(Limits::default())
     }
 
@@ -912,7 +944,7 @@ mod tests {
         instance: &str,
         subscribers: &[&str],
         body: &'static str,
-    ) -> PublishOutcome {
+    ) -> PublishCounts {
         hub.publish(
             instance,
             &strings(subscribers),
@@ -1104,9 +1136,9 @@ mod tests {
         let (hub, clock) = hub();
         assert_eq!(hub.status("default").history_age_ms, None);
         publish(&hub, "default", &["P"], "m");
-        clock.advance(250);
+        clock.advance_ms(250);
         assert_eq!(hub.status("default").history_age_ms, Some(250));
-        clock.advance(60_000);
+        clock.advance_ms(60_000);
         let s = hub.status("default");
         assert_eq!((s.history_size, s.history_age_ms), (0, None));
     }
@@ -1115,10 +1147,10 @@ mod tests {
     fn replay_by_age_and_subscription_oldest_first() {
         let (hub, clock) = hub();
         publish(&hub, "default", &["A"], "old-a");
-        clock.advance(10_000);
+        clock.advance_ms(10_000);
         publish(&hub, "default", &["B"], "b");
         publish(&hub, "default", &["A"], "new-a");
-        clock.advance(1_000);
+        clock.advance_ms(1_000);
         let s = hub.connect("default").unwrap();
         hub.subscribe(&s, strings(&["A"]));
         assert_eq!(hub.replay(&s, 5_000).queued, 1);
@@ -1187,7 +1219,7 @@ mod tests {
         let out = hub.subscribe(&s, strings(&["A", "toolong", "A", "B", "C"]));
         assert_eq!(
             out,
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 2,
                 ignored: 2,
                 over_total: 0,
@@ -1297,19 +1329,19 @@ mod tests {
         let other = hub.connect("default").unwrap();
         hub.subscribe(&s, strings(&["A"]));
         hub.subscribe(&other, strings(&["A"]));
-        let refused = |out: ReplayOutcome| (out.refused, out.queued);
+        let refused = |out: ReplayCounts| (out.refused, out.queued);
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
         // Another socket has its own allowance.
         assert_eq!(refused(hub.replay(&other, 60_000)), (false, 1));
-        clock.advance(999);
+        clock.advance_ms(999);
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
-        clock.advance(1);
+        clock.advance_ms(1);
         assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         assert_eq!(refused(hub.replay(&s, 60_000)), (true, 0));
         // A long pause refills up to the burst, not beyond.
-        clock.advance(10_000);
+        clock.advance_ms(10_000);
         for _ in 0..2 {
             assert_eq!(refused(hub.replay(&s, 60_000)), (false, 1));
         }
@@ -1387,7 +1419,7 @@ mod tests {
         let phids = |from: usize| (from..from + 4).map(|i| format!("P-{i:02}")).collect();
         assert_eq!(
             hub.subscribe(&a, phids(0)),
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 3,
                 ignored: 1,
                 over_total: 0
@@ -1395,7 +1427,7 @@ mod tests {
         );
         assert_eq!(
             hub.subscribe(&b, phids(10)),
-            SubscribeOutcome {
+            SubscribeCounts {
                 added: 2,
                 ignored: 0,
                 over_total: 2

@@ -6,16 +6,18 @@
 //! that drains that socket's [`Outbound`] queue. Publishing only pushes shared [`bytes::Bytes`]
 //! into queues under a short lock; it never waits on a socket.
 
+#![warn(missing_docs)]
+
 mod clock;
 mod history;
 mod hub;
 mod outbound;
 mod subscriptions;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{ManualMillisClock, MillisClock, MonotonicClock};
 pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, Publication,
-    PublishOutcome, ReplayOutcome, SocketHandle, SocketId, SubscribeOutcome,
+    PublishCounts, ReplayCounts, SocketHandle, SocketId, SubscribeCounts,
 };
 pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink, MAX_BATCH};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

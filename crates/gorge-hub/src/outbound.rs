@@ -38,7 +38,10 @@ pub enum Push {
     Queued,
     /// This push overflowed the queue; the socket is now closing as a slow consumer and
     /// `dropped` frames (including this one) were discarded.
-    Overflowed { dropped: usize },
+    Overflowed {
+        /// Frames discarded, this one included.
+        dropped: usize,
+    },
     /// The socket is already closing; the frame was not queued.
     Closing,
     /// A replay already queued this live frame; not queued twice.
@@ -66,7 +69,9 @@ pub enum Flush {
 /// Bounds of one queue.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueCaps {
+    /// Frames the queue may hold.
     pub frames: usize,
+    /// Bytes the queue may hold.
     pub bytes: usize,
 }
 
@@ -147,7 +152,7 @@ impl QueueState {
     }
 }
 
-/// Most frames handed to one `writev` by [`Outbound::push_batch`]; the rest queue.
+/// Most frames handed to one write by [`Outbound::push_batch`]; the rest queue.
 pub const MAX_BATCH: usize = 64;
 
 /// Whether one more frame of `len` bytes would exceed `caps`.

@@ -33,12 +33,16 @@ pub fn env_value(name: &str) -> Option<String> {
 /// An invalid setting: which key, what value, and why. Displays as one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The setting as the operator knows it (an environment variable, a file key, an option).
     pub key: String,
+    /// The value as given (masked for secrets by the caller).
     pub value: String,
+    /// What was expected instead, in plain words.
     pub reason: String,
 }
 
 impl ConfigError {
+    /// An error for `key` set to `value`, refused because of `reason`.
     pub fn new(key: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
         ConfigError {
             key: key.into(),
@@ -154,6 +158,7 @@ fn actual_text(actual: &Actual) -> String {
 /// Where an effective value came from, as `--check-config` prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
+    /// No file, variable or option set it.
     Default,
     /// The configuration file (its path).
     File(String),
@@ -177,8 +182,11 @@ impl fmt::Display for Source {
 /// One line of `--check-config`: the setting's name, its effective value, its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckLine {
+    /// The setting's name (an environment variable name, or a file key where there is none).
     pub name: String,
+    /// The effective value as printed (secrets masked).
     pub value: String,
+    /// Where the value came from.
     pub source: Source,
 }
 
@@ -294,6 +302,8 @@ pub struct TypedEnv {
 }
 
 impl TypedEnv {
+    /// A layer reading `{prefix}{KEY}` for each key of `defaults` (a serializable struct of the
+    /// settings with their default values), typed like that default.
     pub fn new(prefix: &str, defaults: &impl serde::Serialize) -> TypedEnv {
         let defaults = match serde_json::to_value(defaults) {
             Ok(serde_json::Value::Object(map)) => map,
@@ -371,14 +381,18 @@ pub fn mask_secret(secret: &str) -> &'static str {
 pub struct Secret(String);
 
 impl Secret {
+    /// Wraps a secret value read from configuration.
     pub fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
 
+    /// The secret itself, for the one place that needs it (a password sent to MySQL, a token
+    /// compared in constant time).
     pub fn expose(&self) -> &str {
         &self.0
     }
 
+    /// Whether no secret is set (for a token: authentication is off).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

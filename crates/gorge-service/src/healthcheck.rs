@@ -25,7 +25,10 @@ pub fn probe_target(listen: SocketAddr) -> SocketAddr {
 /// Why a probe failed, as one line.
 #[derive(Debug)]
 pub enum ProbeFailure {
+    /// The TCP connection could not be made (nothing listening, refused, unreachable).
     Connect(std::io::Error),
+    /// The connection was made but writing the request or reading the answer failed or timed
+    /// out.
     Io(std::io::Error),
     /// The connection closed before a status line arrived.
     NoAnswer,

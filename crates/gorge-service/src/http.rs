@@ -8,9 +8,12 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::StatusCode;
 use serde::Serialize;
 
+/// The body of every response: the whole body in one buffer (no streaming anywhere).
 pub type Body = Full<Bytes>;
+/// The response type every handler returns.
 pub type Response = hyper::Response<Body>;
 
+/// `Content-Type` of JSON answers.
 pub const JSON: &str = "application/json";
 
 /// The message of every 500: internals (driver text, addresses, SQL) stay in the logs.
@@ -34,7 +37,8 @@ pub fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
     }
 }
 
-/// The stable error code for a status, as the specs define them.
+/// The stable `code` of the error envelope for a status (`ERR_` and the status's name), the
+/// same in both services so a client can match on it.
 pub fn error_code(status: StatusCode) -> &'static str {
     match status {
         StatusCode::BAD_REQUEST => "ERR_BAD_REQUEST",
@@ -91,6 +95,7 @@ pub fn method_not_allowed(allow: &str) -> Response {
     response
 }
 
+/// Why [`read_body_limited`] did not return a body.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BodyError {
     /// The body is longer than the limit (declared or actual).

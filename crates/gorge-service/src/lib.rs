@@ -12,6 +12,8 @@
 //!
 //! Where to start reading: [`shutdown::run`], which ties the others together.
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod config;
 pub mod healthcheck;

@@ -14,7 +14,9 @@ use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
 use crate::config::{env_value, ConfigError};
 
+/// Environment variable with the log level and per-component overrides.
 pub const LEVEL_VAR: &str = "GORGE_LOG_LEVEL";
+/// Environment variable with the log format (`json` or `text`).
 pub const FORMAT_VAR: &str = "GORGE_LOG_FORMAT";
 
 /// The logger key whose value a per-component level matches.
@@ -26,20 +28,26 @@ const ASYNC_CHANNEL_SIZE: usize = 4096;
 const LEVEL_HELP: &str = "expected one of trace, debug, info, warn, error, critical, \
      optionally followed by component overrides such as info,peers=debug";
 
+/// How records are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
+    /// One JSON object per line (the default, for log collectors).
     Json,
+    /// slog-term's human-readable lines.
     Text,
 }
 
 /// The runtime level: a default and per-component overrides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LevelSpec {
+    /// The level of records whose component has no override.
     pub default: Level,
+    /// `(component, level)` overrides, matched against the [`COMPONENT_KEY`] of a logger.
     pub components: Vec<(String, Level)>,
 }
 
 impl LevelSpec {
+    /// Every component at `default`.
     pub fn new(default: Level) -> LevelSpec {
         LevelSpec {
             default,
@@ -57,6 +65,7 @@ impl LevelSpec {
 /// The root logger plus the guard that flushes buffered records when dropped. Keep it alive
 /// until the process exits.
 pub struct Logging {
+    /// The root logger; child loggers add `component` and other keys.
     pub logger: Logger,
     _guard: slog_async::AsyncGuard,
 }
@@ -64,7 +73,9 @@ pub struct Logging {
 /// What `GORGE_LOG_LEVEL` and `GORGE_LOG_FORMAT` say, validated (also by `--check-config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogSettings {
+    /// Levels from `GORGE_LOG_LEVEL`.
     pub level: LevelSpec,
+    /// Format from `GORGE_LOG_FORMAT`.
     pub format: LogFormat,
 }
 
@@ -115,6 +126,8 @@ pub fn init_logging(service: &'static str, version: &'static str) -> Result<Logg
     })
 }
 
+/// One level word (`trace` … `critical`, `warning` for `warn`, any case; absent: `info`);
+/// anything else is a configuration error naming [`LEVEL_VAR`].
 pub fn parse_level(value: Option<&str>) -> Result<Level, ConfigError> {
     let bad = || ConfigError::new(LEVEL_VAR, value.unwrap_or_default(), LEVEL_HELP);
     match value.map(str::trim) {
@@ -155,6 +168,8 @@ pub fn parse_level_spec(value: Option<&str>) -> Result<LevelSpec, ConfigError> {
     Ok(spec)
 }
 
+/// `json` (also when absent) or `text`, any case; anything else is a configuration error
+/// naming [`FORMAT_VAR`].
 pub fn parse_format(value: Option<&str>) -> Result<LogFormat, ConfigError> {
     match value.map(str::to_ascii_lowercase).as_deref() {
         None | Some("json") => Ok(LogFormat::Json),

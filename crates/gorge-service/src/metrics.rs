@@ -45,11 +45,17 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// What `/proc` says about this process; `None` fields are left out of the exposition.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ProcessStats {
+    /// User plus system CPU time (`process_cpu_seconds_total`).
     pub cpu_seconds: Option<f64>,
+    /// Resident set size (`process_resident_memory_bytes`).
     pub resident_bytes: Option<u64>,
+    /// Virtual memory size (`process_virtual_memory_bytes`).
     pub virtual_bytes: Option<u64>,
+    /// Open file descriptors (`process_open_fds`).
     pub open_fds: Option<u64>,
+    /// The soft open-files limit (`process_max_fds`).
     pub max_fds: Option<u64>,
+    /// Process start as a Unix time (`process_start_time_seconds`).
     pub start_time_seconds: Option<f64>,
 }
 

@@ -20,6 +20,8 @@ pub type ReadinessCheck =
 
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The shared probe endpoints, `/healthz`, `/readyz` and `/metrics`, and the draining flag
+/// that turns `/readyz` off at shutdown.
 pub struct Probes {
     registry: Registry,
     process: Registry,
@@ -28,6 +30,8 @@ pub struct Probes {
 }
 
 impl Probes {
+    /// Probes exposing `registry` (the service's metrics) plus the `process_*` metrics, ready
+    /// when `readiness` says so.
     pub fn new(registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
         Arc::new(Probes {
             registry,
@@ -47,6 +51,7 @@ impl Probes {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether [`Probes::set_draining`] was called.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }

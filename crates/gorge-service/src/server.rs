@@ -57,8 +57,11 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// A listener to open: a name for logs and errors, an address, and its request handler.
 pub struct ListenerSpec {
+    /// Name used in logs and in a [`BindError`] (`admin`, `client`, `status`…).
     pub name: String,
+    /// Address to bind; port 0 picks a free port.
     pub addr: SocketAddr,
+    /// Serves every request accepted on this listener.
     pub handler: Handler,
 }
 
@@ -75,6 +78,7 @@ pub struct BoundListener {
 }
 
 impl BoundListener {
+    /// The name given in its [`ListenerSpec`].
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -111,10 +115,14 @@ impl BoundListener {
     }
 }
 
+/// A listener that could not be bound; [`bind_all`] stops at the first one.
 #[derive(Debug)]
 pub struct BindError {
+    /// The listener's name from its [`ListenerSpec`].
     pub name: String,
+    /// The address that could not be bound.
     pub addr: SocketAddr,
+    /// Why (address in use, permission denied…).
     pub source: io::Error,
 }
 

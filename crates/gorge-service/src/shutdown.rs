@@ -34,16 +34,19 @@ impl Default for Shutdown {
 }
 
 impl Shutdown {
+    /// A switch that is off.
     pub fn new() -> Self {
         Shutdown {
             tx: Arc::new(watch::channel(false).0),
         }
     }
 
+    /// Turns the switch on (idempotent); every [`Shutdown::triggered`] completes.
     pub fn trigger(&self) {
         self.tx.send_replace(true);
     }
 
+    /// Whether the switch is on.
     pub fn is_triggered(&self) -> bool {
         *self.tx.borrow()
     }
@@ -63,21 +66,30 @@ pub fn no_drain() -> DrainHook {
     Box::new(|| Box::pin(async {}))
 }
 
+/// How [`run`] drains.
 pub struct RunOptions {
     /// Upper bound for the service's drain hook.
     pub drain_deadline: Duration,
     /// Upper bound for in-flight HTTP requests to finish once listeners have stopped.
     pub request_grace: Duration,
+    /// The switch [`run`] waits on (and flips on SIGTERM/SIGINT).
     pub shutdown: Shutdown,
 }
 
+/// Why [`run`] ended other than with a clean drain.
 #[derive(Debug)]
 pub enum RunError {
+    /// A listener failed (an accept error that is not transient) or stopped outside a
+    /// shutdown; the process must not limp on without it.
     ListenerFailed {
+        /// The listener's name.
         name: String,
+        /// Its bound address.
         addr: SocketAddr,
+        /// The accept error.
         source: io::Error,
     },
+    /// SIGTERM/SIGINT handlers could not be installed.
     Signals(io::Error),
 }
 

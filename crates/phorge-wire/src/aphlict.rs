@@ -73,6 +73,7 @@ pub fn receipt(fingerprint: &str) -> Vec<u8> {
 /// compact and flat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Status {
+    /// The instance these counters are for (`default` when the query names none).
     pub instance: String,
     /// Milliseconds since the process started.
     pub uptime: u64,
@@ -201,7 +202,10 @@ pub enum ClientCommand {
     /// Remove these PHIDs from the socket's subscriptions.
     Unsubscribe(Vec<String>),
     /// Re-send retained messages from the last `age_ms` milliseconds (already clamped).
-    Replay { age_ms: u64 },
+    Replay {
+        /// How far back, in milliseconds.
+        age_ms: u64,
+    },
     /// Answer with [`PONG`].
     Ping,
     /// Malformed, wrongly typed or unknown: ignored, the connection keeps working.

@@ -4,6 +4,8 @@
 //! (`PhutilJSON`, `HeraldWebhookWorker`, `PhabricatorNotificationClient`) and the browser's
 //! `JX.Aphlict`. Each module pins one format; tests pin its exact bytes.
 
+#![warn(missing_docs)]
+
 pub mod aphlict;
 pub mod phid;
 pub mod phutil_json;

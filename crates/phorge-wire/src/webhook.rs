@@ -23,24 +23,38 @@ pub const CONTENT_TYPE: &str = "application/json";
 
 /// Property keys Phorge writes on `herald_webhookrequest.properties`.
 pub mod keys {
+    /// `"forever"` or `"never"` ([`RetryMode`](crate::values::RetryMode)).
     pub const RETRY: &str = "retry";
+    /// The transactions that triggered the request, as a list of PHIDs.
     pub const TRANSACTION_PHIDS: &str = "transactionPHIDs";
+    /// The Herald rules (or test) that triggered it, as a list of PHIDs.
     pub const TRIGGER_PHIDS: &str = "triggerPHIDs";
+    /// Whether the edit was silent (no notifications).
     pub const SILENT: &str = "silent";
+    /// Phorge's secure-action flag.
     pub const SECURE: &str = "secure";
+    /// Whether the request is a test sent from the hook's page.
     pub const TEST: &str = "test";
+    /// Written by the worker after an attempt: the kind of the last error.
     pub const ERROR_TYPE: &str = "errorType";
+    /// Written by the worker after an attempt: the status, cURL number or hook code.
     pub const ERROR_CODE: &str = "errorCode";
 }
 
 /// Everything the body is built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookPayload {
+    /// The object the request is about (`object.phid` in the body; its type is derived).
     pub object_phid: String,
+    /// `triggers[].phid` in the body.
     pub trigger_phids: Vec<String>,
+    /// `transactions[].phid` in the body.
     pub transaction_phids: Vec<String>,
+    /// `action.test` in the body.
     pub test: bool,
+    /// `action.silent` in the body.
     pub silent: bool,
+    /// `action.secure` in the body.
     pub secure: bool,
     /// The row's `dateCreated`: the same on every retry.
     pub epoch: u64,
@@ -122,8 +136,11 @@ pub enum PropertiesError {
     /// An object with a key of the wrong shape; `original` is the whole object, so the
     /// failure write can keep every key.
     InvalidField {
+        /// The offending key.
         key: &'static str,
+        /// What is wrong with its value.
         reason: &'static str,
+        /// The whole object as parsed.
         original: Map<String, Value>,
     },
 }
@@ -159,15 +176,21 @@ impl fmt::Display for PropertiesError {
 impl std::error::Error for PropertiesError {}
 
 /// A parsed `properties` column. The original object is kept whole, in order, so the
-/// outcome write can preserve every key, including keys this code does not know.
+/// result write can preserve every key, including keys this code does not know.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestProperties {
     original: Map<String, Value>,
+    /// `transactionPHIDs`; missing means none.
     pub transaction_phids: Vec<String>,
+    /// `triggerPHIDs`; missing means none.
     pub trigger_phids: Vec<String>,
+    /// `test`, read with PHP's truthiness (as the worker's `(bool)` cast does).
     pub test: bool,
+    /// `silent`, read with PHP's truthiness (as the worker's `(bool)` cast does).
     pub silent: bool,
+    /// `secure`, read with PHP's truthiness (as the worker's `(bool)` cast does).
     pub secure: bool,
+    /// `retry`; anything but `forever` never retries, as in Phorge's worker.
     pub retry: RetryMode,
 }
 
@@ -230,7 +253,9 @@ impl RequestProperties {
 /// a cURL error number (`$status->getStatusCode()`), a string for the hook errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorCode {
+    /// An HTTP status or a cURL error number, written as a JSON integer.
     Number(u16),
+    /// A hook error code (`uri`, `disabled`…), written as a JSON string.
     Text(String),
 }
 

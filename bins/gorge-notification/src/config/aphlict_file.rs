@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use gorge_service::config::{did_you_mean, unknown_key_reason};
+use gorge_service::config::unknown_key_reason;
 use gorge_service::ConfigError;
 use serde_json::{Map, Value};
 
@@ -107,13 +107,9 @@ pub fn parse_file(file: &Value, settings: &mut Settings) -> Result<FileLayer, Co
                             .filter(|s| !s.env_only)
                             .map(|s| s.key),
                     );
-                let reason = match did_you_mean(key, known) {
-                    Some(near) => format!("unknown key (did you mean `{near}`?)"),
-                    None => "unknown key".to_string(),
-                };
                 layer.ignored.push(IgnoredKey {
                     key: key.clone(),
-                    reason,
+                    reason: unknown_key_reason(key, known),
                 });
             }
         }

@@ -70,7 +70,7 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
 }
 
-/// Everything the peer relay needs (spec §8).
+/// Everything the peer relay needs: static peers, DNS discovery, per-peer queue and timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerConfig {
     /// From the file's `cluster[]` and `GORGE_NOTIFICATION_PEERS`, duplicates removed.

@@ -1,4 +1,4 @@
-//! DNS peer discovery (spec §8): re-resolves `GORGE_NOTIFICATION_PEER_DNS` every refresh
+//! DNS peer discovery: re-resolves `GORGE_NOTIFICATION_PEER_DNS` every refresh
 //! period so the replicas of a Kubernetes Deployment find each other through a headless
 //! Service, and turns each answer into peers to add and remove.
 

@@ -1,4 +1,4 @@
-//! Prometheus metrics of the peer relay (spec §9): per-peer relay outcomes and link state,
+//! Prometheus metrics of the peer relay (listed in docs/notification.md, "Metrics"): per-peer relay outcomes and link state,
 //! the number of known peers, and the discovery limits being hit.
 //!
 //! Per-peer label sets are removed when a peer goes away, so DNS churn cannot grow the

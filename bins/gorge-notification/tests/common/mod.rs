@@ -201,7 +201,7 @@ pub struct InProcess {
     pub client_port: u16,
     pub admin_port: u16,
     pub fingerprint: String,
-    pub clock: Arc<gorge_hub::ManualClock>,
+    pub clock: Arc<gorge_hub::ManualMillisClock>,
     shutdown: gorge_service::Shutdown,
 }
 
@@ -223,7 +223,7 @@ impl InProcess {
         }
         config.drain_window = Duration::ZERO;
         tweak(&mut config);
-        let clock = gorge_hub::ManualClock::new();
+        let clock = gorge_hub::ManualMillisClock::new();
         let log = slog::Logger::root(slog::Discard, slog::o!());
         let mut server = gorge_notification::service::Server::bind(config, clock.clone(), &log)
             .await

@@ -10,7 +10,7 @@ use super::Dispatcher;
 impl Dispatcher {
     /// Records the breaker state for `hook`; true when it is open. Logs only transitions.
     pub(super) fn note_breaker(&self, hook: &str, failures: u64) -> bool {
-        let open = failures >= self.config.breaker_threshold;
+        let open = failures >= self.config.error_threshold;
         let changed = {
             let mut state = self.local_state();
             let changed = if open {
@@ -26,8 +26,8 @@ impl Dispatcher {
         if changed && open {
             warn!(self.log, "WEBHOOK_BREAKER_OPEN";
                 "hook" => hook, "failures" => failures,
-                "threshold" => self.config.breaker_threshold,
-                "window_sec" => self.config.breaker_window_sec);
+                "threshold" => self.config.error_threshold,
+                "window_sec" => self.config.error_backoff_sec);
         } else if changed {
             info!(self.log, "WEBHOOK_BREAKER_CLOSED"; "hook" => hook, "failures" => failures);
         }
@@ -43,8 +43,8 @@ impl Dispatcher {
         };
         let since = self
             .clock
-            .now()
-            .saturating_sub(self.config.breaker_window_sec);
+            .now_sec()
+            .saturating_sub(self.config.error_backoff_sec);
         for hook in open {
             let failures = self.store.recent_failures(&hook, since).await?;
             self.note_breaker(&hook, failures);

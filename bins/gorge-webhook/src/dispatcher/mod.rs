@@ -2,14 +2,14 @@
 //!
 //! - this file: the poll loop, its back-off on database errors, and progress for readiness;
 //! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
-//! - [`row`]: the per-request steps of webhook.md §4, top to bottom;
+//! - [`row`]: the per-request steps (docs/webhook.md, "Per-request steps"), top to bottom;
 //! - [`breaker`]: the per-hook circuit breaker;
 //! - [`state`]: what this process is working on right now.
 //!
 //! A SELECT only finds candidates; nothing is sent or written for a row until the claim's
 //! compare-and-set is won. Concurrency is one semaphore permit per row being worked on, so
 //! at most `max_concurrent` POSTs run at once. Every time read goes through the injected
-//! [`Clock`].
+//! [`UnixClock`].
 
 mod breaker;
 mod poll;
@@ -25,7 +25,7 @@ use gorge_service::Shutdown;
 use slog::{info, warn, Logger};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::clock::Clock;
+use crate::clock::UnixClock;
 use crate::delivery::Deliverer;
 use crate::metrics::Metrics;
 
@@ -42,14 +42,14 @@ pub struct DispatcherConfig {
     pub poll_interval: Duration,
     pub max_concurrent: usize,
     pub timing: ClaimTiming,
-    pub breaker_window_sec: u64,
-    pub breaker_threshold: u64,
+    pub error_backoff_sec: u64,
+    pub error_threshold: u64,
 }
 
 /// Polls `herald_webhookrequest` and delivers what it wins.
 pub struct Dispatcher {
     store: ClaimStore,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn UnixClock>,
     deliverer: Deliverer,
     metrics: Metrics,
     log: Logger,
@@ -59,7 +59,7 @@ pub struct Dispatcher {
     finished: Notify,
     /// Set when the poll loop ends: rows not yet claimed are left alone.
     stopping: AtomicBool,
-    /// Clock milliseconds of the last sign of progress: a poll round that completed or a
+    /// UnixClock milliseconds of the last sign of progress: a poll round that completed or a
     /// result that was written.
     progress: AtomicU64,
 }
@@ -67,13 +67,13 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         store: ClaimStore,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn UnixClock>,
         deliverer: Deliverer,
         metrics: Metrics,
         config: DispatcherConfig,
         log: Logger,
     ) -> Arc<Dispatcher> {
-        let now = clock.now_millis();
+        let now = clock.now_ms();
         Arc::new(Dispatcher {
             slots: Arc::new(Semaphore::new(config.max_concurrent)),
             store,
@@ -96,14 +96,13 @@ impl Dispatcher {
     }
 
     fn made_progress(&self) {
-        self.progress
-            .store(self.clock.now_millis(), Ordering::SeqCst);
+        self.progress.store(self.clock.now_ms(), Ordering::SeqCst);
     }
 
     /// How long ago (clock time) the dispatcher last made progress.
     pub fn since_progress(&self) -> Duration {
         let last = self.progress.load(Ordering::SeqCst);
-        Duration::from_millis(self.clock.now_millis().saturating_sub(last))
+        Duration::from_millis(self.clock.now_ms().saturating_sub(last))
     }
 
     /// Polls until `shutdown`, then waits for in-flight deliveries to write their results.
@@ -180,7 +179,7 @@ impl Dispatcher {
     /// Samples the queue depth, pool state and open breakers into the metrics.
     pub async fn sample(&self) -> Result<(), ClaimError> {
         self.metrics.set_pool(&self.store.pool_state());
-        let depth = self.store.queue_depth(self.clock.now()).await?;
+        let depth = self.store.queue_depth(self.clock.now_sec()).await?;
         self.metrics.queue_depth.set(depth.queued as i64);
         self.metrics
             .oldest_queued_age_seconds

@@ -13,7 +13,7 @@ use slog::warn;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::Dispatcher;
-use crate::metrics::{InvalidRowReason, SkipReason};
+use crate::outcome::{InvalidRowReason, SkipReason};
 
 /// Candidates fetched per poll, as a multiple of `max_concurrent`: only one row per hook can
 /// start at a time, so a batch of exactly `max_concurrent` rows could leave slots idle when
@@ -53,7 +53,7 @@ impl Dispatcher {
         self: &Arc<Self>,
         first: Option<OwnedSemaphorePermit>,
     ) -> Result<Round, ClaimError> {
-        let now = self.clock.now();
+        let now = self.clock.now_sec();
         let limit = self.batch_limit();
         let (excluded, mut round) = self.hooks_to_exclude();
         if excluded.len() > MAX_EXCLUDED_HOOKS {
@@ -136,7 +136,7 @@ impl Dispatcher {
     /// running here first (at most `max_concurrent`, and they free up soonest), then resting
     /// ones. Forgets rests that are over. The store uses the first [`MAX_EXCLUDED_HOOKS`].
     fn hooks_to_exclude(&self) -> (Vec<String>, Round) {
-        let now = self.clock.now_millis();
+        let now = self.clock.now_ms();
         let mut state = self.local_state();
         state.resting.retain(|_, until| *until > now);
         let mut excluded: Vec<String> = state.hooks.iter().cloned().collect();
@@ -183,7 +183,7 @@ impl Dispatcher {
     pub(super) fn invalid_row(&self, id: u64, reason: InvalidRowReason, why: &str) {
         self.metrics.invalid_row(reason);
         self.metrics
-            .delivered(crate::metrics::DeliveryOutcome::Failed, "hook");
+            .delivered(crate::outcome::DeliveryOutcome::Failed, "hook");
         warn!(self.log, "WEBHOOK_INVALID_ROW";
             "id" => id, "reason" => reason.label(), "why" => why,
             "code" => HookErrorCode::InvalidRow.as_str(), "status" => "failed");

@@ -1,8 +1,9 @@
-//! The per-request steps of webhook.md §4 for one candidate, top to bottom:
+//! The per-request steps (docs/webhook.md, "Per-request steps") for one candidate, top to
+//! bottom:
 //!
 //! parse `properties` → load the hook → per-hook lock → breaker → outbound policy (resolves
 //! the host; after the lock and breaker so skipped rows resolve nothing) → load the object
-//! and its transactions as Phorge does → claim → POST → write the outcome (only while the
+//! and its transactions as Phorge does → claim → POST → write the result (only while the
 //! row is still ours) → release the lock.
 //!
 //! Nothing is written before the claim is won, except for rows that cannot be claimed at
@@ -11,7 +12,7 @@
 
 use std::time::Duration;
 
-use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, RowOutcome, Unchecked};
+use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{
     rewrite_properties, sign, PropertiesError, RequestProperties, WebhookPayload,
@@ -22,8 +23,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
-use crate::metrics::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::outcome;
+use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::policy::{CheckedTarget, PolicyError};
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
@@ -92,7 +93,7 @@ impl Dispatcher {
         }
     }
 
-    /// The §4 steps for one candidate.
+    /// The per-request steps for one candidate, in the order of this module's doc.
     async fn process(&self, candidate: &Candidate) -> Result<RowEnd, ClaimError> {
         // 1. Properties.
         let properties = match RequestProperties::parse(&candidate.properties) {
@@ -158,8 +159,8 @@ impl Dispatcher {
         // 4. Breaker.
         let since = self
             .clock
-            .now()
-            .saturating_sub(self.config.breaker_window_sec);
+            .now_sec()
+            .saturating_sub(self.config.error_backoff_sec);
         let failures = self.store.recent_failures(&hook.phid, since).await?;
         if self.note_breaker(&hook.phid, failures) {
             self.rest(&hook.phid, BREAKER_REST);
@@ -229,7 +230,7 @@ impl Dispatcher {
             self.metrics.policy_blocks.inc();
         }
         // 9. The outcome, in Phorge's values.
-        let decision = outcome::after_attempt(properties, result, self.clock.now());
+        let decision = outcome::after_attempt(properties, result, self.clock.now_sec());
         if self.write(candidate, &claim, &decision.row).await? {
             self.metrics.delivered(decision.outcome, decision.class);
             if decision.outcome == DeliveryOutcome::Sent {
@@ -255,7 +256,7 @@ impl Dispatcher {
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
     fn rest(&self, hook: &str, duration: std::time::Duration) {
-        let until = self.clock.now_millis() + duration.as_millis() as u64;
+        let until = self.clock.now_ms() + duration.as_millis() as u64;
         self.local_state().resting.insert(hook.to_string(), until);
     }
 
@@ -301,7 +302,7 @@ impl Dispatcher {
         if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(None);
         }
-        let claim = self.store.claim(candidate, self.clock.now()).await?;
+        let claim = self.store.claim(candidate, self.clock.now_sec()).await?;
         match claim {
             Some(_) => self.metrics.claim_won(),
             None => {
@@ -313,14 +314,14 @@ impl Dispatcher {
         Ok(claim)
     }
 
-    /// Writes the outcome while the row is still ours. Database errors are retried for as
+    /// Writes `write` while the row is still ours. Database errors are retried for as
     /// long as the claim's lease protects the row (never a taken-over row, never a statement
     /// the server rejects). True when it landed.
     async fn write(
         &self,
         candidate: &Candidate,
         claim: &Claim,
-        outcome: &RowOutcome,
+        write: &ResultWrite,
     ) -> Result<bool, ClaimError> {
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
@@ -328,7 +329,7 @@ impl Dispatcher {
         let landed = loop {
             match self
                 .store
-                .write_outcome(claim, outcome, self.clock.now())
+                .write_result(claim, write, self.clock.now_sec())
                 .await
             {
                 Ok(landed) => break landed,
@@ -337,7 +338,7 @@ impl Dispatcher {
                     if matches!(err, ClaimError::Timeout(_)) {
                         self.metrics.db_timeouts.inc();
                     }
-                    let now = self.clock.now_millis();
+                    let now = self.clock.now_ms();
                     if now + pause.as_millis() as u64 >= lease_end_ms {
                         warn!(self.log, "WEBHOOK_RESULT_WRITE_ABANDONED";
                             "request" => &candidate.phid, "error" => %err, "retries" => retries,
@@ -365,7 +366,7 @@ impl Dispatcher {
             self.metrics.results_taken_over.inc();
             warn!(self.log, "WEBHOOK_RESULT_TAKEN_OVER";
                 "request" => &candidate.phid, "version" => claim.version,
-                "status" => outcome.status().as_str());
+                "status" => write.status().as_str());
         }
         Ok(landed)
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use gorge_claim::testdb::{server_opts, TestDb};
 use gorge_claim::ClaimTiming;
-use gorge_webhook::clock::ManualClock;
+use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::delivery::Deliverer;
 use gorge_webhook::dispatcher::{Dispatcher, DispatcherConfig};
 use gorge_webhook::metrics::Metrics;
@@ -481,7 +481,7 @@ impl Harness {
     pub fn build(
         self,
         db: &TestDb,
-        clock: &ManualClock,
+        clock: &ManualUnixClock,
         log: &CapturedLog,
     ) -> (Arc<Dispatcher>, Metrics) {
         self.build_with_store(db.store(), clock, log)
@@ -491,7 +491,7 @@ impl Harness {
     pub fn build_with_store(
         self,
         store: gorge_claim::ClaimStore,
-        clock: &ManualClock,
+        clock: &ManualUnixClock,
         log: &CapturedLog,
     ) -> (Arc<Dispatcher>, Metrics) {
         let metrics = Metrics::unregistered();
@@ -508,8 +508,8 @@ impl Harness {
                 poll_interval: Duration::from_millis(50),
                 max_concurrent: self.max_concurrent,
                 timing: self.timing,
-                breaker_window_sec: self.breaker_window_sec,
-                breaker_threshold: self.breaker_threshold,
+                error_backoff_sec: self.breaker_window_sec,
+                error_threshold: self.breaker_threshold,
             },
             log.logger(),
         );

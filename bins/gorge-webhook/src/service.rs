@@ -1,6 +1,7 @@
 //! Wiring: builds the store, dispatcher, API and probes from [`Settings`] and runs them
-//! under `gorge_service::run` until SIGTERM, then drains in the order the spec requires:
-//! stop polling → in-flight deliveries finish and write their results → close the pool.
+//! under `gorge_service::run` until SIGTERM, then drains in this order: stop polling →
+//! in-flight deliveries finish and write their results → close the pool (closing it first
+//! would turn every result write into a duplicate POST once the lease runs out).
 //!
 //! The poll loop is supervised: if it ever ends outside a shutdown (a panic, a return),
 //! readiness fails at once and the process exits non-zero — a service that answers 200
@@ -81,11 +82,11 @@ impl From<&Settings> for DispatcherConfig {
             poll_interval: settings.poll_interval,
             max_concurrent: settings.max_concurrent,
             timing: ClaimTiming {
-                lease_sec: settings.lease_sec,
+                lease_sec: settings.claim_lease_sec,
                 retry_backoff_sec: settings.retry_backoff_sec,
             },
-            breaker_window_sec: settings.breaker_window_sec,
-            breaker_threshold: settings.breaker_threshold,
+            error_backoff_sec: settings.error_backoff_sec,
+            error_threshold: settings.error_threshold,
         }
     }
 }
@@ -105,10 +106,10 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         "mysql_connection_budget" => settings.connection_budget(),
         "mysql_query_timeout_sec" => settings.mysql_query_timeout.as_secs(),
         "delivery_timeout_sec" => settings.delivery_timeout.as_secs(),
-        "lease_sec" => settings.lease_sec,
+        "claim_lease_sec" => settings.claim_lease_sec,
         "retry_backoff_sec" => settings.retry_backoff_sec,
-        "breaker_window_sec" => settings.breaker_window_sec,
-        "breaker_threshold" => settings.breaker_threshold,
+        "error_backoff_sec" => settings.error_backoff_sec,
+        "error_threshold" => settings.error_threshold,
         "blacklist_networks" => settings.outbound_policy.len(),
         "listen_addr" => %settings.listen_addr);
     for (key, configured, effective, why) in settings.adjustments() {
@@ -208,7 +209,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let options = RunOptions {
         // A POST may take the whole delivery timeout, then its result write retries for as
         // long as the lease protects the row.
-        drain_deadline: Duration::from_secs(settings.lease_sec) + Duration::from_secs(10),
+        drain_deadline: Duration::from_secs(settings.claim_lease_sec) + Duration::from_secs(10),
         request_grace: REQUEST_GRACE,
         shutdown,
     };

@@ -13,7 +13,7 @@ use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
-/// Per-request and per-socket limits (spec §6).
+/// Per-request and per-socket limits (the `GORGE_NOTIFICATION_MAX_*`, ping and idle settings).
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     pub max_frame_bytes: usize,
@@ -22,7 +22,7 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
 }
 
-pub struct App {
+pub struct ServerState {
     pub hub: Arc<Hub>,
     /// Where the admin port hands accepted messages (it never delivers them itself).
     pub fanout: Fanout,
@@ -38,7 +38,7 @@ pub struct App {
     pub session_ended: Notify,
 }
 
-impl App {
+impl ServerState {
     /// `"gorge-notification <version>"`, the extra `server` key of `/status/`.
     pub fn server_name() -> String {
         concat!("gorge-notification ", env!("CARGO_PKG_VERSION")).to_string()
