@@ -3,9 +3,10 @@
 
 mod common;
 
-use common::{CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{NewRequest, TestDb};
+use common::Harness;
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_claim::ClaimTiming;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualClock;
 
 const T0: u64 = 1_700_000_000;
@@ -15,9 +16,9 @@ const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}
 #[tokio::test]
 async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let hook = db.hook_phid();
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let id = db
@@ -63,7 +64,7 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     assert_eq!(row.last_request_epoch, T0 + 11);
 
     // A success ends the retries.
-    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    receiver.set_behaviour(|_, _| gorge_testkit::Reply::Status(200));
     clock.set(T0 + 21);
     dispatcher.run_round().await.unwrap();
     let row = db.read_request(id).await.unwrap();
@@ -77,9 +78,9 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
 #[tokio::test]
 async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once_each() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let hook = db.hook_phid();
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     for _ in 0..10 {
@@ -141,12 +142,12 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
 
     // The window slid past the failures and the hook's rest (5 s of clock time after the
     // last check) is over: closed, delivered, logged once.
-    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    receiver.set_behaviour(|_, _| gorge_testkit::Reply::Status(200));
     clock.set(T0 + 1 + 299 + 5);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 11);
     let row = db.read_request(next).await.unwrap();
-    assert_eq!(row.status, "sent");
+    assert_eq!(row.status, RequestStatus::Sent);
     assert_eq!(log.count("WEBHOOK_BREAKER_OPEN"), 1);
     assert_eq!(log.count("WEBHOOK_BREAKER_CLOSED"), 1);
     assert_eq!(metrics.breaker_open_hooks.get(), 0);
@@ -156,15 +157,15 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
     let db = TestDb::create().await.unwrap();
-    let broken = format!("PHID-HWBH-{}-a", db.namespace());
-    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let broken = db.tagged_hook_phid("a");
+    let healthy = db.tagged_hook_phid("b");
     let receiver = Receiver::with(|request, _| {
-        common::Reply::Status(if request.path == "/a" { 500 } else { 200 })
+        gorge_testkit::Reply::Status(if request.path == "/a" { 500 } else { 200 })
     });
-    db.insert_hook(&broken, &receiver.url("/a"), "enabled", "k")
+    db.insert_hook(&broken, &receiver.url("/a"), HookStatus::Enabled, "k")
         .await
         .unwrap();
-    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+    db.insert_hook(&healthy, &receiver.url("/b"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let clock = ManualClock::new(T0 + 1);
@@ -202,10 +203,10 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
 
     let shutdown = gorge_service::Shutdown::new();
     let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
-    common::eventually(
+    gorge_testkit::eventually(
         std::time::Duration::from_secs(20),
         "healthy row sent",
-        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+        || async { db.read_request(healthy_row).await.unwrap().status == RequestStatus::Sent },
     )
     .await;
     shutdown.trigger();
@@ -222,19 +223,19 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
     let db = TestDb::create().await.unwrap();
-    let slow = format!("PHID-HWBH-{}-a", db.namespace());
-    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let slow = db.tagged_hook_phid("a");
+    let healthy = db.tagged_hook_phid("b");
     let receiver = Receiver::with(|request, _| {
         if request.path == "/slow" {
-            common::Reply::Hold(200)
+            gorge_testkit::Reply::Hold(200)
         } else {
-            common::Reply::Status(200)
+            gorge_testkit::Reply::Status(200)
         }
     });
-    db.insert_hook(&slow, &receiver.url("/slow"), "enabled", "k")
+    db.insert_hook(&slow, &receiver.url("/slow"), HookStatus::Enabled, "k")
         .await
         .unwrap();
-    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+    db.insert_hook(&healthy, &receiver.url("/b"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     // Two slots, a batch of 8: the slow hook's backlog alone fills it.
@@ -258,10 +259,10 @@ async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
     let shutdown = gorge_service::Shutdown::new();
     let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
     // The slow hook's first POST is held: the hook stays busy in this process until release.
-    common::eventually(
+    gorge_testkit::eventually(
         std::time::Duration::from_secs(20),
         "healthy row sent while the slow hook is busy",
-        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+        || async { db.read_request(healthy_row).await.unwrap().status == RequestStatus::Sent },
     )
     .await;
     // The slow hook's first POST may still be on its way (its row went through the same

@@ -7,9 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{NewRequest, TestDb};
+use common::Harness;
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_service::Shutdown;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::app::{readiness, supervise_poll_loop, PollHealth};
 use gorge_webhook::clock::ManualClock;
 use gorge_webhook::metrics::{InvalidRowReason, Metrics};
@@ -34,9 +35,9 @@ async fn state_of(db: &TestDb, id: u64) -> (String, String, u64, String) {
 #[tokio::test]
 async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let hook = db.hook_phid();
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let mut conn = db.conn().await.unwrap();
@@ -65,7 +66,10 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     let round = dispatcher.run_round().await.unwrap();
     assert_eq!((round.fetched, round.broken, round.started), (2, 1, 1));
     receiver.wait_for(1, Duration::from_secs(10));
-    assert_eq!(db.read_request(good).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(good).await.unwrap().status,
+        RequestStatus::Sent
+    );
     assert_eq!(
         state_of(&db, bad).await,
         (
@@ -89,9 +93,9 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
 #[tokio::test]
 async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_delivering() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
+    let hook = db.hook_phid();
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     // `GREATEST(dateModified + 1, …)` is out of range for INT UNSIGNED: the claim UPDATE
@@ -131,7 +135,10 @@ async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_deliveri
         "{properties}"
     );
     for id in later {
-        assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+        assert_eq!(
+            db.read_request(id).await.unwrap().status,
+            RequestStatus::Sent
+        );
     }
     assert_eq!(receiver.count(), 2, "the poison row itself is never POSTed");
     assert_eq!(metrics.invalid_rows(InvalidRowReason::Rejected), 1);

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{admin_sql, CapturedLog, DbProxy, Harness, Receiver, Reply};
-use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
+use common::{admin_sql, DbProxy, Harness};
+use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_claim::{ClaimStore, StoreOptions};
+use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualClock;
 use mysql_async::prelude::Queryable;
 
@@ -33,8 +34,8 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let store =
@@ -50,7 +51,10 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
         .await
         .unwrap();
     dispatcher.run_round().await.unwrap();
-    assert_eq!(db.read_request(first).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(first).await.unwrap().status,
+        RequestStatus::Sent
+    );
 
     proxy.blackhole_existing();
     let mut later = Vec::new();
@@ -67,7 +71,7 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
             let _ = dispatcher.run_round().await;
             let mut all_sent = true;
             for id in &later {
-                all_sent &= db.read_request(*id).await.unwrap().status == "sent";
+                all_sent &= db.read_request(*id).await.unwrap().status == RequestStatus::Sent;
             }
             if all_sent {
                 return true;
@@ -95,8 +99,8 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::with(|_, _| Reply::Hold(200));
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let id = db
@@ -124,14 +128,20 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     // Longer than the old code's 0.2 + 1 + 3 s of retries; the lease (30 s of clock time)
     // does not move meanwhile.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(db.read_request(id).await.unwrap().status, "queued");
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Queued
+    );
     proxy.restore();
     tokio::time::timeout(Duration::from_secs(30), round)
         .await
         .expect("the result write finishes once the database is back")
         .unwrap()
         .unwrap();
-    assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Sent
+    );
     assert!(metrics.result_write_retries.get() >= 1);
     assert_eq!(
         log.count("WEBHOOK_RESULT_WRITE_RETRY"),
@@ -162,10 +172,15 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_millis(200), 200));
     let mut hooks = Vec::new();
     for i in 0..6 {
-        let hook = format!("PHID-HWBH-{}-{i}", db.namespace());
-        db.insert_hook(&hook, &receiver.url(&format!("/{i}")), "enabled", "k")
-            .await
-            .unwrap();
+        let hook = db.tagged_hook_phid(i);
+        db.insert_hook(
+            &hook,
+            &receiver.url(&format!("/{i}")),
+            HookStatus::Enabled,
+            "k",
+        )
+        .await
+        .unwrap();
         for _ in 0..3 {
             db.insert_request(
                 &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
@@ -222,7 +237,7 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
     );
 
     // Idle: only the one query connection the pool keeps stays open.
-    common::eventually(Duration::from_secs(15), "idle connections closed", || {
+    gorge_testkit::eventually(Duration::from_secs(15), "idle connections closed", || {
         let user = user.clone();
         async move {
             let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();

@@ -7,9 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{admin_sql, CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
+use common::{admin_sql, Harness};
+use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_claim::ClaimStore;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualClock;
 use serde_json::Value;
 
@@ -35,8 +36,8 @@ fn transactions_of(body: &[u8]) -> Vec<String> {
 async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_sent() {
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     db.insert_object(TASK).await.unwrap();
@@ -87,7 +88,7 @@ async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_
         ]
     );
     let row = db.read_request(sent).await.unwrap();
-    assert_eq!(row.status, "sent");
+    assert_eq!(row.status, RequestStatus::Sent);
     assert!(row
         .properties
         .contains(r#""transactionPHIDs":["PHID-XACT-TASK-old","PHID-XACT-TASK-foreign""#));
@@ -117,8 +118,8 @@ async fn a_refused_select_falls_back_to_the_stored_order_and_is_logged_once_per_
     ))
     .await;
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     db.insert_object(TASK).await.unwrap();
@@ -165,8 +166,8 @@ async fn a_refused_select_falls_back_to_the_stored_order_and_is_logged_once_per_
 async fn an_unknown_phid_type_is_delivered_and_warned_about_once() {
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     for _ in 0..2 {

@@ -5,8 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CapturedLog, Harness, Receiver, Reply};
-use gorge_claim::testdb::{NewRequest, RequestRow, TestDb};
+use common::Harness;
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestRow, TestDb};
+use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualClock;
 use gorge_webhook::metrics::DeliveryOutcome;
 use gorge_webhook::policy::OutboundPolicy;
@@ -45,8 +46,7 @@ fn with_retry_after(retry: &str, error_type: &str, code: &str) -> String {
 
 struct Case {
     db: TestDb,
-    /// Unique per test: MySQL named locks (the per-hook lock) are server-wide, so tests
-    /// running in parallel must not share a hook PHID.
+    /// [`TestDb::hook_phid`]: the per-hook lock is server-wide.
     hook: String,
     clock: ManualClock,
     log: CapturedLog,
@@ -56,7 +56,7 @@ impl Case {
     async fn new() -> Case {
         let db = TestDb::create().await.unwrap();
         Case {
-            hook: format!("PHID-HWBH-{}", db.namespace()),
+            hook: db.hook_phid(),
             db,
             clock: ManualClock::new(NOW),
             log: CapturedLog::default(),
@@ -64,7 +64,7 @@ impl Case {
     }
 
     /// Inserts this case's hook, signing with [`KEY`].
-    async fn insert_hook(&self, uri: &str, status: &str) {
+    async fn insert_hook(&self, uri: &str, status: HookStatus) {
         self.db
             .insert_hook(&self.hook, uri, status, KEY)
             .await
@@ -104,7 +104,8 @@ fn assert_row(row: &RequestRow, status: &str, result: &str, epoch: u64, properti
 async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    case.insert_hook(&receiver.url("/hook"), HookStatus::Enabled)
+        .await;
     let id = case.request(RICH).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
     let round = dispatcher.run_round().await.unwrap();
@@ -127,7 +128,7 @@ async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
 async fn wire_bytes_signature_and_headers_are_phorges() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook?x=1"), "firehose")
+    case.insert_hook(&receiver.url("/hook?x=1"), HookStatus::Firehose)
         .await;
     case.request(RICH).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
@@ -170,7 +171,8 @@ async fn wire_bytes_signature_and_headers_are_phorges() {
 async fn http_500_stays_queued_with_forever_and_fails_with_never() {
     let case = Case::new().await;
     let receiver = Receiver::start(500);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    case.insert_hook(&receiver.url("/hook"), HookStatus::Enabled)
+        .await;
     let forever = case.request(&with_retry("forever")).await;
     let never = case.request(&with_retry("never")).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
@@ -202,7 +204,8 @@ async fn http_500_stays_queued_with_forever_and_fails_with_never() {
 async fn timeout_is_error_type_timeout() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
-    case.insert_hook(&receiver.url("/slow"), "enabled").await;
+    case.insert_hook(&receiver.url("/slow"), HookStatus::Enabled)
+        .await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, _) = Harness {
         timeout: Duration::from_secs(1),
@@ -223,9 +226,12 @@ async fn timeout_is_error_type_timeout() {
 #[tokio::test]
 async fn connection_refused_is_curl_7() {
     let case = Case::new().await;
-    let port = common::free_port();
-    case.insert_hook(&format!("http://127.0.0.1:{port}/gone"), "enabled")
-        .await;
+    let port = gorge_testkit::free_port();
+    case.insert_hook(
+        &format!("http://127.0.0.1:{port}/gone"),
+        HookStatus::Enabled,
+    )
+    .await;
     let id = case.request(&with_retry("forever")).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -243,7 +249,8 @@ async fn connection_refused_is_curl_7() {
 async fn disabled_and_missing_hooks_fail_without_a_request() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "disabled").await;
+    case.insert_hook(&receiver.url("/hook"), HookStatus::Disabled)
+        .await;
     let disabled = case.request(RICH).await;
     let missing = case
         .db
@@ -284,7 +291,8 @@ async fn disabled_and_missing_hooks_fail_without_a_request() {
 async fn unparsable_properties_fail_with_invalid_properties() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    case.insert_hook(&receiver.url("/hook"), HookStatus::Enabled)
+        .await;
     let garbage = case.request("{not json").await;
     let bad_field = case
         .request(r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1}"#)
@@ -316,7 +324,8 @@ async fn unparsable_properties_fail_with_invalid_properties() {
 async fn blocked_private_address_fails_with_hook_uri() {
     let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    case.insert_hook(&receiver.url("/hook"), HookStatus::Enabled)
+        .await;
     let id = case.request(RICH).await;
     let (dispatcher, metrics) = Harness {
         policy: OutboundPolicy::phorge_default(),
@@ -357,7 +366,7 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
     for path in ["/to-private", "/to-307", "/to-303"] {
         let phid = format!("{}{}", case.hook, path.replace('/', "-"));
         case.db
-            .insert_hook(&phid, &receiver.url(path), "enabled", KEY)
+            .insert_hook(&phid, &receiver.url(path), HookStatus::Enabled, KEY)
             .await
             .unwrap();
         let request = NewRequest::new(&phid, "PHID-TASK-redirected0000000").with_properties(RICH);
@@ -437,7 +446,8 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
 async fn redirect_loops_stop_after_twenty_hops_with_curl_47() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Redirect(308, "/again".into()));
-    case.insert_hook(&receiver.url("/start"), "enabled").await;
+    case.insert_hook(&receiver.url("/start"), HookStatus::Enabled)
+        .await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -460,7 +470,8 @@ async fn redirect_loops_stop_after_twenty_hops_with_curl_47() {
 async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
     let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Sized(200, 200 * 1024));
-    case.insert_hook(&receiver.url("/chatty"), "enabled").await;
+    case.insert_hook(&receiver.url("/chatty"), HookStatus::Enabled)
+        .await;
     let id = case.request(&with_retry("never")).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
     dispatcher.run_round().await.unwrap();
@@ -486,7 +497,7 @@ async fn ports_above_65535_are_a_uri_failure_not_port_80() {
             .insert_hook(
                 &phid,
                 &format!("http://127.0.0.1:{port}/hook"),
-                "enabled",
+                HookStatus::Enabled,
                 KEY,
             )
             .await
