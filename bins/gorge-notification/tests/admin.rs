@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{http, raw_http, Server};
+use common::Server;
+use gorge_testkit::http;
 use phorge_wire::aphlict::is_fingerprint;
 use serde_json::Value;
 
@@ -54,7 +55,7 @@ async fn big_integers_unicode_and_key_order_pass_through() {
 async fn status_on_an_idle_server_has_exactly_the_aphlict_keys() {
     let server = Server::start(&[]);
     // PHP's status GET carries Content-Length: 0 and a form Content-Type.
-    let response = http(
+    let response = http::request(
         server.admin_port,
         "GET",
         "/status/",
@@ -194,15 +195,15 @@ async fn bodies_that_are_not_json_objects_get_400() {
 async fn unknown_paths_and_methods_get_envelopes() {
     let server = Server::start(&[]);
     for path in ["/status", "/x", "/status/x"] {
-        let r = http(server.admin_port, "GET", path, &[], b"").await;
+        let r = http::request(server.admin_port, "GET", path, &[], b"").await;
         assert_eq!(r.status, 404, "{path}");
         assert_eq!(r.json()["error"]["code"], "ERR_NOT_FOUND");
     }
-    let r = http(server.admin_port, "GET", "/", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/", &[], b"").await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("POST"));
     assert_eq!(r.json()["error"]["code"], "ERR_METHOD_NOT_ALLOWED");
-    let r = http(server.admin_port, "POST", "/status/", &[], b"{}").await;
+    let r = http::request(server.admin_port, "POST", "/status/", &[], b"{}").await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("GET, HEAD"));
 }
@@ -214,7 +215,7 @@ async fn bodies_over_the_limit_get_413() {
     // server never closes on unread data.
     let request = "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1001\r\n\
                    Expect: 100-continue\r\n\r\n";
-    let r = raw_http(server.admin_port, request.as_bytes()).await;
+    let r = http::raw(server.admin_port, request.as_bytes()).await;
     assert_eq!(r.status, 413);
     assert_eq!(r.json()["error"]["code"], "ERR_TOO_LARGE");
     let padded = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000 - 10));
@@ -231,17 +232,17 @@ async fn bodies_over_the_limit_get_413() {
 #[tokio::test]
 async fn probes_live_on_the_admin_port() {
     let server = Server::start(&[]);
-    let r = http(server.admin_port, "GET", "/healthz", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/healthz", &[], b"").await;
     assert_eq!(
         (r.status, r.body.as_slice()),
         (200, br#"{"status":"ok"}"#.as_slice())
     );
-    let r = http(server.admin_port, "GET", "/readyz", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/readyz", &[], b"").await;
     assert_eq!(
         (r.status, r.body.as_slice()),
         (200, br#"{"status":"ok"}"#.as_slice())
     );
-    let r = http(server.admin_port, "GET", "/metrics", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/metrics", &[], b"").await;
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body).unwrap();
     for name in [

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{http, raw_http, InProcess, Server};
+use common::{InProcess, Server};
+use gorge_testkit::http;
 
 const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
@@ -12,7 +13,7 @@ async fn non_upgrade_requests_get_the_exact_501() {
     let server = Server::start(&[]);
     for path in ["/", "/~acme/", "/x/y", "/healthz", "/status/"] {
         for method in ["GET", "POST"] {
-            let r = http(server.client_port, method, path, &[], b"").await;
+            let r = http::request(server.client_port, method, path, &[], b"").await;
             assert_eq!(r.status, 501, "{method} {path}");
             assert_eq!(r.body, NOT_WEBSOCKET, "{method} {path}");
             assert_eq!(r.body.len(), 24);
@@ -25,7 +26,7 @@ async fn an_h2c_upgrade_is_not_a_websocket_upgrade() {
     let server = Server::start(&[]);
     let request = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\
                    Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
-    let r = raw_http(server.client_port, request.as_bytes()).await;
+    let r = http::raw(server.client_port, request.as_bytes()).await;
     assert_eq!(r.status, 501);
     assert_eq!(r.body, NOT_WEBSOCKET);
 }

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{InProcess, Server, PATIENCE};
+use gorge_testkit::http;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -59,7 +60,7 @@ async fn out_of_file_descriptors_accepts_are_logged_once_and_counted() {
     drop(held);
     // ...and once they are released the admin port answers and shows the count.
     let errors = loop {
-        let r = common::try_raw_http(
+        let r = http::try_raw(
             server.admin_port,
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
@@ -126,7 +127,7 @@ async fn drill_subscription_and_history_memory() {
         .filter_map(|kv| kv.split_once('='))
         .collect();
     let server = Server::start(&env);
-    let pid = server.child.id();
+    let pid = server.process.id();
     println!("idle: rss/hwm KiB {:?}", rss_kib(pid));
     let phid = |s: usize, i: usize| format!("PHID-{s:04}-{i:06}-{}", "x".repeat(490));
     let mut sockets = Vec::new();

@@ -142,7 +142,7 @@ async fn sigterm_while_writes_are_blocked_still_closes_every_socket() {
     let closed = idle.until_closed().await;
     assert_eq!(closed.code, Some(1001));
     let (status, server) = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
+        let status = server.process.wait_exit(PATIENCE);
         (status, server)
     })
     .await

@@ -7,7 +7,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::process::{kill_process, Pid, Signal};
+pub use rustix::process::Signal;
+use rustix::process::{kill_process, Pid};
 use serde_json::Value;
 
 use crate::PATIENCE;
