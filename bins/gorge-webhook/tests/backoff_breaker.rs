@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{enabled_hook, queue, Harness};
 use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_claim::ClaimTiming;
 use gorge_testkit::{CapturedLog, Receiver};
@@ -16,18 +16,9 @@ const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}
 #[tokio::test]
 async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
-    let id = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(FOREVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-x", FOREVER, T0).await;
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness {
@@ -78,18 +69,10 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
 #[tokio::test]
 async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once_each() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     for _ in 0..10 {
-        db.insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &hook, "PHID-TASK-x", NEVER, T0).await;
     }
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();
@@ -106,13 +89,7 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
         "9 failures do not open it"
     );
 
-    let next = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-            T0 + 2,
-        )
-        .await
-        .unwrap();
+    let next = queue(&db, &hook, "PHID-TASK-y", NEVER, T0 + 2).await;
     clock.set(T0 + 2);
     for _ in 0..3 {
         dispatcher.run_round().await.unwrap();
@@ -178,23 +155,13 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
     }
     .build(&db, &clock, &log);
     for _ in 0..2 {
-        db.insert_request(
-            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &broken, "PHID-TASK-x", NEVER, T0).await;
         dispatcher.run_round().await.unwrap();
     }
     assert_eq!(receiver.count(), 2);
     // A backlog of the broken hook at the head of the queue, then one healthy row.
     for _ in 0..40 {
-        db.insert_request(
-            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(FOREVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &broken, "PHID-TASK-x", FOREVER, T0).await;
     }
     let healthy_row = db
         .insert_request(&NewRequest::new(&healthy, "PHID-TASK-y"), T0)

@@ -7,8 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Harness;
-use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
+use common::{enabled_hook, queue, Harness};
+use gorge_claim::testdb::{RequestStatus, TestDb};
 use gorge_service::Shutdown;
 use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::app::{readiness, supervise_poll_loop, PollHealth};
@@ -35,11 +35,8 @@ async fn state_of(db: &TestDb, id: u64) -> (String, String, u64, String) {
 #[tokio::test]
 async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let mut conn = db.conn().await.unwrap();
     conn.exec_drop(
         "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, \
@@ -51,13 +48,7 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     .unwrap();
     let bad = conn.last_insert_id().unwrap();
     drop(conn);
-    let good = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let good = queue(&db, &hook, "PHID-TASK-y", NEVER, T0).await;
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
@@ -93,30 +84,14 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
 #[tokio::test]
 async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_delivering() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     // `GREATEST(dateModified + 1, …)` is out of range for INT UNSIGNED: the claim UPDATE
     // is rejected every time.
-    let poison = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
-            u64::from(u32::MAX),
-        )
-        .await
-        .unwrap();
+    let poison = queue(&db, &hook, "PHID-TASK-x", NEVER, u64::from(u32::MAX)).await;
     let mut later = Vec::new();
     for _ in 0..2 {
-        later.push(
-            db.insert_request(
-                &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-                T0,
-            )
-            .await
-            .unwrap(),
-        );
+        later.push(queue(&db, &hook, "PHID-TASK-y", NEVER, T0).await);
     }
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();

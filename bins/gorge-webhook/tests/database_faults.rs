@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{admin_sql, DbProxy, Harness};
-use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, RequestStatus, TestDb};
+use common::{admin_sql, enabled_hook, queue, DbProxy, Harness};
+use gorge_claim::testdb::{server_opts, HookStatus, RequestStatus, TestDb};
 use gorge_claim::{ClaimStore, StoreOptions};
 use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualClock;
@@ -34,22 +34,13 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::start(200);
-    let hook = db.hook_phid();
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
     let clock = ManualClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
-    let first = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let first = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
     dispatcher.run_round().await.unwrap();
     assert_eq!(
         db.read_request(first).await.unwrap().status,
@@ -59,11 +50,7 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
     proxy.blackhole_existing();
     let mut later = Vec::new();
     for object in ["PHID-TASK-b", "PHID-TASK-c"] {
-        later.push(
-            db.insert_request(&NewRequest::new(&hook, object).with_properties(NEVER), T0)
-                .await
-                .unwrap(),
-        );
+        later.push(queue(&db, &hook, object, NEVER, T0).await);
     }
     let drained = tokio::time::timeout(Duration::from_secs(60), async {
         for _ in 0..20 {
@@ -99,17 +86,8 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::with(|_, _| Reply::Hold(200));
-    let hook = db.hook_phid();
-    db.insert_hook(&hook, &receiver.url("/h"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
-    let id = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
     let clock = ManualClock::new(T0 + 1);
@@ -182,12 +160,7 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
         .await
         .unwrap();
         for _ in 0..3 {
-            db.insert_request(
-                &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-                T0,
-            )
-            .await
-            .unwrap();
+            queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
         }
         hooks.push(hook);
     }

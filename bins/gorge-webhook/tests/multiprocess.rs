@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::Service;
+use common::{enabled_hook, Service};
 use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_testkit::{eventually, Receiver, Reply};
 
@@ -96,7 +96,6 @@ async fn four_processes_deliver_every_row_exactly_once_one_request_per_hook_at_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     // The first POST is held until the end of the test (its sender dies); later ones succeed.
     let receiver = Receiver::with(|_, index| {
         if index == 0 {
@@ -105,9 +104,7 @@ async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
             Reply::Status(200)
         }
     });
-    db.insert_hook(&hook, &receiver.url("/crash"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/crash")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-crash"), unix_now())
         .await

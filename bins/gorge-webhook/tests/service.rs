@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{run_binary, Service};
+use common::{enabled_hook, run_binary, Service};
 use gorge_claim::testdb::{
     unique_namespace, HookStatus, NewRequest, RequestResult, RequestStatus, TestDb,
 };
@@ -27,11 +27,8 @@ async fn status_of(db: &TestDb, id: u64) -> RequestStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_post_while_the_receiver_holds_it_and_the_poller_ticks() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
-    db.insert_hook(&hook, &receiver.url("/slow"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/slow")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
         .await
@@ -64,10 +61,7 @@ async fn starts_before_the_database_exists_and_delivers_once_it_does() {
     // Phorge runs `bin/storage upgrade` later; no restart.
     let db = TestDb::create_in(&namespace).await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = db.hook_phid();
-    db.insert_hook(&hook, &receiver.url("/late"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/late")).await;
     db.insert_request(&NewRequest::new(&hook, "PHID-TASK-late"), unix_now())
         .await
         .unwrap();
@@ -105,11 +99,8 @@ fn forward(listener: std::net::TcpListener, target: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/later"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/later")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-later"), unix_now())
         .await
@@ -159,10 +150,7 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_counts_with_token_in_header_or_query() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
-    db.insert_hook(&hook, "http://127.0.0.1:9/", HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, "http://127.0.0.1:9/").await;
     db.insert_hook(
         &format!("{hook}-off"),
         "http://127.0.0.1:9/",
@@ -268,11 +256,8 @@ async fn api_answers_405_and_hides_database_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_the_inflight_delivery_write_its_result() {
     let db = TestDb::create().await.unwrap();
-    let hook = db.hook_phid();
     let receiver = Receiver::with(|_, _| Reply::Hold(200));
-    db.insert_hook(&hook, &receiver.url("/held"), HookStatus::Enabled, "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/held")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
         .await

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gorge_claim::testdb::{server_opts, TestDb};
+use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, TestDb};
 use gorge_claim::ClaimTiming;
 use gorge_testkit::{eventually, free_port, CapturedLog, Process};
 use gorge_webhook::clock::ManualClock;
@@ -20,6 +20,23 @@ use gorge_webhook::metrics::Metrics;
 use gorge_webhook::policy::OutboundPolicy;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gorge-webhook");
+
+/// Inserts the database's hook ([`TestDb::hook_phid`]), enabled, posting to `uri` and
+/// signing with the key `k`; returns its PHID.
+pub async fn enabled_hook(db: &TestDb, uri: &str) -> String {
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, uri, HookStatus::Enabled, "k")
+        .await
+        .unwrap();
+    hook
+}
+
+/// Queues a request of `hook` about `object` with `properties`, created at `created`;
+/// returns its id.
+pub async fn queue(db: &TestDb, hook: &str, object: &str, properties: &str, created: u64) -> u64 {
+    let request = NewRequest::new(hook, object).with_properties(properties);
+    db.insert_request(&request, created).await.unwrap()
+}
 
 /// `GORGE_WEBHOOK_MYSQL_*` for the test server.
 pub fn mysql_env() -> Vec<(String, String)> {
