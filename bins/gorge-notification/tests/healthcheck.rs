@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use gorge_testkit::healthcheck::assert_failed_probes_say_why;
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{free_port, Receiver};
 
@@ -86,39 +87,13 @@ fn an_invalid_configuration_is_reported_not_replaced_by_the_default_port() {
 
 #[test]
 fn a_failed_probe_says_why() {
-    let port = free_port();
-    let output = run_to_end(
-        BIN,
-        &[
-            "healthcheck",
-            "--config",
-            aphlict_file(port).path().to_str().unwrap(),
-        ],
-        &[],
-    );
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert_eq!(text.lines().count(), 1, "{text}");
-    assert!(
-        text.starts_with(&format!(
-            "healthcheck: http://127.0.0.1:{port}/healthz: cannot connect"
-        )),
-        "{text}"
-    );
-
-    let port = Receiver::start(503).port();
-    let output = run_to_end(
-        BIN,
-        &[
-            "healthcheck",
-            "--config",
-            aphlict_file(port).path().to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert_eq!(output.0, Some(1));
-    assert_eq!(
-        output.2.clone().trim_end(),
-        format!("healthcheck: http://127.0.0.1:{port}/healthz: GET /healthz answered \"HTTP/1.1 503 Service Unavailable\"")
-    );
+    assert_failed_probes_say_why(|port| {
+        let file = aphlict_file(port);
+        let (code, _, stderr) = run_to_end(
+            BIN,
+            &["healthcheck", "--config", file.path().to_str().unwrap()],
+            &[],
+        );
+        (code, stderr)
+    });
 }

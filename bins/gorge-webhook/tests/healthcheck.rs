@@ -4,6 +4,7 @@
 
 use std::io::Write;
 
+use gorge_testkit::healthcheck::assert_failed_probes_say_why;
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{free_port, Receiver};
 
@@ -70,26 +71,9 @@ fn an_invalid_configuration_is_reported_not_replaced_by_the_default_port() {
 
 #[test]
 fn a_failed_probe_says_why() {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let output = run_to_end(BIN, &["healthcheck"], &[("GORGE_LISTEN_ADDR", &addr)]);
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert_eq!(text.lines().count(), 1, "{text}");
-    assert!(
-        text.starts_with(&format!(
-            "healthcheck: http://{addr}/healthz: cannot connect"
-        )),
-        "{text}"
-    );
-
-    let port = Receiver::start(503).port();
-    let addr = format!("127.0.0.1:{port}");
-    let output = run_to_end(BIN, &["healthcheck"], &[("GORGE_LISTEN_ADDR", &addr)]);
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert_eq!(
-        text.trim_end(),
-        format!("healthcheck: http://{addr}/healthz: GET /healthz answered \"HTTP/1.1 503 Service Unavailable\"")
-    );
+    assert_failed_probes_say_why(|port| {
+        let addr = format!("127.0.0.1:{port}");
+        let (code, _, stderr) = run_to_end(BIN, &["healthcheck"], &[("GORGE_LISTEN_ADDR", &addr)]);
+        (code, stderr)
+    });
 }

@@ -275,10 +275,7 @@ async fn sigterm_lets_the_inflight_delivery_write_its_result() {
     .await;
     assert_eq!(status_of(&db, id).await, RequestStatus::Queued);
     receiver.release();
-    let code = tokio::task::spawn_blocking(move || service.wait_exit(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert_eq!(code, Some(0));
+    assert_eq!(service.process.exited().await.code(), Some(0));
     assert_eq!(
         status_of(&db, id).await,
         RequestStatus::Sent,

@@ -6,6 +6,7 @@
 //! header case, bodies) are part of their contract, and a full client would normalise them.
 
 pub mod capture;
+pub mod healthcheck;
 pub mod http;
 pub mod process;
 pub mod receiver;

@@ -124,9 +124,9 @@ impl Process {
         self.child.try_wait().unwrap()
     }
 
-    /// Blocks until the process exits; panics after `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
+    /// Waits until the process exits; panics after [`PATIENCE`].
+    pub async fn exited(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.try_wait() {
                 return status;
@@ -135,7 +135,7 @@ impl Process {
                 Instant::now() < deadline,
                 "the process did not exit in time"
             );
-            std::thread::sleep(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
@@ -225,12 +225,12 @@ mod tests {
         assert!(started.elapsed() < PATIENCE / 2);
     }
 
-    #[test]
-    fn sigterm_reaches_the_child() {
+    #[tokio::test]
+    async fn sigterm_reaches_the_child() {
         let mut process = shell("trap 'echo \"{\\\"event\\\":\\\"TERM\\\"}\"; exit 3' TERM; echo '{\"event\":\"UP\"}'; while :; do sleep 0.05; done");
         process.wait_for_event("UP", PATIENCE).unwrap();
         process.sigterm();
-        assert_eq!(process.wait_exit(PATIENCE).code(), Some(3));
+        assert_eq!(process.exited().await.code(), Some(3));
         assert_eq!(process.log_events("TERM").len(), 1);
     }
 

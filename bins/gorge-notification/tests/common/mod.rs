@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::ops::Deref;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -23,12 +24,45 @@ pub use gorge_testkit::PATIENCE;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gorge-notification");
 
-/// A running server process; killed on drop.
-pub struct Server {
-    pub process: Process,
+/// A running server's two ports and its fingerprint, with the calls tests make on them;
+/// [`Server`] and [`InProcess`] dereference to it.
+pub struct Endpoints {
     pub client_port: u16,
     pub admin_port: u16,
     pub fingerprint: String,
+}
+
+impl Endpoints {
+    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
+        post(self.admin_port, query, body).await
+    }
+
+    pub async fn status(&self, query: &str) -> Value {
+        status(self.admin_port, query).await
+    }
+
+    /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        metric(self.admin_port, sample).await
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        Ws::connect(self.client_port, path).await
+    }
+}
+
+/// A running server process; killed on drop.
+pub struct Server {
+    pub process: Process,
+    endpoints: Endpoints,
+}
+
+impl Deref for Server {
+    type Target = Endpoints;
+
+    fn deref(&self) -> &Endpoints {
+        &self.endpoints
+    }
 }
 
 impl Server {
@@ -87,9 +121,11 @@ impl Server {
         let started = process.wait_for_event("NOTIFY_STARTED", PATIENCE)?;
         Some(Server {
             process,
-            client_port,
-            admin_port,
-            fingerprint: started["fingerprint"].as_str().unwrap().to_string(),
+            endpoints: Endpoints {
+                client_port,
+                admin_port,
+                fingerprint: started["fingerprint"].as_str().unwrap().to_string(),
+            },
         })
     }
 
@@ -102,6 +138,16 @@ impl Server {
         self.process.logged(event).await
     }
 
+    /// Waits for the exit after a SIGTERM: status 0 and one `NOTIFY_DRAIN_DONE` with no
+    /// socket left open, which it returns.
+    pub async fn drained(&mut self) -> Value {
+        assert_eq!(self.process.exited().await.code(), Some(0));
+        let done = self.log_events("NOTIFY_DRAIN_DONE");
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0]["open_sockets"], 0, "{}", done[0]);
+        done.into_iter().next().unwrap()
+    }
+
     /// Every logged `event` so far.
     pub fn log_events(&self, event: &str) -> Vec<Value> {
         self.process.log_events(event)
@@ -112,23 +158,6 @@ impl Server {
         TcpStream::connect(("127.0.0.1", self.admin_port))
             .await
             .is_ok()
-    }
-
-    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        post(self.admin_port, query, body).await
-    }
-
-    pub async fn status(&self, query: &str) -> Value {
-        status(self.admin_port, query).await
-    }
-
-    /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
-    pub async fn metric(&self, sample: &str) -> Option<f64> {
-        metric(self.admin_port, sample).await
-    }
-
-    pub async fn ws(&self, path: &str) -> Ws {
-        Ws::connect(self.client_port, path).await
     }
 
     /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
@@ -156,9 +185,7 @@ impl Server {
 /// The whole service in this process, on free loopback ports, with the hub on a manual
 /// clock: tests move time instead of sleeping.
 pub struct InProcess {
-    pub client_port: u16,
-    pub admin_port: u16,
-    pub fingerprint: String,
+    endpoints: Endpoints,
     pub clock: Arc<gorge_hub::ManualClock>,
     shutdown: gorge_service::Shutdown,
 }
@@ -195,28 +222,22 @@ impl InProcess {
         let shutdown = gorge_service::Shutdown::new();
         tokio::spawn(server.run(shutdown.clone()));
         InProcess {
-            client_port,
-            admin_port,
-            fingerprint,
+            endpoints: Endpoints {
+                client_port,
+                admin_port,
+                fingerprint,
+            },
             clock,
             shutdown,
         }
     }
+}
 
-    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        post(self.admin_port, query, body).await
-    }
+impl Deref for InProcess {
+    type Target = Endpoints;
 
-    pub async fn status(&self, query: &str) -> Value {
-        status(self.admin_port, query).await
-    }
-
-    pub async fn metric(&self, sample: &str) -> Option<f64> {
-        metric(self.admin_port, sample).await
-    }
-
-    pub async fn ws(&self, path: &str) -> Ws {
-        Ws::connect(self.client_port, path).await
+    fn deref(&self) -> &Endpoints {
+        &self.endpoints
     }
 }
 

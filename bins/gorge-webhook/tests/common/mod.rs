@@ -130,10 +130,6 @@ impl Service {
     pub fn terminate(&self) {
         self.process.sigterm();
     }
-
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        self.process.wait_exit(timeout).code()
-    }
 }
 
 /// Settings for an in-process dispatcher.
