@@ -8,28 +8,15 @@ use std::time::Duration;
 
 use common::{InProcess, Server, PATIENCE};
 use gorge_testkit::http;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn an_admin_post_whose_chunked_body_never_ends_is_closed() {
     let server = InProcess::start_with(Some(Duration::from_millis(300)), |_| {}).await;
-    let mut stream = TcpStream::connect(("127.0.0.1", server.admin_port))
-        .await
-        .unwrap();
-    stream
-        .write_all(
-            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n",
-        )
-        .await
-        .unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
-        .await
-        .expect("the server closes the connection")
-        .unwrap();
-    let text = String::from_utf8(response).unwrap();
-    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let chunked =
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n";
+    let response = http::raw(server.admin_port, chunked).await;
+    assert_eq!(response.status, 408, "{response:?}");
     // The server is fine otherwise.
     assert_eq!(server.post("", r#"{"subscribers":[]}"#).await.status, 200);
 }
