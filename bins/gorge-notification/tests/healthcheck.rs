@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use gorge_testkit::healthcheck::assert_failed_probes_say_why;
+use gorge_testkit::healthcheck::{assert_failed_probes_say_why, assert_invalid_configuration};
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{free_port, Receiver};
 
@@ -57,32 +57,18 @@ fn the_environment_wins_over_the_file() {
 
 #[test]
 fn an_invalid_configuration_is_reported_not_replaced_by_the_default_port() {
-    let output = run_to_end(
+    let ran = run_to_end(
         BIN,
         &["healthcheck"],
         &[("GORGE_NOTIFICATION_ADMIN_PORT", "70000")],
     );
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert_eq!(text.lines().count(), 1, "{text}");
-    assert!(
-        text.starts_with("healthcheck: invalid configuration: GORGE_NOTIFICATION_ADMIN_PORT"),
-        "{text}"
-    );
+    assert_invalid_configuration(ran, ": GORGE_NOTIFICATION_ADMIN_PORT");
     let mut file = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
     file.write_all(br#"{"servers":[{"type":"client","port":1}]}"#)
         .unwrap();
-    let output = run_to_end(
-        BIN,
-        &["healthcheck", "--config", file.path().to_str().unwrap()],
-        &[],
-    );
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert!(
-        text.starts_with("healthcheck: invalid configuration"),
-        "{text}"
-    );
+    let config = file.path().to_str().unwrap();
+    let ran = run_to_end(BIN, &["healthcheck", "--config", config], &[]);
+    assert_invalid_configuration(ran, "admin");
 }
 
 #[test]

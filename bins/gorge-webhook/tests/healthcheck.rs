@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use gorge_testkit::healthcheck::assert_failed_probes_say_why;
+use gorge_testkit::healthcheck::{assert_failed_probes_say_why, assert_invalid_configuration};
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{free_port, Receiver};
 
@@ -47,26 +47,15 @@ fn the_environment_wins_over_the_file() {
 #[test]
 fn an_invalid_configuration_is_reported_not_replaced_by_the_default_port() {
     let file = toml_file("listen_addr = \"nowhere\"\n");
-    let output = run_to_end(
-        BIN,
-        &["healthcheck", "--config", file.path().to_str().unwrap()],
-        &[],
-    );
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert_eq!(text.lines().count(), 1, "{text}");
-    assert!(
-        text.starts_with("healthcheck: invalid configuration: ") && text.contains("\"nowhere\""),
-        "{text}"
-    );
-    let output = run_to_end(
+    let config = file.path().to_str().unwrap();
+    let ran = run_to_end(BIN, &["healthcheck", "--config", config], &[]);
+    assert_invalid_configuration(ran, "\"nowhere\"");
+    let ran = run_to_end(
         BIN,
         &["healthcheck"],
         &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "soon")],
     );
-    let text = output.2;
-    assert_eq!(output.0, Some(1), "{text}");
-    assert!(text.contains("GORGE_WEBHOOK_POLL_INTERVAL_MS"), "{text}");
+    assert_invalid_configuration(ran, "GORGE_WEBHOOK_POLL_INTERVAL_MS");
 }
 
 #[test]

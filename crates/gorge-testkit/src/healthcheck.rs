@@ -3,6 +3,18 @@
 
 use crate::{free_port, Receiver};
 
+/// What `healthcheck` must do with a configuration it cannot use instead of probing a
+/// default port: exit 1 with one line `healthcheck: invalid configuration: …` that names
+/// `culprit` (a setting or a value). `ran` is `process::run_to_end`'s result.
+pub fn assert_invalid_configuration(ran: (Option<i32>, String, String), culprit: &str) {
+    let (code, _, text) = ran;
+    assert_eq!((code, text.lines().count()), (Some(1), 1), "{text}");
+    assert!(
+        text.starts_with("healthcheck: invalid configuration: ") && text.contains(culprit),
+        "{text}"
+    );
+}
+
 /// Runs `probe` (the binary's `healthcheck` aimed at 127.0.0.1:`port`, returning its exit
 /// code and stderr) against a closed port and a server answering 503: both fail with one
 /// line that names the URL and says why.
