@@ -29,6 +29,18 @@ fn options(query_timeout: Duration) -> StoreOptions {
 /// W3: connections that go silent without a reset (a fail-over behind NAT) while new ones
 /// work. Every statement has a timeout and a timed-out connection is closed, so delivery
 /// resumes on fresh connections; without timeouts the next poll hangs forever.
+/// Connections `user` has open on the server now.
+async fn connections_of(admin: &mut mysql_async::Conn, user: &str) -> u64 {
+    let count: Option<u64> = admin
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
+            (user,),
+        )
+        .await
+        .unwrap();
+    count.unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silently_dead_connections_are_timed_out_and_replaced() {
     let db = TestDb::create().await.unwrap();
@@ -184,14 +196,7 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
         tokio::spawn(async move {
             let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
             loop {
-                let n: Option<u64> = admin
-                    .exec_first(
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
-                        (&user,),
-                    )
-                    .await
-                    .unwrap();
-                peak.fetch_max(n.unwrap_or(0), Ordering::SeqCst);
+                peak.fetch_max(connections_of(&mut admin, &user).await, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -214,15 +219,9 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
         let user = user.clone();
         async move {
             let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
-            let n: Option<u64> = admin
-                .exec_first(
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
-                    (&user,),
-                )
-                .await
-                .unwrap();
+            let open = connections_of(&mut admin, &user).await;
             let _ = admin.disconnect().await;
-            n.unwrap_or(0) <= 1
+            open <= 1
         }
     })
     .await;

@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::Harness;
+use common::{fixture_headers, Harness};
 use gorge_claim::testdb::{HookStatus, NewRequest, RequestResult, RequestStatus, TestDb};
 use gorge_claim::ClaimTiming;
 use gorge_testkit::{CapturedLog, Receiver, Recorded, Reply};
@@ -191,17 +191,7 @@ async fn run(strictness: Strictness) {
                     String::from_utf8_lossy(&ours.body)
                 ));
             }
-            let their_headers: Vec<(String, String)> = theirs["headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|h| {
-                    (
-                        h[0].as_str().unwrap().to_string(),
-                        h[1].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect();
+            let their_headers = fixture_headers(&theirs["headers"]);
             let signature = their_headers
                 .iter()
                 .find(|(k, _)| k == "X-Phabricator-Webhook-Signature")

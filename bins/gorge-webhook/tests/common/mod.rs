@@ -38,6 +38,20 @@ pub async fn queue(db: &TestDb, hook: &str, object: &str, properties: &str, crea
     db.insert_request(&request, created).await.unwrap()
 }
 
+/// The `[[name, value], …]` header list of a recorded Phorge request (compat fixtures).
+pub fn fixture_headers(headers: &serde_json::Value) -> Vec<(String, String)> {
+    let pair = |h: &serde_json::Value| {
+        let text = |i: usize| h[i].as_str().expect("a header name or value").to_owned();
+        (text(0), text(1))
+    };
+    headers
+        .as_array()
+        .expect("a header list")
+        .iter()
+        .map(pair)
+        .collect()
+}
+
 /// `GORGE_WEBHOOK_MYSQL_*` for the test server.
 pub fn mysql_env() -> Vec<(String, String)> {
     let opts = server_opts();
