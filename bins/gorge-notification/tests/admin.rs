@@ -41,7 +41,7 @@ async fn big_integers_unicode_and_key_order_pass_through() {
     let mut ws = server.ws("/").await;
     ws.subscribe(&["PHID-USER-b"]).await;
     let body = r#"{"zeta":"héllo ✓ \u00e9 \"q\"","big":12345678901234567890,"neg":-98765432109876543210,"f":1.50,"e":1.0e+25,"nested":{"y":1,"x":[true,null]},"subscribers":["PHID-USER-b"],"alpha":""}"#;
-    assert_eq!(server.post("", body).await.status, 200);
+    server.post_ok("", body).await;
     assert_eq!(
         ws.next_text().await,
         format!(
@@ -115,20 +115,12 @@ async fn status_counts_follow_the_spec() {
     let mut a = server.ws("/~a/").await;
     a.subscribe(&["P"]).await;
     let _b = server.ws("/~b/").await;
-    assert_eq!(
-        server
-            .post("?instance=a", r#"{"subscribers":["P"]}"#)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        server
-            .post("?instance=b", r#"{"subscribers":["P"]}"#)
-            .await
-            .status,
-        200
-    );
+    server
+        .post_ok("?instance=a", r#"{"subscribers":["P"]}"#)
+        .await;
+    server
+        .post_ok("?instance=b", r#"{"subscribers":["P"]}"#)
+        .await;
     a.next_text().await;
     let status = server.status("?instance=a").await;
     assert_eq!(status["clients.active"], 1);
@@ -220,13 +212,13 @@ async fn bodies_over_the_limit_get_413() {
     assert_eq!(r.json()["error"]["code"], "ERR_TOO_LARGE");
     let padded = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000 - 10));
     assert_eq!(padded.len(), 1000);
-    assert_eq!(server.post("", &padded).await.status, 200);
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_admin_rejected_total{reason="too_large"}"#)
-            .await,
-        Some(1.0)
-    );
+    server.post_ok("", &padded).await;
+    server
+        .assert_metric(
+            r#"gorge_notification_admin_rejected_total{reason="too_large"}"#,
+            1.0,
+        )
+        .await;
 }
 
 #[tokio::test]

@@ -37,6 +37,13 @@ impl Endpoints {
         post(self.admin_port, query, body).await
     }
 
+    /// [`Endpoints::post`], which must be accepted (200).
+    pub async fn post_ok(&self, query: &str, body: &str) -> HttpResponse {
+        let response = self.post(query, body).await;
+        assert_eq!(response.status, 200, "{response:?}");
+        response
+    }
+
     pub async fn status(&self, query: &str) -> Value {
         status(self.admin_port, query).await
     }
@@ -44,6 +51,11 @@ impl Endpoints {
     /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
     pub async fn metric(&self, sample: &str) -> Option<f64> {
         metric(self.admin_port, sample).await
+    }
+
+    /// Asserts that the `/metrics` sample `sample` reads `value`.
+    pub async fn assert_metric(&self, sample: &str, value: f64) {
+        assert_eq!(self.metric(sample).await, Some(value), "{sample}");
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
