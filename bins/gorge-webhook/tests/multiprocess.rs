@@ -6,19 +6,12 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{enabled_hook, Service};
+use common::{enabled_hook, unix_now, Service};
 use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_testkit::{eventually, Receiver, Reply};
 
 const ROWS: usize = 2_000;
 const HOOKS: usize = 20;
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
 
 fn claims_won(service: &Service) -> u64 {
     service.metric("gorge_webhook_claims_total{result=\"won\"}") as u64

@@ -5,20 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{enabled_hook, run_binary, Service};
+use common::{enabled_hook, run_binary, unix_now, Service};
 use gorge_claim::testdb::{
     unique_namespace, HookStatus, NewRequest, RequestResult, RequestStatus, TestDb,
 };
 use gorge_testkit::{eventually, Receiver, Reply};
 
 const NOW: u64 = 1_700_000_000;
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
 
 async fn status_of(db: &TestDb, id: u64) -> RequestStatus {
     db.read_request(id).await.unwrap().status

@@ -5,12 +5,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use gorge_testkit::CapturedLog;
 use prometheus_client::registry::Registry;
-use slog::{o, Drain, Logger};
 
 use super::PeerRelay;
 use crate::config::{PeerConfig, PeerUrl};
@@ -176,44 +176,16 @@ fn config(static_peers: Vec<PeerUrl>) -> PeerConfig {
     }
 }
 
-/// A logger that keeps the event names, to count state-change lines.
-#[derive(Clone, Default)]
-struct CapturedEvents(Arc<Mutex<Vec<String>>>);
-
-impl Drain for CapturedEvents {
-    type Ok = ();
-    type Err = slog::Never;
-    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
-        self.0.lock().unwrap().push(record.msg().to_string());
-        Ok(())
-    }
-}
-
-impl CapturedEvents {
-    fn logger(&self) -> Logger {
-        Logger::root(self.clone().fuse(), o!())
-    }
-
-    fn named(&self, prefix: &str) -> Vec<String> {
-        let events = self.0.lock().unwrap();
-        events
-            .iter()
-            .filter(|event| event.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-}
-
 struct Harness {
     relay: Arc<PeerRelay>,
     registry: Registry,
-    events: CapturedEvents,
+    events: CapturedLog,
 }
 
 impl Harness {
     fn start(cfg: PeerConfig) -> Harness {
         let mut registry = Registry::with_prefix("gorge_notification");
-        let events = CapturedEvents::default();
+        let events = CapturedLog::default();
         let relay = PeerRelay::start(cfg, OWN.to_owned(), &mut registry, events.logger());
         Harness {
             relay,
@@ -287,9 +259,21 @@ async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() 
             Some(1)
         );
     }
-    assert_eq!(harness.events.named("NOTIFY_PEER_UP").len(), 2);
-    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_FLUSHED").len(), 1);
-    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 0);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_UP").len(), 2);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_QUEUES_FLUSHED")
+            .len(),
+        1
+    );
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_LISTED_TWICE")
+            .len(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -299,7 +283,13 @@ async fn one_server_listed_under_two_addresses_is_reported() {
     let harness = Harness::start(config(vec![a.url(), b.url()]));
     harness.relay_origin("default", "{}");
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 1);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_LISTED_TWICE")
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -340,7 +330,7 @@ async fn a_peer_answering_with_our_fingerprint_is_us_and_never_sent_to_again() {
         None,
         "labels of self are gone"
     );
-    assert_eq!(harness.events.named("NOTIFY_PEER_IS_SELF").len(), 1);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_IS_SELF").len(), 1);
 }
 
 #[tokio::test]
@@ -384,7 +374,7 @@ async fn failures_and_recovery_are_logged_once_per_state_change() {
     assert_eq!(harness.relays(a.port, "ok"), Some(2));
     let transitions: Vec<String> = harness
         .events
-        .named("NOTIFY_PEER_")
+        .starting_with("NOTIFY_PEER_")
         .into_iter()
         .filter(|event| event.ends_with("_UP") || event.ends_with("_DOWN"))
         .collect();
@@ -444,7 +434,7 @@ async fn a_dead_peer_counts_failures() {
     harness.relay_origin("default", "{}");
     harness.relay.shutdown(FLUSH).await;
     assert_eq!(harness.relays(port, "failed"), Some(1));
-    assert_eq!(harness.events.named("NOTIFY_PEER_DOWN").len(), 1);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_DOWN").len(), 1);
 }
 
 #[tokio::test]
@@ -457,7 +447,13 @@ async fn past_the_drain_deadline_queued_messages_are_dropped() {
         harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
     }
     harness.relay.shutdown(Duration::from_millis(1)).await;
-    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_DROPPED").len(), 1);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_QUEUES_DROPPED")
+            .len(),
+        1
+    );
     // Past the deadline, messages relayed later are dropped as well.
     harness.relay_origin("default", "{\"n\":5}");
     a.release.send(()).unwrap();
@@ -498,7 +494,10 @@ async fn dns_discovery_adds_the_resolved_address() {
     let request = a.next();
     assert_eq!(request.request_line, "POST /?instance=tenant HTTP/1.1");
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.events.named("NOTIFY_PEERS_CHANGED").len(), 2);
+    assert_eq!(
+        harness.events.starting_with("NOTIFY_PEERS_CHANGED").len(),
+        2
+    );
 }
 
 mod plan {

@@ -52,6 +52,14 @@ pub fn fixture_headers(headers: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Seconds since the Unix epoch, for rows a real service (on the real clock) must see as due.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 /// `GORGE_WEBHOOK_MYSQL_*` for the test server.
 pub fn mysql_env() -> Vec<(String, String)> {
     let opts = server_opts();
