@@ -207,7 +207,7 @@ mod tests {
     async fn seeded_rows_read_back_queued_with_their_sequence_numbers() {
         let db = HeraldDb::create().await.unwrap();
         let hook = HookSpec {
-            phid: format!("PHID-HWBH-{}", db.namespace),
+            phid: db.db.hook_phid(),
             uri: "http://127.0.0.1:9/".into(),
             hmac_key: "k".into(),
         };

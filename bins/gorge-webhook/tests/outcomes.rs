@@ -243,14 +243,10 @@ async fn disabled_and_missing_hooks_fail_without_a_request() {
     let receiver = Receiver::start(200);
     let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Disabled).await;
     let disabled = case.request(RICH).await;
-    let missing = case
-        .db
-        .insert_request(
-            &NewRequest::new("PHID-HWBH-doesnotexist00000000", "PHID-TASK-x").with_properties(RICH),
-            T0,
-        )
-        .await
-        .unwrap();
+    // A hook of this namespace that was never inserted: its lock name is this test's alone.
+    let never_inserted = case.db.tagged_hook_phid("doesnotexist");
+    let request = NewRequest::new(&never_inserted, "PHID-TASK-x").with_properties(RICH);
+    let missing = case.db.insert_request(&request, T0).await.unwrap();
     let metrics = case.rounds(Harness::default(), 1).await;
     case.assert_row(
         disabled,
