@@ -51,8 +51,13 @@ pub enum Reply {
     Delay(Duration, u16),
     /// Wait until [`Receiver::release`], then answer with the status.
     Hold(u16),
+    /// Wait until [`Receiver::release`] (forever if it never comes), then answer as the
+    /// inner reply says.
+    HoldThen(Box<Reply>),
     /// The status with a body of this many bytes.
     Sized(u16, usize),
+    /// The status with this body, labelled `application/json`.
+    Json(u16, String),
     /// Close the connection without answering.
     Hangup,
 }
@@ -179,54 +184,61 @@ fn serve(stream: TcpStream, shared: Arc<Shared>) {
             )
         };
         shared.changed.notify_all();
-        let reply = behaviour(&request, index);
-        if matches!(reply, Reply::Hangup) {
-            let mut log = shared.log.lock().unwrap();
-            if let Some(n) = log.in_flight.get_mut(&request.path) {
-                *n -= 1;
-            }
-            return;
-        }
-        let mut body = b"ok".to_vec();
-        let (status, location) = match reply {
-            Reply::Status(s) => (s, None),
-            Reply::Sized(s, size) => {
-                body = vec![b'x'; size];
-                (s, None)
-            }
-            Reply::Redirect(s, to) => (s, Some(to)),
-            Reply::Delay(d, s) => {
-                std::thread::sleep(d);
-                (s, None)
-            }
-            Reply::Hold(s) => {
-                let mut log = shared.log.lock().unwrap();
-                while !log.released {
-                    log = shared.changed.wait(log).unwrap();
-                }
-                (s, None)
-            }
-            Reply::Hangup => unreachable!("answered above"),
-        };
+        let answer = answer(behaviour(&request, index), &shared);
         {
             let mut log = shared.log.lock().unwrap();
             if let Some(n) = log.in_flight.get_mut(&request.path) {
                 *n -= 1;
             }
         }
-        let mut head = format!(
-            "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            reason_phrase(status),
-            body.len()
-        );
-        if let Some(location) = location {
-            head.push_str(&format!("Location: {location}\r\n"));
+        if let Some(answer) = answer {
+            let _ = writer.write_all(&answer);
+            let _ = writer.flush();
         }
-        head.push_str("\r\n");
-        let _ = writer.write_all(head.as_bytes());
-        let _ = writer.write_all(&body);
-        let _ = writer.flush();
     }
+}
+
+/// The response bytes for `reply` once it is due (after any delay or hold); `None` to hang
+/// up.
+fn answer(reply: Reply, shared: &Shared) -> Option<Vec<u8>> {
+    let mut body = b"ok".to_vec();
+    let mut extra_headers = String::new();
+    let status = match reply {
+        Reply::Hangup => return None,
+        Reply::Status(s) => s,
+        Reply::Sized(s, size) => {
+            body = vec![b'x'; size];
+            s
+        }
+        Reply::Json(s, json) => {
+            body = json.into_bytes();
+            extra_headers.push_str("Content-Type: application/json\r\n");
+            s
+        }
+        Reply::Redirect(s, to) => {
+            extra_headers.push_str(&format!("Location: {to}\r\n"));
+            s
+        }
+        Reply::Delay(d, s) => {
+            std::thread::sleep(d);
+            s
+        }
+        Reply::Hold(s) => return answer(Reply::HoldThen(Box::new(Reply::Status(s))), shared),
+        Reply::HoldThen(then) => {
+            let mut log = shared.log.lock().unwrap();
+            while !log.released {
+                log = shared.changed.wait(log).unwrap();
+            }
+            drop(log);
+            return answer(*then, shared);
+        }
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        reason_phrase(status),
+        body.len()
+    );
+    Some([head.into_bytes(), body].concat())
 }
 
 fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Recorded> {
@@ -273,4 +285,48 @@ fn reason_phrase(status: u16) -> &'static str {
         .ok()
         .and_then(|code| code.canonical_reason())
         .unwrap_or("Unknown")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::get_blocking;
+
+    #[test]
+    fn answers_from_the_script_and_records_raw_header_names() {
+        let receiver = Receiver::with(|_, index| match index {
+            0 => Reply::Json(201, r#"{"a":1}"#.to_owned()),
+            1 => Reply::Redirect(302, "/next".to_owned()),
+            _ => Reply::Status(503),
+        });
+        let json = get_blocking(receiver.addr, "/j", &[("X-Mixed-Case", "v")]);
+        assert_eq!((json.status, json.reason.as_str()), (201, "Created"));
+        assert_eq!(json.header("content-type"), Some("application/json"));
+        assert_eq!(json.body, br#"{"a":1}"#);
+        let redirect = get_blocking(receiver.addr, "/r", &[]);
+        assert_eq!(
+            (redirect.status, redirect.header("location")),
+            (302, Some("/next"))
+        );
+        let unready = get_blocking(receiver.addr, "/u", &[]);
+        assert_eq!(
+            (unready.status, unready.reason.as_str()),
+            (503, "Service Unavailable")
+        );
+        let first = &receiver.requests()[0];
+        assert_eq!((first.method.as_str(), first.path.as_str()), ("GET", "/j"));
+        assert!(first.raw_names.iter().any(|name| name == "X-Mixed-Case"));
+        assert_eq!(first.header("x-mixed-case"), Some("v"));
+    }
+
+    #[test]
+    fn a_held_request_answers_only_after_release() {
+        let receiver = Receiver::with(|_, _| Reply::HoldThen(Box::new(Reply::Status(204))));
+        let addr = receiver.addr;
+        let pending = std::thread::spawn(move || get_blocking(addr, "/held", &[]).status);
+        receiver.wait_for(1, crate::PATIENCE);
+        assert!(!pending.is_finished());
+        receiver.release();
+        assert_eq!(pending.join().unwrap(), 204);
+    }
 }
