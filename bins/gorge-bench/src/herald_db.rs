@@ -2,32 +2,42 @@
 //! it from Phorge's real schema), seeded in bulk the way Phorge inserts hooks and requests,
 //! read back for verdicts, dropped after.
 
-use gorge_claim::testdb::{self, TestDb};
+use gorge_claim::testdb::{self, HookStatus, NewRequest, RequestStatus, TestDb};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use serde_json::Value;
 
-/// Rows per multi-row INSERT while seeding (one statement per row would make seeding
-/// 20 000 rows take longer than draining them).
+/// Rows per seeding step (each one multi-row INSERT): `after_chunk` of
+/// [`HeraldDb::insert_requests`] runs this often.
 const INSERT_CHUNK: usize = 1000;
 
 /// Host and port of the MariaDB server the bench uses (`GORGE_TEST_MYSQL_URL`, as the
 /// tests do), for the services' environment.
 pub fn mysql_host_port() -> (String, u16) {
-    let url = testdb::mysql_url();
-    let authority = url
-        .trim_start_matches("mysql://")
-        .split('/')
-        .next()
-        .unwrap_or("")
-        .rsplit('@')
-        .next()
-        .unwrap_or("127.0.0.1:3306")
-        .to_string();
-    match authority.rsplit_once(':') {
-        Some((host, port)) => (host.to_string(), port.parse().unwrap_or(3306)),
-        None => (authority, 3306),
-    }
+    let opts = testdb::server_opts();
+    (opts.ip_or_hostname().to_string(), opts.tcp_port())
+}
+
+/// Row `spec` as Phorge's Herald rule would queue it.
+fn new_request(spec: &RequestSpec) -> NewRequest {
+    let properties = serde_json::json!({
+        "retry": if spec.retry_forever { "forever" } else { "never" },
+        "transactionPHIDs": [transaction_phid(spec.seq)],
+        "triggerPHIDs": ["PHID-HRUL-bench0000000001"],
+        "silent": false,
+        "secure": false,
+        "test": false,
+    });
+    let object = format!("PHID-TASK-bench{:010}", spec.seq);
+    NewRequest::new(&spec.hook_phid, &object)
+        .with_phid(&request_phid(spec.seq))
+        .with_properties(&properties.to_string())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
 }
 
 /// One hook to seed.
@@ -92,64 +102,26 @@ impl HeraldDb {
     }
 
     pub async fn insert_hooks(&self, hooks: &[HookSpec]) -> Result<(), String> {
-        let mut conn = self.conn().await?;
-        for chunk in hooks.chunks(INSERT_CHUNK) {
-            let values: Vec<String> = chunk
-                .iter()
-                .map(|h| {
-                    format!(
-                        "('{}', 'bench hook', '{}', 'users', 'users', 'enabled', '{}', UNIX_TIMESTAMP(), UNIX_TIMESTAMP())",
-                        h.phid, h.uri, h.hmac_key
-                    )
-                })
-                .collect();
-            let sql = format!(
-                "INSERT INTO `{}`.herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) VALUES {}",
-                self.database,
-                values.join(",")
-            );
-            conn.query_drop(sql)
+        for hook in hooks {
+            self.db
+                .insert_hook(&hook.phid, &hook.uri, HookStatus::Enabled, &hook.hmac_key)
                 .await
                 .map_err(|e| format!("insert hooks: {e}"))?;
         }
         Ok(())
     }
 
-    /// Inserts rows as Lisk does (`dateCreated = dateModified = UNIX_TIMESTAMP()`), in
-    /// chunks; `after_chunk` runs right after each chunk is committed.
+    /// Inserts rows as Lisk does (`dateCreated = dateModified = now`), in chunks;
+    /// `after_chunk` runs right after each chunk is committed.
     pub async fn insert_requests(
         &self,
         rows: &[RequestSpec],
         mut after_chunk: impl FnMut(&[RequestSpec]),
     ) -> Result<(), String> {
-        let mut conn = self.conn().await?;
         for chunk in rows.chunks(INSERT_CHUNK) {
-            let values: Vec<String> = chunk
-                .iter()
-                .map(|r| {
-                    let properties = serde_json::json!({
-                        "retry": if r.retry_forever { "forever" } else { "never" },
-                        "transactionPHIDs": [transaction_phid(r.seq)],
-                        "triggerPHIDs": ["PHID-HRUL-bench0000000001"],
-                        "silent": false,
-                        "secure": false,
-                        "test": false,
-                    });
-                    format!(
-                        "('{}', '{}', 'PHID-TASK-bench{:010}', 'queued', '{}', 'none', 0, UNIX_TIMESTAMP(), UNIX_TIMESTAMP())",
-                        request_phid(r.seq),
-                        r.hook_phid,
-                        r.seq,
-                        properties
-                    )
-                })
-                .collect();
-            let sql = format!(
-                "INSERT INTO `{}`.herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES {}",
-                self.database,
-                values.join(",")
-            );
-            conn.query_drop(sql)
+            let requests: Vec<NewRequest> = chunk.iter().map(new_request).collect();
+            self.db
+                .insert_requests(&requests, unix_now())
                 .await
                 .map_err(|e| format!("insert requests: {e}"))?;
             after_chunk(chunk);
@@ -159,16 +131,10 @@ impl HeraldDb {
 
     /// Rows still `queued`.
     pub async fn queued(&self) -> Result<u64, String> {
-        let mut conn = self.conn().await?;
-        let sql = format!(
-            "SELECT COUNT(*) FROM `{}`.herald_webhookrequest WHERE status = 'queued'",
-            self.database
-        );
-        let count: Option<u64> = conn
-            .query_first(sql)
+        self.db
+            .count_requests(RequestStatus::Queued)
             .await
-            .map_err(|e| format!("count: {e}"))?;
-        Ok(count.unwrap_or(0))
+            .map_err(|e| format!("count: {e}"))
     }
 
     /// Every bench row as stored now. Retried a few times: after a MariaDB restart the
@@ -236,6 +202,42 @@ impl HeraldDb {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn seeded_rows_read_back_queued_with_their_sequence_numbers() {
+        let db = HeraldDb::create().await.unwrap();
+        let hook = HookSpec {
+            phid: db.db.hook_phid(),
+            uri: "http://127.0.0.1:9/".into(),
+            hmac_key: "k".into(),
+        };
+        db.insert_hooks(std::slice::from_ref(&hook)).await.unwrap();
+        let rows: Vec<RequestSpec> = (0..3)
+            .map(|seq| RequestSpec {
+                seq,
+                hook_phid: hook.phid.clone(),
+                retry_forever: seq != 1,
+            })
+            .collect();
+        let mut chunks = 0;
+        db.insert_requests(&rows, |_| chunks += 1).await.unwrap();
+        assert_eq!(chunks, 1);
+        assert_eq!(db.queued().await.unwrap(), 3);
+        let stored = db.rows().await.unwrap();
+        let seen: Vec<(usize, &str, &str)> = stored
+            .iter()
+            .map(|r| (r.seq, r.status.as_str(), r.last_result.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (0, "queued", "none"),
+                (1, "queued", "none"),
+                (2, "queued", "none")
+            ]
+        );
+        db.drop_database().await;
+    }
 
     #[test]
     fn row_identity_round_trips() {

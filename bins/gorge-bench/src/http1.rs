@@ -1,5 +1,5 @@
 //! Just enough HTTP/1.1 for the bench: a keep-alive client for admin POSTs and probes, and
-//! request-head parsing for the webhook receiver.
+//! head reading for the webhook receiver (parsed by `httparse`).
 //!
 //! Written by hand instead of using hyper's client because the receiver must misbehave on
 //! purpose (reset, hang, 3 MiB bodies, redirect loops) and the client must stay a few bytes
@@ -49,19 +49,17 @@ impl Head {
     }
 }
 
-/// Reads one head; `Ok(None)` on a clean end of stream before its first byte.
+/// Reads one head; `Ok(None)` on a clean end of stream before its first byte. Bytes after
+/// the head stay in `reader`.
 pub async fn read_head<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
 ) -> io::Result<Option<Head>> {
-    let mut line = String::new();
-    let mut total = 0;
-    let mut start_line = None;
-    let mut headers = Vec::new();
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+    let mut raw = Vec::new();
     loop {
-        line.clear();
-        let n = reader.read_line(&mut line).await?;
-        if n == 0 {
-            if start_line.is_none() && total == 0 {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            if raw.is_empty() {
                 return Ok(None);
             }
             return Err(io::Error::new(
@@ -69,26 +67,51 @@ pub async fn read_head<R: AsyncRead + Unpin>(
                 "truncated head",
             ));
         }
-        total += n;
-        if total > MAX_HEAD_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "head too large"));
+        let before = raw.len();
+        raw.extend_from_slice(available);
+        let parsed = parse_head(&raw).map_err(|e| invalid(&format!("bad head: {e}")))?;
+        if let Some((head, head_len)) = parsed {
+            reader.consume(head_len - before);
+            return Ok(Some(head));
         }
-        let trimmed = line.trim_end_matches(['\r', '\n']);
-        match start_line {
-            None => start_line = Some(trimmed.to_string()),
-            Some(_) if trimmed.is_empty() => break,
-            Some(_) => {
-                let (name, value) = trimmed
-                    .split_once(':')
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad header"))?;
-                headers.push((name.trim().to_string(), value.trim().to_string()));
-            }
+        let taken = raw.len() - before;
+        reader.consume(taken);
+        if raw.len() > MAX_HEAD_BYTES {
+            return Err(invalid("head too large"));
         }
     }
-    Ok(Some(Head {
-        start_line: start_line.unwrap_or_default(),
-        headers,
-    }))
+}
+
+/// The head at the start of `raw` and its length, `None` while it is incomplete. A request
+/// or a response, told apart by the start line.
+fn parse_head(raw: &[u8]) -> Result<Option<(Head, usize)>, httparse::Error> {
+    let mut slots = [httparse::EMPTY_HEADER; 64];
+    let (status, headers) = if raw.starts_with(b"HTTP/") {
+        let mut response = httparse::Response::new(&mut slots);
+        (response.parse(raw)?, response.headers)
+    } else {
+        let mut request = httparse::Request::new(&mut slots);
+        (request.parse(raw)?, request.headers)
+    };
+    let httparse::Status::Complete(head_len) = status else {
+        return Ok(None);
+    };
+    let line_end = raw.iter().position(|&b| b == b'\n').unwrap_or(0);
+    let start_line = String::from_utf8_lossy(&raw[..line_end])
+        .trim_end_matches('\r')
+        .to_owned();
+    let mut parsed = Vec::with_capacity(headers.len());
+    for header in headers.iter() {
+        let value = std::str::from_utf8(header.value).map_err(|_| httparse::Error::HeaderValue)?;
+        parsed.push((header.name.to_owned(), value.trim().to_owned()));
+    }
+    Ok(Some((
+        Head {
+            start_line,
+            headers: parsed,
+        },
+        head_len,
+    )))
 }
 
 /// Reads exactly `len` body bytes.
@@ -218,6 +241,34 @@ mod tests {
         assert_eq!(head.second_word(), "/hook/3");
         assert_eq!(head.header("CONTENT-length"), Some("5"));
         assert_eq!(read_body(&mut reader, 5).await.unwrap(), b"hello");
+    }
+
+    #[tokio::test]
+    async fn reads_a_response_head_and_keeps_what_follows() {
+        let raw: &[u8] =
+            b"HTTP/1.1 302 Found\r\nLocation: /x\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200";
+        let mut reader = BufReader::with_capacity(8, raw);
+        let head = read_head(&mut reader).await.unwrap().unwrap();
+        assert_eq!(head.start_line, "HTTP/1.1 302 Found");
+        assert_eq!(head.second_word(), "302");
+        assert_eq!(head.header("location"), Some("/x"));
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"HTTP/1.1 200");
+    }
+
+    #[tokio::test]
+    async fn a_cut_or_broken_head_is_an_error() {
+        let mut cut = BufReader::new(&b"GET / HTTP/1.1\r\nHost: x\r\n"[..]);
+        assert_eq!(
+            read_head(&mut cut).await.unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        let mut broken = BufReader::new(&b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"[..]);
+        assert_eq!(
+            read_head(&mut broken).await.unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
     }
 
     #[tokio::test]

@@ -112,7 +112,7 @@ impl Service {
     /// SIGTERM, then SIGKILL if it has not exited within `grace`.
     pub async fn stop(&mut self, grace: Duration) {
         if self.alive() {
-            let _ = sys::send_signal(self.pid, libc::SIGTERM);
+            let _ = sys::send_signal(self.pid, sys::Signal::TERM);
             if tokio::time::timeout(grace, self.child.wait())
                 .await
                 .is_err()

@@ -1,54 +1,41 @@
 //! The few OS facts the bench needs: the open-file limit, a process's RSS and CPU time
-//! from /proc, and signals to child processes.
-//!
-//! This is the only module with `unsafe`: libc's `getrlimit`/`setrlimit`/`sysconf`/`kill`
-//! have no safe std equivalent, and each call below only passes plain values or a struct
-//! this function owns.
-#![allow(unsafe_code)]
+//! from /proc, and signals to child processes (through rustix: the workspace forbids
+//! `unsafe`).
 
 use std::io;
 
+pub use rustix::process::Signal;
+use rustix::process::{getrlimit, kill_process, setrlimit, Pid, Resource, Rlimit};
+
 /// Raises RLIMIT_NOFILE to at least `want` (the hard limit too when privileged, as root is
-/// here) and returns the soft limit now in force. Unprivileged, it settles for the hard limit.
+/// here) and returns the soft limit now in force (`u64::MAX` for unlimited). Unprivileged,
+/// it settles for the hard limit.
 pub fn raise_nofile(want: u64) -> io::Result<u64> {
-    let mut current = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into `current`, which lives for the whole call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) } != 0 {
-        return Err(io::Error::last_os_error());
+    let current = getrlimit(Resource::Nofile);
+    let soft = current.current.unwrap_or(u64::MAX);
+    if soft >= want {
+        return Ok(soft);
     }
-    if current.rlim_cur >= want {
-        return Ok(current.rlim_cur);
-    }
-    let wanted = libc::rlimit {
-        rlim_cur: want,
-        rlim_max: current.rlim_max.max(want),
+    let wanted = Rlimit {
+        current: Some(want),
+        maximum: current.maximum.map(|hard| hard.max(want)),
     };
-    // SAFETY: setrlimit only reads `wanted`.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0 {
+    if setrlimit(Resource::Nofile, wanted).is_ok() {
         return Ok(want);
     }
-    let capped = libc::rlimit {
-        rlim_cur: current.rlim_max,
-        rlim_max: current.rlim_max,
+    let capped = Rlimit {
+        current: current.maximum,
+        maximum: current.maximum,
     };
-    // SAFETY: as above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(capped.rlim_cur)
+    setrlimit(Resource::Nofile, capped)?;
+    Ok(capped.current.unwrap_or(u64::MAX))
 }
 
 /// Clock ticks per second, the unit of utime/stime in /proc/PID/stat.
 pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf takes a constant and touches no memory of ours.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as u64
-    } else {
-        100
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100,
+        ticks => ticks,
     }
 }
 
@@ -81,12 +68,13 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Sends `signal` (e.g. `libc::SIGTERM`) to `pid`.
-pub fn send_signal(pid: u32, signal: i32) -> io::Result<()> {
-    // SAFETY: kill takes plain integers.
-    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+/// Sends `signal` (e.g. [`Signal::TERM`]) to `pid`.
+pub fn send_signal(pid: u32, signal: Signal) -> io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a process id"))?;
+    kill_process(pid, signal)?;
     Ok(())
 }
 
@@ -104,6 +92,13 @@ mod tests {
     fn reads_cpu_ticks_past_odd_names() {
         let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 1 0 9 1 1";
         assert_eq!(parse_cpu_ticks(stat), Some(22));
+    }
+
+    #[test]
+    fn reads_limits_and_refuses_pid_0() {
+        assert!(clock_ticks_per_second() > 0);
+        assert!(raise_nofile(64).unwrap() >= 64);
+        assert!(send_signal(0, Signal::TERM).is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{http, raw_http, Server};
+use common::Server;
+use gorge_testkit::http;
 use phorge_wire::aphlict::is_fingerprint;
 use serde_json::Value;
 
@@ -40,7 +41,7 @@ async fn big_integers_unicode_and_key_order_pass_through() {
     let mut ws = server.ws("/").await;
     ws.subscribe(&["PHID-USER-b"]).await;
     let body = r#"{"zeta":"héllo ✓ \u00e9 \"q\"","big":12345678901234567890,"neg":-98765432109876543210,"f":1.50,"e":1.0e+25,"nested":{"y":1,"x":[true,null]},"subscribers":["PHID-USER-b"],"alpha":""}"#;
-    assert_eq!(server.post("", body).await.status, 200);
+    server.post_ok("", body).await;
     assert_eq!(
         ws.next_text().await,
         format!(
@@ -54,7 +55,7 @@ async fn big_integers_unicode_and_key_order_pass_through() {
 async fn status_on_an_idle_server_has_exactly_the_aphlict_keys() {
     let server = Server::start(&[]);
     // PHP's status GET carries Content-Length: 0 and a form Content-Type.
-    let response = http(
+    let response = http::request(
         server.admin_port,
         "GET",
         "/status/",
@@ -114,20 +115,12 @@ async fn status_counts_follow_the_spec() {
     let mut a = server.ws("/~a/").await;
     a.subscribe(&["P"]).await;
     let _b = server.ws("/~b/").await;
-    assert_eq!(
-        server
-            .post("?instance=a", r#"{"subscribers":["P"]}"#)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        server
-            .post("?instance=b", r#"{"subscribers":["P"]}"#)
-            .await
-            .status,
-        200
-    );
+    server
+        .post_ok("?instance=a", r#"{"subscribers":["P"]}"#)
+        .await;
+    server
+        .post_ok("?instance=b", r#"{"subscribers":["P"]}"#)
+        .await;
     a.next_text().await;
     let status = server.status("?instance=a").await;
     assert_eq!(status["clients.active"], 1);
@@ -194,15 +187,15 @@ async fn bodies_that_are_not_json_objects_get_400() {
 async fn unknown_paths_and_methods_get_envelopes() {
     let server = Server::start(&[]);
     for path in ["/status", "/x", "/status/x"] {
-        let r = http(server.admin_port, "GET", path, &[], b"").await;
+        let r = http::request(server.admin_port, "GET", path, &[], b"").await;
         assert_eq!(r.status, 404, "{path}");
         assert_eq!(r.json()["error"]["code"], "ERR_NOT_FOUND");
     }
-    let r = http(server.admin_port, "GET", "/", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/", &[], b"").await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("POST"));
     assert_eq!(r.json()["error"]["code"], "ERR_METHOD_NOT_ALLOWED");
-    let r = http(server.admin_port, "POST", "/status/", &[], b"{}").await;
+    let r = http::request(server.admin_port, "POST", "/status/", &[], b"{}").await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("GET, HEAD"));
 }
@@ -214,34 +207,34 @@ async fn bodies_over_the_limit_get_413() {
     // server never closes on unread data.
     let request = "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1001\r\n\
                    Expect: 100-continue\r\n\r\n";
-    let r = raw_http(server.admin_port, request.as_bytes()).await;
+    let r = http::raw(server.admin_port, request.as_bytes()).await;
     assert_eq!(r.status, 413);
     assert_eq!(r.json()["error"]["code"], "ERR_TOO_LARGE");
     let padded = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000 - 10));
     assert_eq!(padded.len(), 1000);
-    assert_eq!(server.post("", &padded).await.status, 200);
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_admin_rejected_total{reason="too_large"}"#)
-            .await,
-        Some(1.0)
-    );
+    server.post_ok("", &padded).await;
+    server
+        .assert_metric(
+            r#"gorge_notification_admin_rejected_total{reason="too_large"}"#,
+            1.0,
+        )
+        .await;
 }
 
 #[tokio::test]
 async fn probes_live_on_the_admin_port() {
     let server = Server::start(&[]);
-    let r = http(server.admin_port, "GET", "/healthz", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/healthz", &[], b"").await;
     assert_eq!(
         (r.status, r.body.as_slice()),
         (200, br#"{"status":"ok"}"#.as_slice())
     );
-    let r = http(server.admin_port, "GET", "/readyz", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/readyz", &[], b"").await;
     assert_eq!(
         (r.status, r.body.as_slice()),
         (200, br#"{"status":"ok"}"#.as_slice())
     );
-    let r = http(server.admin_port, "GET", "/metrics", &[], b"").await;
+    let r = http::request(server.admin_port, "GET", "/metrics", &[], b"").await;
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body).unwrap();
     for name in [

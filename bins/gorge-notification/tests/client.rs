@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{http, raw_http, InProcess, Server};
+use common::{InProcess, Server};
+use gorge_testkit::http;
 
 const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
@@ -12,7 +13,7 @@ async fn non_upgrade_requests_get_the_exact_501() {
     let server = Server::start(&[]);
     for path in ["/", "/~acme/", "/x/y", "/healthz", "/status/"] {
         for method in ["GET", "POST"] {
-            let r = http(server.client_port, method, path, &[], b"").await;
+            let r = http::request(server.client_port, method, path, &[], b"").await;
             assert_eq!(r.status, 501, "{method} {path}");
             assert_eq!(r.body, NOT_WEBSOCKET, "{method} {path}");
             assert_eq!(r.body.len(), 24);
@@ -25,7 +26,7 @@ async fn an_h2c_upgrade_is_not_a_websocket_upgrade() {
     let server = Server::start(&[]);
     let request = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\
                    Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
-    let r = raw_http(server.client_port, request.as_bytes()).await;
+    let r = http::raw(server.client_port, request.as_bytes()).await;
     assert_eq!(r.status, 501);
     assert_eq!(r.body, NOT_WEBSOCKET);
 }
@@ -38,27 +39,19 @@ async fn delivery_follows_subscriptions() {
     a.subscribe(&["PHID-A", "PHID-C"]).await;
     b.subscribe(&["PHID-B"]).await;
 
-    assert_eq!(
-        server
-            .post("", r#"{"n":1,"subscribers":["PHID-X","PHID-A","PHID-C"]}"#)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        server
-            .post("", r#"{"n":2,"subscribers":["PHID-X"]}"#)
-            .await
-            .status,
-        200
-    );
+    server
+        .post_ok("", r#"{"n":1,"subscribers":["PHID-X","PHID-A","PHID-C"]}"#)
+        .await;
+    server
+        .post_ok("", r#"{"n":2,"subscribers":["PHID-X"]}"#)
+        .await;
     // Empty, missing or non-list subscribers reach nobody.
     for body in [
         r#"{"n":3,"subscribers":[]}"#,
         r#"{"n":4}"#,
         r#"{"n":5,"subscribers":"PHID-A"}"#,
     ] {
-        assert_eq!(server.post("", body).await.status, 200);
+        server.post_ok("", body).await;
     }
     let got_a = a.sync().await;
     assert_eq!(got_a.len(), 1, "{got_a:?}");
@@ -156,12 +149,9 @@ async fn replay_by_subscription_and_age_within_the_instance() {
         messages(ws.sync().await),
         ["old-1", "new-1", "old-1", "new-1"]
     );
-    assert_eq!(
-        server
-            .metric("gorge_notification_replays_refused_total")
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric("gorge_notification_replays_refused_total", 1.0)
+        .await;
 
     let mut other = server.ws("/~elsewhere/").await;
     other.subscribe(&["P1", "P2"]).await;
@@ -203,12 +193,9 @@ async fn bad_frames_are_ignored_and_the_socket_keeps_working() {
     ws.subscribe(&["PHID-A"]).await;
     server.post("", r#"{"subscribers":["PHID-A"]}"#).await;
     assert_eq!(ws.sync().await.len(), 1);
-    assert_eq!(
-        server
-            .metric("gorge_notification_commands_ignored_total")
-            .await,
-        Some(7.0)
-    );
+    server
+        .assert_metric("gorge_notification_commands_ignored_total", 7.0)
+        .await;
 }
 
 #[tokio::test]
@@ -219,12 +206,9 @@ async fn subscriptions_over_the_limit_are_ignored_and_counted() {
     let command = serde_json::json!({"command": "subscribe", "data": phids});
     ws.send(&command.to_string()).await;
     assert_eq!(ws.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric("gorge_notification_subscriptions_ignored_total")
-            .await,
-        Some(904.0)
-    );
+    server
+        .assert_metric("gorge_notification_subscriptions_ignored_total", 904.0)
+        .await;
     server.post("", r#"{"subscribers":["P4095"]}"#).await;
     server.post("", r#"{"subscribers":["P4096"]}"#).await;
     assert_eq!(ws.sync().await.len(), 1);
@@ -244,12 +228,9 @@ async fn an_oversized_frame_closes_the_socket_with_1009() {
     assert_eq!(closed.code, Some(1009));
     assert!(closed.frames.is_empty());
     assert_eq!(healthy.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric("gorge_notification_oversized_frames_total")
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric("gorge_notification_oversized_frames_total", 1.0)
+        .await;
 }
 
 #[tokio::test]
@@ -258,12 +239,12 @@ async fn socket_limit_refuses_upgrades_with_503() {
     let mut first = server.ws("/").await;
     assert_eq!(server.refused_upgrade("/").await, 503);
     assert_eq!(first.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_rejected_total{reason="max_sockets"}"#)
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_rejected_total{reason="max_sockets"}"#,
+            1.0,
+        )
+        .await;
     drop(first);
 }
 
@@ -315,12 +296,12 @@ async fn silent_sockets_are_reaped_and_answering_ones_stay() {
     stop.send(()).unwrap();
     let mut live = keeper.await.unwrap();
     assert_eq!(live.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="idle"}"#)
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="idle"}"#,
+            1.0,
+        )
+        .await;
 }
 
 #[tokio::test]
@@ -340,24 +321,21 @@ async fn instance_limits_are_enforced_and_counted() {
             .status,
         400
     );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_rejected_total{reason="max_instances"}"#)
-            .await,
-        Some(1.0)
-    );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
-            .await,
-        Some(1.0)
-    );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_rejected_total{reason="instance_name"}"#)
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_rejected_total{reason="max_instances"}"#,
+            1.0,
+        )
+        .await;
+    server
+        .assert_metric(r#"gorge_notification_instances{kind="anonymous"}"#, 1.0)
+        .await;
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_rejected_total{reason="instance_name"}"#,
+            1.0,
+        )
+        .await;
     // Once PHP has posted to an instance, its browsers are never kept out by anonymous ones.
     assert_eq!(server.refused_upgrade("/~acme/").await, 503);
     server
@@ -388,7 +366,7 @@ async fn replay_floods_are_refused_and_counted_while_posts_go_through() {
     let server = InProcess::start(|_| {}).await;
     for n in 0..300 {
         let body = format!(r#"{{"m":"m{n}","subscribers":["P"]}}"#);
-        assert_eq!(server.post("", &body).await.status, 200);
+        server.post_ok("", &body).await;
     }
     let mut attackers = Vec::new();
     for _ in 0..4 {
@@ -461,11 +439,8 @@ async fn squatting_sockets_cannot_keep_a_real_instance_out() {
     assert_eq!(messages(acme.sync().await), ["live"]);
     let mut default = server.ws("/").await;
     assert_eq!(default.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_instances{kind="anonymous"}"#)
-            .await,
-        Some(1024.0)
-    );
+    server
+        .assert_metric(r#"gorge_notification_instances{kind="anonymous"}"#, 1024.0)
+        .await;
     assert_eq!(squatters.len(), 1024);
 }

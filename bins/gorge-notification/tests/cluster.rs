@@ -11,13 +11,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
-use common::{collect_logs, http, Ws, BIN, PATIENCE};
+use common::{Server, Ws, PATIENCE};
+use gorge_testkit::http;
+use gorge_testkit::process::Signal;
 use serde_json::Value;
 
 const INSTANCE: &str = "cluster";
@@ -26,97 +25,52 @@ const PHID: &str = "PHID-USER-cluster";
 /// only after this, and fail the test.
 const PEER_TIMEOUT_MS: &str = "60000";
 
-/// One server of the cluster. Its ports are chosen before it starts because every peer's
-/// configuration names them, which `common::Server` (ports picked at start) cannot do.
-struct Node {
-    child: Child,
-    admin_port: u16,
-    client_port: u16,
-    fingerprint: String,
-    /// Every JSON log line so far, collected by a reader thread.
-    logs: Arc<Mutex<Vec<String>>>,
-}
+/// One server of the cluster, on ports chosen before it starts because every peer's
+/// configuration names them.
+struct Node(Server);
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+impl Deref for Node {
+    type Target = Server;
 
-/// A started process whose `NOTIFY_STARTED` line has not been seen yet.
-struct Starting {
-    child: Child,
-    admin_port: u16,
-    client_port: u16,
-    logs: Arc<Mutex<Vec<String>>>,
-    started: mpsc::Receiver<String>,
-}
-
-impl Starting {
-    fn spawn(admin_port: u16, client_port: u16, peer_admin_ports: &[u16]) -> Starting {
-        let peers: Vec<String> = peer_admin_ports
-            .iter()
-            .map(|port| format!("http://127.0.0.1:{port}"))
-            .collect();
-        let mut child = Command::new(BIN)
-            .env_clear()
-            .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
-            .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
-            .env("GORGE_NOTIFICATION_CLIENT_PORT", client_port.to_string())
-            .env("GORGE_NOTIFICATION_PEERS", peers.join(","))
-            .env("GORGE_NOTIFICATION_PEER_TIMEOUT_MS", PEER_TIMEOUT_MS)
-            .env("GORGE_LOG_FORMAT", "json")
-            .env("GORGE_LOG_LEVEL", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn gorge-notification");
-        let (logs, started) = collect_logs(child.stdout.take().unwrap());
-        Starting {
-            child,
-            admin_port,
-            client_port,
-            logs,
-            started,
-        }
-    }
-
-    /// `None` if the process exited (or hung) before serving, e.g. because a port picked
-    /// free was taken meanwhile.
-    fn wait(mut self) -> Option<Node> {
-        let Ok(line) = self.started.recv_timeout(PATIENCE) else {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            return None;
-        };
-        let started: Value = serde_json::from_str(&line).expect("JSON log line");
-        Some(Node {
-            child: self.child,
-            admin_port: self.admin_port,
-            client_port: self.client_port,
-            fingerprint: started["fingerprint"].as_str().unwrap().to_owned(),
-            logs: self.logs,
-        })
+    fn deref(&self) -> &Server {
+        &self.0
     }
 }
 
 impl Node {
+    /// `None` if the process exited (or hung) before serving, e.g. because a port picked
+    /// free was taken meanwhile.
+    fn start(admin_port: u16, client_port: u16, peer_admin_ports: &[u16]) -> Option<Node> {
+        let peers: Vec<String> = peer_admin_ports
+            .iter()
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect();
+        let peers = peers.join(",");
+        let env = [
+            ("GORGE_NOTIFICATION_PEERS", peers.as_str()),
+            ("GORGE_NOTIFICATION_PEER_TIMEOUT_MS", PEER_TIMEOUT_MS),
+        ];
+        Server::start_on(client_port, admin_port, &env).map(Node)
+    }
+
     /// Posts a message and returns the fingerprint of the receipt. The bounded wait inside
     /// `http` is the "an admin POST never waits on a peer" check.
     async fn post(&self, body: &str) -> String {
         let query = format!("?instance={INSTANCE}");
-        let response = common::post(self.admin_port, &query, body).await;
+        let response = self.0.post(&query, body).await;
         assert_eq!(response.status, 200, "admin POST: {response:?}");
         response.json()["fingerprint"].as_str().unwrap().to_owned()
     }
 
     async fn messages_in(&self) -> u64 {
         let query = format!("?instance={INSTANCE}");
-        common::status(self.admin_port, &query).await["messages.in"]
-            .as_u64()
-            .unwrap()
+        self.status(&query).await["messages.in"].as_u64().unwrap()
+    }
+
+    async fn metrics_text(&self) -> String {
+        http::request(self.admin_port, "GET", "/metrics", &[], b"")
+            .await
+            .text()
     }
 
     /// Polls `/metrics` until `condition` holds for it: relay workers update their metrics on
@@ -124,11 +78,7 @@ impl Node {
     /// a hang into a failure.
     async fn wait_for_metrics(&self, what: &str, condition: impl Fn(&str) -> bool) {
         let give_up = Instant::now() + PATIENCE;
-        loop {
-            let response = http(self.admin_port, "GET", "/metrics", &[], b"").await;
-            if condition(&String::from_utf8(response.body).unwrap()) {
-                return;
-            }
+        while !condition(&self.metrics_text().await) {
             assert!(Instant::now() < give_up, "never true: {what}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -139,14 +89,11 @@ impl Node {
     async fn wait_for_log(&self, event: &str, peer: &str) -> Vec<Value> {
         let give_up = Instant::now() + PATIENCE;
         loop {
-            let events: Vec<Value> = {
-                let logs = self.logs.lock().unwrap();
-                logs.iter()
-                    .filter(|line| line.contains(event))
-                    .map(|line| serde_json::from_str::<Value>(line).unwrap())
-                    .filter(|line| line["peer"] == peer)
-                    .collect()
-            };
+            let events: Vec<Value> = self
+                .log_events(event)
+                .into_iter()
+                .filter(|line| line["peer"] == peer)
+                .collect();
             if !events.is_empty() {
                 return events;
             }
@@ -154,37 +101,11 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} failed");
-    }
 }
 
 /// The value of one sample in a `/metrics` text, 0 when absent.
 fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            (series == name).then(|| value.parse().unwrap())
-        })
-        .unwrap_or(0.0)
-}
-
-/// Ports for a whole cluster, taken from the kernel together so they are distinct.
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().unwrap().port())
-        .collect()
+    gorge_testkit::sample(metrics, name).unwrap_or(0.0)
 }
 
 /// Starts `count` servers, each listing the others (and itself when `list_self`, as Phorge's
@@ -203,20 +124,17 @@ async fn start_cluster(count: usize, list_self: bool) -> (Vec<Node>, Vec<Ws>) {
 }
 
 fn try_start_cluster(count: usize, list_self: bool) -> Option<Vec<Node>> {
-    let ports = free_ports(2 * count);
+    let ports = gorge_testkit::free_ports(2 * count);
     let (admin, client) = ports.split_at(count);
-    let starting: Vec<Starting> = (0..count)
+    (0..count)
         .map(|i| {
             let peers: Vec<u16> = (0..count)
                 .filter(|&j| list_self || j != i)
                 .map(|j| admin[j])
                 .collect();
-            Starting::spawn(admin[i], client[i], &peers)
+            Node::start(admin[i], client[i], &peers)
         })
-        .collect();
-    // Collected in full first so that every process is waited for (or killed) either way.
-    let nodes: Vec<Option<Node>> = starting.into_iter().map(Starting::wait).collect();
-    nodes.into_iter().collect()
+        .collect()
 }
 
 /// A message as PHP would post it, with text and numbers that must pass through unchanged.
@@ -299,7 +217,7 @@ async fn three_peers_deliver_exactly_once_and_survive_losing_one() {
 
     // A hung peer: the kernel still accepts its connections but nobody answers, so a relay
     // to it lasts until PEER_TIMEOUT_MS. The other two must not wait for it.
-    nodes[2].signal("STOP");
+    nodes[2].process.signal(Signal::STOP);
     let hung_subscriber = subscribers.pop().unwrap();
     post_to_each(&nodes[..2], &mut subscribers, "hung").await;
 
@@ -324,8 +242,7 @@ async fn three_peers_deliver_exactly_once_and_survive_losing_one() {
             sample(metrics, &ok) + sample(metrics, &failed) == 5.0
         })
         .await;
-    let metrics = http(nodes[0].admin_port, "GET", "/metrics", &[], b"").await;
-    let metrics = String::from_utf8(metrics.body).unwrap();
+    let metrics = nodes[0].metrics_text().await;
     assert!(sample(&metrics, &failed) >= 3.0, "{metrics}");
     assert_eq!(sample(&metrics, &relays("dropped")), 0.0);
     let downs = nodes[0].wait_for_log("NOTIFY_PEER_DOWN", &dead_peer).await;
@@ -347,9 +264,8 @@ async fn servers_that_list_themselves_too_deliver_exactly_once() {
         .await;
         // 4 messages and 2 markers; the copies a server sent itself were not delivered again
         // but count in messages.in, as Aphlict counts every POST it parsed.
-        let metrics = http(node.admin_port, "GET", "/metrics", &[], b"").await;
         let own_copies = sample(
-            &String::from_utf8(metrics.body).unwrap(),
+            &node.metrics_text().await,
             "gorge_notification_messages_duplicate_total",
         );
         assert!(own_copies >= 1.0);

@@ -7,30 +7,18 @@ mod common;
 use std::time::Duration;
 
 use common::{InProcess, Server, PATIENCE};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use gorge_testkit::http;
 use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn an_admin_post_whose_chunked_body_never_ends_is_closed() {
     let server = InProcess::start_with(Some(Duration::from_millis(300)), |_| {}).await;
-    let mut stream = TcpStream::connect(("127.0.0.1", server.admin_port))
-        .await
-        .unwrap();
-    stream
-        .write_all(
-            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n",
-        )
-        .await
-        .unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
-        .await
-        .expect("the server closes the connection")
-        .unwrap();
-    let text = String::from_utf8(response).unwrap();
-    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let chunked =
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n";
+    let response = http::raw(server.admin_port, chunked).await;
+    assert_eq!(response.status, 408, "{response:?}");
     // The server is fine otherwise.
-    assert_eq!(server.post("", r#"{"subscribers":[]}"#).await.status, 200);
+    server.post_ok("", r#"{"subscribers":[]}"#).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +47,7 @@ async fn out_of_file_descriptors_accepts_are_logged_once_and_counted() {
     drop(held);
     // ...and once they are released the admin port answers and shows the count.
     let errors = loop {
-        let r = common::try_raw_http(
+        let r = http::try_raw(
             server.admin_port,
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
@@ -126,7 +114,7 @@ async fn drill_subscription_and_history_memory() {
         .filter_map(|kv| kv.split_once('='))
         .collect();
     let server = Server::start(&env);
-    let pid = server.child.id();
+    let pid = server.process.id();
     println!("idle: rss/hwm KiB {:?}", rss_kib(pid));
     let phid = |s: usize, i: usize| format!("PHID-{s:04}-{i:06}-{}", "x".repeat(490));
     let mut sockets = Vec::new();
@@ -163,7 +151,7 @@ async fn drill_subscription_and_history_memory() {
     let subscribers: Vec<String> = (0..45_000).map(|i| format!("PHID-USER-{i:010}")).collect();
     let body = serde_json::json!({"subscribers": subscribers}).to_string();
     for _ in 0..16 {
-        assert_eq!(server.post("", &body).await.status, 200);
+        server.post_ok("", &body).await;
     }
     println!(
         "16 x {} KiB messages: rss/hwm KiB {:?}, history bytes {:?}",

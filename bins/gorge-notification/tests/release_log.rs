@@ -7,12 +7,14 @@
 //! once more, unoptimised (about as long as a fresh `cargo build`, ~1–2 min on two cores);
 //! later runs reuse it and take a few seconds.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
+
+use common::{Server, PATIENCE};
+use gorge_testkit::http;
 
 const PROFILE: &str = "release-unoptimized";
 
@@ -20,14 +22,6 @@ const PROFILE: &str = "release-unoptimized";
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.ancestors().nth(3).unwrap().to_path_buf()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -44,52 +38,17 @@ fn a_release_build_logs_debug_events_at_debug_level() {
     assert!(status.success(), "cargo build --profile {PROFILE} failed");
     let bin = target.join(PROFILE).join("gorge-notification");
 
-    let (client, admin) = (free_port(), free_port());
-    let mut child = Command::new(&bin)
-        .env_clear()
-        .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
-        .env("GORGE_NOTIFICATION_CLIENT_PORT", client.to_string())
-        .env("GORGE_NOTIFICATION_ADMIN_PORT", admin.to_string())
-        .env("GORGE_LOG_LEVEL", "debug")
-        .env("GORGE_LOG_FORMAT", "json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let wait_for = |event: &str| -> serde_json::Value {
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|_| panic!("no {event} logged"));
-            let record: serde_json::Value = serde_json::from_str(&line).unwrap();
-            if record["event"] == event {
-                return record;
-            }
-        }
-    };
-    wait_for("NOTIFY_STARTED");
+    let server = Server::start_program(&bin, &[("GORGE_LOG_LEVEL", "debug")]);
 
-    let body = r#"{"data":{"key":1},"subscribers":[]}"#;
-    let mut stream = TcpStream::connect(("127.0.0.1", admin)).unwrap();
-    write!(
-        stream,
-        "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let admin = SocketAddr::from(([127, 0, 0, 1], server.admin_port));
+    let body = br#"{"data":{"key":1},"subscribers":[]}"#;
+    let request = http::request_bytes(admin, "POST", "/", &[], body);
+    let response = http::raw_blocking(admin, &request);
+    assert_eq!(response.status, 200, "{response:?}");
 
-    let record = wait_for("NOTIFY_MESSAGE_ACCEPTED");
+    let record = server
+        .process
+        .wait_for_event("NOTIFY_MESSAGE_ACCEPTED", PATIENCE)
+        .expect("NOTIFY_MESSAGE_ACCEPTED logged");
     assert_eq!(record["level"], "debug");
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -47,9 +47,9 @@ async fn a_stuck_socket_is_disconnected_and_nobody_waits_for_it() {
     // never read until after it).
     for n in 0..MESSAGES {
         let body = format!(r#"{{"n":{n},"subscribers":["PHID-ALL"]}}"#);
-        assert_eq!(server.post("", &body).await.status, 200);
+        server.post_ok("", &body).await;
         if n % 100 == 0 {
-            assert_eq!(server.post("", &ballast).await.status, 200);
+            server.post_ok("", &ballast).await;
         }
     }
 
@@ -67,18 +67,15 @@ async fn a_stuck_socket_is_disconnected_and_nobody_waits_for_it() {
         closed.code
     );
     assert!(closed.frames.len() < MESSAGES + MESSAGES / 100);
-    assert_eq!(
-        server
-            .metric("gorge_notification_slow_consumer_disconnects_total")
-            .await,
-        Some(1.0)
-    );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="slow_consumer"}"#)
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric("gorge_notification_slow_consumer_disconnects_total", 1.0)
+        .await;
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="slow_consumer"}"#,
+            1.0,
+        )
+        .await;
     assert!(
         server
             .metric("gorge_notification_queue_dropped_frames_total")

@@ -113,7 +113,7 @@ async fn a_tiny_window_that_never_sends_still_gets_every_queued_frame() {
     for (count, size) in [(5, 800_000), (12, 300_000)] {
         let first = next;
         for _ in 0..count {
-            assert_eq!(server.post("", &big_message(next, size)).await.status, 200);
+            server.post_ok("", &big_message(next, size)).await;
             next += 1;
         }
         let seen = read_numbers(&mut ws, count, Duration::ZERO).await;
@@ -136,21 +136,12 @@ async fn sigterm_while_writes_are_blocked_still_closes_every_socket() {
     // Far more than the kernel buffers of a connection that reads nothing (the sender's
     // buffer alone can grow to 4 MB).
     for n in 0..10 {
-        assert_eq!(server.post("", &big_message(n, 800_000)).await.status, 200);
+        server.post_ok("", &big_message(n, 800_000)).await;
     }
     server.sigterm();
     let closed = idle.until_closed().await;
     assert_eq!(closed.code, Some(1001));
-    let (status, server) = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
-        (status, server)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let done = server.log_events("NOTIFY_DRAIN_DONE");
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0]["open_sockets"], 0, "{}", done[0]);
+    server.drained().await;
     // The blocked client can read what reached it; the connection then ends (a close frame
     // if it got through, else the end of the stream), it is not left hanging.
     let closed = blocked.until_closed().await;
@@ -189,12 +180,9 @@ async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
         assert!(Instant::now() < give_up, "never counted as a slow consumer");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        server
-            .metric("gorge_notification_slow_consumer_disconnects_total")
-            .await,
-        Some(1.0)
-    );
+    server
+        .assert_metric("gorge_notification_slow_consumer_disconnects_total", 1.0)
+        .await;
     // What the server holds for it was bounded: it closed long before 64 MiB.
     assert!(sent < 32 << 20, "{sent}");
 }
@@ -210,19 +198,19 @@ async fn a_slow_but_live_client_is_not_reaped_as_idle() {
     ws.subscribe(&["PHID-BIG"]).await;
     const COUNT: usize = 30;
     for n in 0..COUNT {
-        assert_eq!(server.post("", &big_message(n, 100_000)).await.status, 200);
+        server.post_ok("", &big_message(n, 100_000)).await;
     }
     // ~3 MB at well under 1 MB/s: longer than the idle timeout, while answering every ping
     // (tungstenite answers them as it reads).
     let seen = read_numbers(&mut ws, COUNT, Duration::from_millis(120)).await;
     assert_eq!(seen, (0..COUNT as u64).collect::<Vec<_>>());
     assert_eq!(ws.sync().await, Vec::<String>::new());
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="idle"}"#)
-            .await,
-        Some(0.0)
-    );
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="idle"}"#,
+            0.0,
+        )
+        .await;
 }
 
 /// Sends `bytes` on a fresh connection and returns the close frame the server sends back.
@@ -248,22 +236,22 @@ async fn protocol_violations_get_the_rfc_close_code_and_are_counted_apart() {
     // A reserved opcode: 1002.
     let got = close_frame_after(&server, &client_frame(0x83, b"x")).await;
     assert_eq!(&got[2..4], b"\x03\xea", "{got:?}");
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="protocol_error"}"#)
-            .await,
-        Some(2.0)
-    );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="invalid_utf8"}"#)
-            .await,
-        Some(1.0)
-    );
-    assert_eq!(
-        server
-            .metric(r#"gorge_notification_sockets_closed_total{reason="client"}"#)
-            .await,
-        Some(0.0)
-    );
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="protocol_error"}"#,
+            2.0,
+        )
+        .await;
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="invalid_utf8"}"#,
+            1.0,
+        )
+        .await;
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="client"}"#,
+            0.0,
+        )
+        .await;
 }

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub results_taken_over: Counter,
     pub policy_blocks: Counter,
     pub poll_errors: Counter,
+    /// Completed poll rounds: tests wait for "N more rounds" instead of sleeping.
+    pub polls: Counter,
     pub full_batches: Counter,
     pub exclusions_capped: Counter,
     pub response_bodies_truncated: Counter,
@@ -64,6 +66,7 @@ impl Metrics {
             results_taken_over: Counter::default(),
             policy_blocks: Counter::default(),
             poll_errors: Counter::default(),
+            polls: Counter::default(),
             full_batches: Counter::default(),
             exclusions_capped: Counter::default(),
             response_bodies_truncated: Counter::default(),
@@ -150,6 +153,11 @@ impl Metrics {
             "poll_errors",
             "Database errors while polling or writing",
             metrics.poll_errors.clone(),
+        );
+        r.register(
+            "polls",
+            "Poll rounds completed (candidates fetched and every startable one started)",
+            metrics.polls.clone(),
         );
         r.register(
             "full_batches",

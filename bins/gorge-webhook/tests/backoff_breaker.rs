@@ -3,9 +3,10 @@
 
 mod common;
 
-use common::{CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{NewRequest, TestDb};
+use common::{enabled_hook, queue, Harness};
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 use gorge_claim::ClaimTiming;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualUnixClock;
 
 const T0: u64 = 1_700_000_000;
@@ -15,18 +16,9 @@ const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}
 #[tokio::test]
 async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
-    let id = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(FOREVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-x", FOREVER, T0).await;
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness {
@@ -63,7 +55,7 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
     assert_eq!(row.last_request_epoch, T0 + 11);
 
     // A success ends the retries.
-    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    receiver.set_behaviour(|_, _| gorge_testkit::Reply::Status(200));
     clock.set_sec(T0 + 21);
     dispatcher.run_round().await.unwrap();
     let row = db.read_request(id).await.unwrap();
@@ -77,18 +69,10 @@ async fn a_backoff_below_the_lease_retries_after_the_backoff() {
 #[tokio::test]
 async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once_each() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::start(500);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     for _ in 0..10 {
-        db.insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &hook, "PHID-TASK-x", NEVER, T0).await;
     }
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
@@ -105,13 +89,7 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
         "9 failures do not open it"
     );
 
-    let next = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-            T0 + 2,
-        )
-        .await
-        .unwrap();
+    let next = queue(&db, &hook, "PHID-TASK-y", NEVER, T0 + 2).await;
     clock.set_sec(T0 + 2);
     for _ in 0..3 {
         dispatcher.run_round().await.unwrap();
@@ -141,12 +119,12 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
 
     // The window slid past the failures and the hook's rest (5 s of clock time after the
     // last check) is over: closed, delivered, logged once.
-    receiver.set_behaviour(|_, _| common::Reply::Status(200));
+    receiver.set_behaviour(|_, _| gorge_testkit::Reply::Status(200));
     clock.set_sec(T0 + 1 + 299 + 5);
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 11);
     let row = db.read_request(next).await.unwrap();
-    assert_eq!(row.status, "sent");
+    assert_eq!(row.status, RequestStatus::Sent);
     assert_eq!(log.count("WEBHOOK_BREAKER_OPEN"), 1);
     assert_eq!(log.count("WEBHOOK_BREAKER_CLOSED"), 1);
     assert_eq!(metrics.breaker_open_hooks.get(), 0);
@@ -156,15 +134,15 @@ async fn breaker_opens_at_threshold_and_closes_as_the_window_slides_logging_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
     let db = TestDb::create().await.unwrap();
-    let broken = format!("PHID-HWBH-{}-a", db.namespace());
-    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let broken = db.tagged_hook_phid("a");
+    let healthy = db.tagged_hook_phid("b");
     let receiver = Receiver::with(|request, _| {
-        common::Reply::Status(if request.path == "/a" { 500 } else { 200 })
+        gorge_testkit::Reply::Status(if request.path == "/a" { 500 } else { 200 })
     });
-    db.insert_hook(&broken, &receiver.url("/a"), "enabled", "k")
+    db.insert_hook(&broken, &receiver.url("/a"), HookStatus::Enabled, "k")
         .await
         .unwrap();
-    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+    db.insert_hook(&healthy, &receiver.url("/b"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     let clock = ManualUnixClock::new(T0 + 1);
@@ -177,23 +155,13 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
     }
     .build(&db, &clock, &log);
     for _ in 0..2 {
-        db.insert_request(
-            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &broken, "PHID-TASK-x", NEVER, T0).await;
         dispatcher.run_round().await.unwrap();
     }
     assert_eq!(receiver.count(), 2);
     // A backlog of the broken hook at the head of the queue, then one healthy row.
     for _ in 0..40 {
-        db.insert_request(
-            &NewRequest::new(&broken, "PHID-TASK-x").with_properties(FOREVER),
-            T0,
-        )
-        .await
-        .unwrap();
+        queue(&db, &broken, "PHID-TASK-x", FOREVER, T0).await;
     }
     let healthy_row = db
         .insert_request(&NewRequest::new(&healthy, "PHID-TASK-y"), T0)
@@ -202,10 +170,10 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
 
     let shutdown = gorge_service::Shutdown::new();
     let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
-    common::eventually(
+    gorge_testkit::eventually(
         std::time::Duration::from_secs(20),
         "healthy row sent",
-        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+        || async { db.read_request(healthy_row).await.unwrap().status == RequestStatus::Sent },
     )
     .await;
     shutdown.trigger();
@@ -222,19 +190,19 @@ async fn a_broken_hooks_backlog_does_not_hide_other_hooks_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
     let db = TestDb::create().await.unwrap();
-    let slow = format!("PHID-HWBH-{}-a", db.namespace());
-    let healthy = format!("PHID-HWBH-{}-b", db.namespace());
+    let slow = db.tagged_hook_phid("a");
+    let healthy = db.tagged_hook_phid("b");
     let receiver = Receiver::with(|request, _| {
         if request.path == "/slow" {
-            common::Reply::Hold(200)
+            gorge_testkit::Reply::Hold(200)
         } else {
-            common::Reply::Status(200)
+            gorge_testkit::Reply::Status(200)
         }
     });
-    db.insert_hook(&slow, &receiver.url("/slow"), "enabled", "k")
+    db.insert_hook(&slow, &receiver.url("/slow"), HookStatus::Enabled, "k")
         .await
         .unwrap();
-    db.insert_hook(&healthy, &receiver.url("/b"), "enabled", "k")
+    db.insert_hook(&healthy, &receiver.url("/b"), HookStatus::Enabled, "k")
         .await
         .unwrap();
     // Two slots, a batch of 8: the slow hook's backlog alone fills it.
@@ -258,10 +226,10 @@ async fn a_busy_hooks_backlog_does_not_hide_other_hooks_rows() {
     let shutdown = gorge_service::Shutdown::new();
     let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
     // The slow hook's first POST is held: the hook stays busy in this process until release.
-    common::eventually(
+    gorge_testkit::eventually(
         std::time::Duration::from_secs(20),
         "healthy row sent while the slow hook is busy",
-        || async { db.read_request(healthy_row).await.unwrap().status == "sent" },
+        || async { db.read_request(healthy_row).await.unwrap().status == RequestStatus::Sent },
     )
     .await;
     // The slow hook's first POST may still be on its way (its row went through the same

@@ -7,9 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{NewRequest, TestDb};
+use common::{enabled_hook, queue, Harness};
+use gorge_claim::testdb::{RequestStatus, TestDb};
 use gorge_service::Shutdown;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::metrics::Metrics;
 use gorge_webhook::outcome::InvalidRowReason;
@@ -35,11 +36,8 @@ async fn state_of(db: &TestDb, id: u64) -> (String, String, u64, String) {
 #[tokio::test]
 async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let mut conn = db.conn().await.unwrap();
     conn.exec_drop(
         "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, \
@@ -51,13 +49,7 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     .unwrap();
     let bad = conn.last_insert_id().unwrap();
     drop(conn);
-    let good = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let good = queue(&db, &hook, "PHID-TASK-y", NEVER, T0).await;
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
@@ -66,7 +58,10 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
     let round = dispatcher.run_round().await.unwrap();
     assert_eq!((round.fetched, round.broken, round.started), (2, 1, 1));
     receiver.wait_for(1, Duration::from_secs(10));
-    assert_eq!(db.read_request(good).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(good).await.unwrap().status,
+        RequestStatus::Sent
+    );
     assert_eq!(
         state_of(&db, bad).await,
         (
@@ -90,30 +85,14 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
 #[tokio::test]
 async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_delivering() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     // `GREATEST(dateModified + 1, …)` is out of range for INT UNSIGNED: the claim UPDATE
     // is rejected every time.
-    let poison = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-x").with_properties(NEVER),
-            u64::from(u32::MAX),
-        )
-        .await
-        .unwrap();
+    let poison = queue(&db, &hook, "PHID-TASK-x", NEVER, u64::from(u32::MAX)).await;
     let mut later = Vec::new();
     for _ in 0..2 {
-        later.push(
-            db.insert_request(
-                &NewRequest::new(&hook, "PHID-TASK-y").with_properties(NEVER),
-                T0,
-            )
-            .await
-            .unwrap(),
-        );
+        later.push(queue(&db, &hook, "PHID-TASK-y", NEVER, T0).await);
     }
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
@@ -132,7 +111,10 @@ async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_deliveri
         "{properties}"
     );
     for id in later {
-        assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+        assert_eq!(
+            db.read_request(id).await.unwrap().status,
+            RequestStatus::Sent
+        );
     }
     assert_eq!(receiver.count(), 2, "the poison row itself is never POSTed");
     assert_eq!(metrics.invalid_rows(InvalidRowReason::Rejected), 1);

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{admin_sql, CapturedLog, DbProxy, Harness, Receiver, Reply};
-use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
+use common::{admin_sql, enabled_hook, queue, DbProxy, Harness};
+use gorge_claim::testdb::{server_opts, HookStatus, RequestStatus, TestDb};
 use gorge_claim::{ClaimStore, StoreOptions};
+use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
 use mysql_async::prelude::Queryable;
 
@@ -28,38 +29,40 @@ fn options(query_timeout: Duration) -> StoreOptions {
 /// W3: connections that go silent without a reset (a fail-over behind NAT) while new ones
 /// work. Every statement has a timeout and a timed-out connection is closed, so delivery
 /// resumes on fresh connections; without timeouts the next poll hangs forever.
+/// Connections `user` has open on the server now.
+async fn connections_of(admin: &mut mysql_async::Conn, user: &str) -> u64 {
+    let count: Option<u64> = admin
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
+            (user,),
+        )
+        .await
+        .unwrap();
+    count.unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silently_dead_connections_are_timed_out_and_replaced() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
-    let first = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let first = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
     dispatcher.run_round().await.unwrap();
-    assert_eq!(db.read_request(first).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(first).await.unwrap().status,
+        RequestStatus::Sent
+    );
 
     proxy.blackhole_existing();
     let mut later = Vec::new();
     for object in ["PHID-TASK-b", "PHID-TASK-c"] {
-        later.push(
-            db.insert_request(&NewRequest::new(&hook, object).with_properties(NEVER), T0)
-                .await
-                .unwrap(),
-        );
+        later.push(queue(&db, &hook, object, NEVER, T0).await);
     }
     let drained = tokio::time::timeout(Duration::from_secs(60), async {
         for _ in 0..20 {
@@ -67,7 +70,7 @@ async fn silently_dead_connections_are_timed_out_and_replaced() {
             let _ = dispatcher.run_round().await;
             let mut all_sent = true;
             for id in &later {
-                all_sent &= db.read_request(*id).await.unwrap().status == "sent";
+                all_sent &= db.read_request(*id).await.unwrap().status == RequestStatus::Sent;
             }
             if all_sent {
                 return true;
@@ -95,17 +98,8 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     let db = TestDb::create().await.unwrap();
     let proxy = DbProxy::start().await;
     let receiver = Receiver::with(|_, _| Reply::Hold(200));
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
-    let id = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-            T0,
-        )
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
     let store =
         ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
     let clock = ManualUnixClock::new(T0 + 1);
@@ -124,14 +118,20 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     // Longer than the old code's 0.2 + 1 + 3 s of retries; the lease (30 s of clock time)
     // does not move meanwhile.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(db.read_request(id).await.unwrap().status, "queued");
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Queued
+    );
     proxy.restore();
     tokio::time::timeout(Duration::from_secs(30), round)
         .await
         .expect("the result write finishes once the database is back")
         .unwrap()
         .unwrap();
-    assert_eq!(db.read_request(id).await.unwrap().status, "sent");
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Sent
+    );
     assert!(metrics.result_write_retries.get() >= 1);
     assert_eq!(
         log.count("WEBHOOK_RESULT_WRITE_RETRY"),
@@ -162,17 +162,17 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_millis(200), 200));
     let mut hooks = Vec::new();
     for i in 0..6 {
-        let hook = format!("PHID-HWBH-{}-{i}", db.namespace());
-        db.insert_hook(&hook, &receiver.url(&format!("/{i}")), "enabled", "k")
-            .await
-            .unwrap();
+        let hook = db.tagged_hook_phid(i);
+        db.insert_hook(
+            &hook,
+            &receiver.url(&format!("/{i}")),
+            HookStatus::Enabled,
+            "k",
+        )
+        .await
+        .unwrap();
         for _ in 0..3 {
-            db.insert_request(
-                &NewRequest::new(&hook, "PHID-TASK-a").with_properties(NEVER),
-                T0,
-            )
-            .await
-            .unwrap();
+            queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
         }
         hooks.push(hook);
     }
@@ -196,14 +196,7 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
         tokio::spawn(async move {
             let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
             loop {
-                let n: Option<u64> = admin
-                    .exec_first(
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
-                        (&user,),
-                    )
-                    .await
-                    .unwrap();
-                peak.fetch_max(n.unwrap_or(0), Ordering::SeqCst);
+                peak.fetch_max(connections_of(&mut admin, &user).await, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -222,19 +215,13 @@ async fn connections_stay_within_the_pools_and_are_released_when_idle() {
     );
 
     // Idle: only the one query connection the pool keeps stays open.
-    common::eventually(Duration::from_secs(15), "idle connections closed", || {
+    gorge_testkit::eventually(Duration::from_secs(15), "idle connections closed", || {
         let user = user.clone();
         async move {
             let mut admin = mysql_async::Conn::new(server_opts()).await.unwrap();
-            let n: Option<u64> = admin
-                .exec_first(
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
-                    (&user,),
-                )
-                .await
-                .unwrap();
+            let open = connections_of(&mut admin, &user).await;
             let _ = admin.disconnect().await;
-            n.unwrap_or(0) <= 1
+            open <= 1
         }
     })
     .await;

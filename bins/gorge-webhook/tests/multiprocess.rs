@@ -6,39 +6,15 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{eventually, Receiver, Reply, Service};
-use gorge_claim::testdb::TestDb;
-use mysql_async::prelude::Queryable;
+use common::{enabled_hook, unix_now, Service};
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
+use gorge_testkit::{eventually, Receiver, Reply};
 
 const ROWS: usize = 2_000;
 const HOOKS: usize = 20;
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn count_status(db: &TestDb, status: &str) -> u64 {
-    let mut conn = db.conn().await.unwrap();
-    conn.exec_first::<u64, _, _>(
-        "SELECT COUNT(*) FROM herald_webhookrequest WHERE status = ?",
-        (status,),
-    )
-    .await
-    .unwrap()
-    .unwrap_or(0)
-}
-
 fn claims_won(service: &Service) -> u64 {
-    let (_, metrics) = service.get("/metrics", &[]);
-    metrics
-        .lines()
-        .find(|l| l.starts_with("gorge_webhook_claims_total{result=\"won\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    service.metric("gorge_webhook_claims_total{result=\"won\"}") as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,43 +22,41 @@ async fn four_processes_deliver_every_row_exactly_once_one_request_per_hook_at_a
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(200);
     let hooks: Vec<String> = (0..HOOKS)
-        .map(|n| format!("PHID-HWBH-{}-{n:02}", db.namespace()))
+        .map(|n| db.tagged_hook_phid(format!("{n:02}")))
         .collect();
     for (n, hook) in hooks.iter().enumerate() {
-        db.insert_hook(hook, &receiver.url(&format!("/hook/{n}")), "enabled", "k")
-            .await
-            .unwrap();
+        db.insert_hook(
+            hook,
+            &receiver.url(&format!("/hook/{n}")),
+            HookStatus::Enabled,
+            "k",
+        )
+        .await
+        .unwrap();
     }
-    let now = unix_now();
-    let mut conn = db.conn().await.unwrap();
-    let values: Vec<String> = (0..ROWS)
+    let rows: Vec<NewRequest> = (0..ROWS)
         .map(|i| {
-            format!(
-                "('PHID-HWBR-{i:08}', '{}', 'PHID-TASK-{i:08}', 'queued', '{{\"retry\":\"forever\"}}', 'none', 0, {now}, {now})",
-                hooks[i % HOOKS]
-            )
+            NewRequest::new(&hooks[i % HOOKS], &format!("PHID-TASK-{i:08}"))
+                .with_phid(&format!("PHID-HWBR-{i:08}"))
+                .with_properties(r#"{"retry":"forever"}"#)
         })
         .collect();
-    conn.query_drop(format!(
-        "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, \
-         lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES {}",
-        values.join(",")
-    ))
-    .await
-    .unwrap();
-    drop(conn);
+    db.insert_requests(&rows, unix_now()).await.unwrap();
 
     let started = Instant::now();
     let services: Vec<Service> = (0..4)
         .map(|_| Service::start(db.namespace(), &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")]))
         .collect();
     eventually(Duration::from_secs(240), "every row sent", || async {
-        count_status(&db, "sent").await == ROWS as u64
+        db.count_requests(RequestStatus::Sent).await.unwrap() == ROWS as u64
     })
     .await;
     let elapsed = started.elapsed();
-    // Nothing more may arrive once every row is sent.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing more may arrive once every row is sent: every process polls the sent rows
+    // twice more first.
+    for service in &services {
+        service.wait_polls(2).await;
+    }
 
     let requests = receiver.requests();
     let mut per_object: HashMap<String, usize> = HashMap::new();
@@ -115,7 +89,6 @@ async fn four_processes_deliver_every_row_exactly_once_one_request_per_hook_at_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     // The first POST is held until the end of the test (its sender dies); later ones succeed.
     let receiver = Receiver::with(|_, index| {
         if index == 0 {
@@ -124,14 +97,9 @@ async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
             Reply::Status(200)
         }
     });
-    db.insert_hook(&hook, &receiver.url("/crash"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/crash")).await;
     let id = db
-        .insert_request(
-            &gorge_claim::testdb::NewRequest::new(&hook, "PHID-TASK-crash"),
-            unix_now(),
-        )
+        .insert_request(&NewRequest::new(&hook, "PHID-TASK-crash"), unix_now())
         .await
         .unwrap();
     // A short lease: raised to the delivery timeout + 5 s = 8 s.
@@ -145,8 +113,7 @@ async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
     tokio::task::spawn_blocking(move || waiting.wait_for(1, Duration::from_secs(30)))
         .await
         .unwrap();
-    first.child.kill().unwrap(); // SIGKILL while the POST is in flight
-    first.child.wait().unwrap();
+    first.process.kill(); // SIGKILL while the POST is in flight
     let claimed = db.read_request(id).await.unwrap();
     assert_eq!(
         (
@@ -161,7 +128,7 @@ async fn a_process_killed_mid_post_is_redelivered_once_after_the_lease() {
     eventually(
         Duration::from_secs(40),
         "row re-delivered and sent",
-        || async { db.read_request(id).await.unwrap().status == "sent" },
+        || async { db.read_request(id).await.unwrap().status == RequestStatus::Sent },
     )
     .await;
     let requests = receiver.requests();

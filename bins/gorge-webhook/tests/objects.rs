@@ -7,9 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{admin_sql, CapturedLog, Harness, Receiver};
-use gorge_claim::testdb::{server_opts, NewRequest, TestDb};
+use common::{admin_sql, enabled_hook, queue, Harness};
+use gorge_claim::testdb::{server_opts, NewRequest, RequestStatus, TestDb};
 use gorge_claim::ClaimStore;
+use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualUnixClock;
 use serde_json::Value;
 
@@ -35,10 +36,7 @@ fn transactions_of(body: &[u8]) -> Vec<String> {
 async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_sent() {
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     db.insert_object(TASK).await.unwrap();
     for (id, phid, object) in [
         (10, "PHID-XACT-TASK-old", TASK),
@@ -56,20 +54,8 @@ async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_
         "PHID-XACT-TASK-gone",
         "PHID-XACT-TASK-new",
     ];
-    let sent = db
-        .insert_request(
-            &NewRequest::new(&hook, TASK).with_properties(&properties(&stored)),
-            T0,
-        )
-        .await
-        .unwrap();
-    let missing = db
-        .insert_request(
-            &NewRequest::new(&hook, "PHID-TASK-doesnotexist").with_properties(&properties(&[])),
-            T0,
-        )
-        .await
-        .unwrap();
+    let sent = queue(&db, &hook, TASK, &properties(&stored), T0).await;
+    let missing = queue(&db, &hook, "PHID-TASK-doesnotexist", &properties(&[]), T0).await;
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
@@ -87,7 +73,7 @@ async fn only_the_objects_transactions_newest_first_and_a_missing_object_is_not_
         ]
     );
     let row = db.read_request(sent).await.unwrap();
-    assert_eq!(row.status, "sent");
+    assert_eq!(row.status, RequestStatus::Sent);
     assert!(row
         .properties
         .contains(r#""transactionPHIDs":["PHID-XACT-TASK-old","PHID-XACT-TASK-foreign""#));
@@ -117,10 +103,7 @@ async fn a_refused_select_falls_back_to_the_stored_order_and_is_logged_once_per_
     ))
     .await;
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     db.insert_object(TASK).await.unwrap();
     db.insert_transaction(1, "PHID-XACT-TASK-a", TASK)
         .await
@@ -165,10 +148,7 @@ async fn a_refused_select_falls_back_to_the_stored_order_and_is_logged_once_per_
 async fn an_unknown_phid_type_is_delivered_and_warned_about_once() {
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, &receiver.url("/h"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
     for _ in 0..2 {
         db.insert_request(
             &NewRequest::new(&hook, "PHID-ZZZZ-extensionobject")

@@ -5,9 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CapturedLog, Harness, Receiver, Reply};
-use gorge_claim::testdb::{NewRequest, RequestRow, TestDb};
+use common::Harness;
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestRow, TestDb};
+use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
+use gorge_webhook::metrics::Metrics;
 use gorge_webhook::outcome::DeliveryOutcome;
 use gorge_webhook::policy::OutboundPolicy;
 use phorge_wire::webhook::{sign, RequestProperties, WebhookPayload};
@@ -45,8 +47,7 @@ fn with_retry_after(retry: &str, error_type: &str, code: &str) -> String {
 
 struct Case {
     db: TestDb,
-    /// Unique per test: MySQL named locks (the per-hook lock) are server-wide, so tests
-    /// running in parallel must not share a hook PHID.
+    /// [`TestDb::hook_phid`]: the per-hook lock is server-wide.
     hook: String,
     clock: ManualUnixClock,
     log: CapturedLog,
@@ -56,19 +57,35 @@ impl Case {
     async fn new() -> Case {
         let db = TestDb::create().await.unwrap();
         Case {
-            hook: format!("PHID-HWBH-{}", db.namespace()),
+            hook: db.hook_phid(),
             db,
             clock: ManualUnixClock::new(NOW),
             log: CapturedLog::default(),
         }
     }
 
-    /// Inserts this case's hook, signing with [`KEY`].
-    async fn insert_hook(&self, uri: &str, status: &str) {
-        self.db
-            .insert_hook(&self.hook, uri, status, KEY)
+    /// A case whose hook posts to `uri`, signing with [`KEY`].
+    async fn with_hook(uri: &str, status: HookStatus) -> Case {
+        let case = Case::new().await;
+        case.db
+            .insert_hook(&case.hook, uri, status, KEY)
             .await
             .unwrap();
+        case
+    }
+
+    /// `rounds` poll rounds of a dispatcher built from `harness` (one row of a hook is
+    /// worked on at a time, so each of a hook's rows needs its own round); its metrics.
+    async fn rounds(&self, harness: Harness, rounds: usize) -> Metrics {
+        let (dispatcher, metrics) = harness.build(&self.db, &self.clock, &self.log);
+        for _ in 0..rounds {
+            dispatcher.run_round().await.unwrap();
+        }
+        metrics
+    }
+
+    async fn assert_row(&self, id: u64, state: RowState, properties: &str) {
+        assert_row(&self.row(id).await, state, properties);
     }
 
     async fn request(&self, properties: &str) -> u64 {
@@ -86,7 +103,18 @@ impl Case {
     }
 }
 
-fn assert_row(row: &RequestRow, status: &str, result: &str, epoch: u64, properties: &str) {
+/// `status`, `lastRequestResult` and `lastRequestEpoch` of a row after a round.
+type RowState = (&'static str, &'static str, u64);
+/// Delivered at `NOW`.
+const SENT: RowState = ("sent", "okay", NOW);
+/// Attempted at `NOW`, queued again to retry.
+const RETRY: RowState = ("queued", "fail", NOW);
+/// Attempted at `NOW` and given up.
+const FAILED: RowState = ("failed", "fail", NOW);
+/// Given up without an HTTP request.
+const FAILED_UNSENT: RowState = ("failed", "none", 0);
+
+fn assert_row(row: &RequestRow, (status, result, epoch): RowState, properties: &str) {
     assert_eq!(
         (
             row.status.as_str(),
@@ -102,16 +130,15 @@ fn assert_row(row: &RequestRow, status: &str, result: &str, epoch: u64, properti
 
 #[tokio::test]
 async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
-    let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Enabled).await;
     let id = case.request(RICH).await;
     let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
     let round = dispatcher.run_round().await.unwrap();
     assert_eq!(round.started, 1);
 
     let row = case.row(id).await;
-    assert_row(&row, "sent", "okay", NOW, &rich_after("http", "200"));
+    assert_row(&row, SENT, &rich_after("http", "200"));
     assert_eq!(
         row.date_modified, NOW,
         "result marker: dateModified = lastRequestEpoch"
@@ -125,14 +152,10 @@ async fn success_writes_sent_okay_http_200_and_preserves_every_key() {
 
 #[tokio::test]
 async fn wire_bytes_signature_and_headers_are_phorges() {
-    let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook?x=1"), "firehose")
-        .await;
+    let case = Case::with_hook(&receiver.url("/hook?x=1"), HookStatus::Firehose).await;
     case.request(RICH).await;
-    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-
+    case.rounds(Harness::default(), 1).await;
     let got = receiver.requests();
     assert_eq!(got.len(), 1, "{:?}", case.log.events());
     let request = &got[0];
@@ -168,30 +191,15 @@ async fn wire_bytes_signature_and_headers_are_phorges() {
 
 #[tokio::test]
 async fn http_500_stays_queued_with_forever_and_fails_with_never() {
-    let case = Case::new().await;
     let receiver = Receiver::start(500);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Enabled).await;
     let forever = case.request(&with_retry("forever")).await;
     let never = case.request(&with_retry("never")).await;
-    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
-    // One hook: one delivery per round.
-    dispatcher.run_round().await.unwrap();
-    dispatcher.run_round().await.unwrap();
-
-    assert_row(
-        &case.row(forever).await,
-        "queued",
-        "fail",
-        NOW,
-        &with_retry_after("forever", "http", "500"),
-    );
-    assert_row(
-        &case.row(never).await,
-        "failed",
-        "fail",
-        NOW,
-        &with_retry_after("never", "http", "500"),
-    );
+    let metrics = case.rounds(Harness::default(), 2).await;
+    case.assert_row(forever, RETRY, &with_retry_after("forever", "http", "500"))
+        .await;
+    case.assert_row(never, FAILED, &with_retry_after("never", "http", "500"))
+        .await;
     assert_eq!(receiver.count(), 2);
     assert_eq!(metrics.deliveries(DeliveryOutcome::Retry, "5xx"), 1);
     assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "5xx"), 1);
@@ -200,76 +208,59 @@ async fn http_500_stays_queued_with_forever_and_fails_with_never() {
 
 #[tokio::test]
 async fn timeout_is_error_type_timeout() {
-    let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
-    case.insert_hook(&receiver.url("/slow"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/slow"), HookStatus::Enabled).await;
     let id = case.request(&with_retry("never")).await;
-    let (dispatcher, _) = Harness {
-        timeout: Duration::from_secs(1),
-        ..Harness::default()
-    }
-    .build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-    assert_row(
-        &case.row(id).await,
-        "failed",
-        "fail",
-        NOW,
-        &with_retry_after("never", "timeout", "28"),
-    );
+    case.rounds(
+        Harness {
+            timeout: Duration::from_secs(1),
+            ..Harness::default()
+        },
+        1,
+    )
+    .await;
+    case.assert_row(id, FAILED, &with_retry_after("never", "timeout", "28"))
+        .await;
     case.finish().await;
 }
 
 #[tokio::test]
 async fn connection_refused_is_curl_7() {
-    let case = Case::new().await;
-    let port = common::free_port();
-    case.insert_hook(&format!("http://127.0.0.1:{port}/gone"), "enabled")
-        .await;
+    let port = gorge_testkit::free_port();
+    let case = Case::with_hook(
+        &format!("http://127.0.0.1:{port}/gone"),
+        HookStatus::Enabled,
+    )
+    .await;
     let id = case.request(&with_retry("forever")).await;
-    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-    assert_row(
-        &case.row(id).await,
-        "queued",
-        "fail",
-        NOW,
-        &with_retry_after("forever", "http", "7"),
-    );
+    case.rounds(Harness::default(), 1).await;
+    case.assert_row(id, RETRY, &with_retry_after("forever", "http", "7"))
+        .await;
     case.finish().await;
 }
 
 #[tokio::test]
 async fn disabled_and_missing_hooks_fail_without_a_request() {
-    let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "disabled").await;
+    let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Disabled).await;
     let disabled = case.request(RICH).await;
-    let missing = case
-        .db
-        .insert_request(
-            &NewRequest::new("PHID-HWBH-doesnotexist00000000", "PHID-TASK-x").with_properties(RICH),
-            T0,
-        )
-        .await
-        .unwrap();
-    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-
-    assert_row(
-        &case.row(disabled).await,
-        "failed",
-        "none",
-        0,
+    // A hook of this namespace that was never inserted: its lock name is this test's alone.
+    let never_inserted = case.db.tagged_hook_phid("doesnotexist");
+    let request = NewRequest::new(&never_inserted, "PHID-TASK-x").with_properties(RICH);
+    let missing = case.db.insert_request(&request, T0).await.unwrap();
+    let metrics = case.rounds(Harness::default(), 1).await;
+    case.assert_row(
+        disabled,
+        FAILED_UNSENT,
         &rich_after("hook", r#""disabled""#),
-    );
-    assert_row(
-        &case.row(missing).await,
-        "failed",
-        "none",
-        0,
+    )
+    .await;
+    case.assert_row(
+        missing,
+        FAILED_UNSENT,
         &rich_after("hook", r#""not-found""#),
-    );
+    )
+    .await;
     assert_eq!(receiver.count(), 0);
     assert_eq!(
         metrics.claims(true),
@@ -282,56 +273,40 @@ async fn disabled_and_missing_hooks_fail_without_a_request() {
 
 #[tokio::test]
 async fn unparsable_properties_fail_with_invalid_properties() {
-    let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Enabled).await;
     let garbage = case.request("{not json").await;
     let bad_field = case
         .request(r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1}"#)
         .await;
-    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
-    // Rows of one hook are worked on one at a time in a process.
-    dispatcher.run_round().await.unwrap();
-    dispatcher.run_round().await.unwrap();
-
-    assert_row(
-        &case.row(garbage).await,
-        "failed",
-        "none",
-        0,
+    case.rounds(Harness::default(), 2).await;
+    case.assert_row(
+        garbage,
+        FAILED_UNSENT,
         r#"{"errorType":"hook","errorCode":"invalid-properties"}"#,
-    );
-    assert_row(
-        &case.row(bad_field).await,
-        "failed",
-        "none",
-        0,
-        r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1,"errorType":"hook","errorCode":"invalid-properties"}"#,
-    );
+    )
+    .await;
+    case.assert_row(bad_field, FAILED_UNSENT, r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1,"errorType":"hook","errorCode":"invalid-properties"}"#).await;
     assert_eq!(receiver.count(), 0);
     case.finish().await;
 }
 
 #[tokio::test]
 async fn blocked_private_address_fails_with_hook_uri() {
-    let case = Case::new().await;
     let receiver = Receiver::start(200);
-    case.insert_hook(&receiver.url("/hook"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/hook"), HookStatus::Enabled).await;
     let id = case.request(RICH).await;
-    let (dispatcher, metrics) = Harness {
-        policy: OutboundPolicy::phorge_default(),
-        ..Harness::default()
-    }
-    .build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-
-    assert_row(
-        &case.row(id).await,
-        "failed",
-        "none",
-        0,
-        &rich_after("hook", r#""uri""#),
-    );
+    let metrics = case
+        .rounds(
+            Harness {
+                policy: OutboundPolicy::phorge_default(),
+                ..Harness::default()
+            },
+            1,
+        )
+        .await;
+    case.assert_row(id, FAILED_UNSENT, &rich_after("hook", r#""uri""#))
+        .await;
     assert_eq!(
         receiver.count(),
         0,
@@ -357,40 +332,27 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
     for path in ["/to-private", "/to-307", "/to-303"] {
         let phid = format!("{}{}", case.hook, path.replace('/', "-"));
         case.db
-            .insert_hook(&phid, &receiver.url(path), "enabled", KEY)
+            .insert_hook(&phid, &receiver.url(path), HookStatus::Enabled, KEY)
             .await
             .unwrap();
         let request = NewRequest::new(&phid, "PHID-TASK-redirected0000000").with_properties(RICH);
         ids.push(case.db.insert_request(&request, T0).await.unwrap());
     }
-    let (dispatcher, metrics) = Harness {
-        policy,
-        ..Harness::default()
-    }
-    .build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-
-    assert_row(
-        &case.row(ids[0]).await,
-        "failed",
-        "fail",
-        NOW,
-        &rich_after("hook", r#""uri""#),
-    );
-    assert_row(
-        &case.row(ids[1]).await,
-        "sent",
-        "okay",
-        NOW,
-        &rich_after("http", "204"),
-    );
-    assert_row(
-        &case.row(ids[2]).await,
-        "sent",
-        "okay",
-        NOW,
-        &rich_after("http", "204"),
-    );
+    let metrics = case
+        .rounds(
+            Harness {
+                policy,
+                ..Harness::default()
+            },
+            1,
+        )
+        .await;
+    case.assert_row(ids[0], FAILED, &rich_after("hook", r#""uri""#))
+        .await;
+    case.assert_row(ids[1], SENT, &rich_after("http", "204"))
+        .await;
+    case.assert_row(ids[2], SENT, &rich_after("http", "204"))
+        .await;
     assert_eq!(metrics.policy_blocks.get(), 1);
     let finals: Vec<(String, usize, bool)> = receiver
         .requests()
@@ -435,19 +397,12 @@ async fn redirect_to_a_blocked_address_fails_and_allowed_redirects_are_followed(
 
 #[tokio::test]
 async fn redirect_loops_stop_after_twenty_hops_with_curl_47() {
-    let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Redirect(308, "/again".into()));
-    case.insert_hook(&receiver.url("/start"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/start"), HookStatus::Enabled).await;
     let id = case.request(&with_retry("never")).await;
-    let (dispatcher, _) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-    assert_row(
-        &case.row(id).await,
-        "failed",
-        "fail",
-        NOW,
-        &with_retry_after("never", "http", "47"),
-    );
+    case.rounds(Harness::default(), 1).await;
+    case.assert_row(id, FAILED, &with_retry_after("never", "http", "47"))
+        .await;
     assert_eq!(
         receiver.count(),
         21,
@@ -458,19 +413,12 @@ async fn redirect_loops_stop_after_twenty_hops_with_curl_47() {
 
 #[tokio::test]
 async fn long_response_bodies_are_read_only_up_to_the_bound_and_counted() {
-    let case = Case::new().await;
     let receiver = Receiver::with(|_, _| Reply::Sized(200, 200 * 1024));
-    case.insert_hook(&receiver.url("/chatty"), "enabled").await;
+    let case = Case::with_hook(&receiver.url("/chatty"), HookStatus::Enabled).await;
     let id = case.request(&with_retry("never")).await;
-    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
-    assert_row(
-        &case.row(id).await,
-        "sent",
-        "okay",
-        NOW,
-        &with_retry_after("never", "http", "200"),
-    );
+    let metrics = case.rounds(Harness::default(), 1).await;
+    case.assert_row(id, SENT, &with_retry_after("never", "http", "200"))
+        .await;
     assert_eq!(metrics.response_bodies_truncated.get(), 1);
     case.finish().await;
 }
@@ -486,7 +434,7 @@ async fn ports_above_65535_are_a_uri_failure_not_port_80() {
             .insert_hook(
                 &phid,
                 &format!("http://127.0.0.1:{port}/hook"),
-                "enabled",
+                HookStatus::Enabled,
                 KEY,
             )
             .await
@@ -494,16 +442,10 @@ async fn ports_above_65535_are_a_uri_failure_not_port_80() {
         let request = NewRequest::new(&phid, "PHID-TASK-badport000000000").with_properties(RICH);
         ids.push(case.db.insert_request(&request, T0).await.unwrap());
     }
-    let (dispatcher, metrics) = Harness::default().build(&case.db, &case.clock, &case.log);
-    dispatcher.run_round().await.unwrap();
+    let metrics = case.rounds(Harness::default(), 1).await;
     for id in ids {
-        assert_row(
-            &case.row(id).await,
-            "failed",
-            "none",
-            0,
-            &rich_after("hook", r#""uri""#),
-        );
+        case.assert_row(id, FAILED_UNSENT, &rich_after("hook", r#""uri""#))
+            .await;
     }
     assert_eq!(metrics.deliveries(DeliveryOutcome::Failed, "hook"), 2);
     case.finish().await;

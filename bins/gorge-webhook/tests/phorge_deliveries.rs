@@ -13,9 +13,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{CapturedLog, Harness, Receiver, Recorded, Reply};
-use gorge_claim::testdb::TestDb;
+use common::{fixture_headers, Harness};
+use gorge_claim::testdb::{HookStatus, NewRequest, RequestResult, RequestStatus, TestDb};
 use gorge_claim::ClaimTiming;
+use gorge_testkit::{CapturedLog, Receiver, Recorded, Reply};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::policy::OutboundPolicy;
 use mysql_async::prelude::Queryable;
@@ -82,8 +83,7 @@ async fn run(strictness: Strictness) {
     assert_eq!(cases.len(), 20);
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::with(|request, _| reply_for(request));
-    let refused_port = common::free_port();
-    let mut conn = db.conn().await.unwrap();
+    let refused_port = gorge_testkit::free_port();
     let mut ids = Vec::new();
     for case in &cases {
         let hook = &case["hook"];
@@ -95,6 +95,7 @@ async fn run(strictness: Strictness) {
             uri.replace("RECEIVER", &receiver.addr.to_string())
         };
         let status = hook["status"].as_str().unwrap().split(' ').next().unwrap();
+        let status = HookStatus::parse(status).expect("a hook status of Phorge's");
         db.insert_hook(
             hook["phid"].as_str().unwrap(),
             &uri,
@@ -117,28 +118,19 @@ async fn run(strictness: Strictness) {
             .await
             .unwrap();
         }
-        let created = row["dateCreated"].as_u64().unwrap();
-        conn.exec_drop(
-            "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, \
-             properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                row["phid"].as_str().unwrap(),
-                row["webhookPHID"].as_str().unwrap(),
-                object,
-                row["status"].as_str().unwrap(),
-                row["properties"].as_str().unwrap(),
-                row["lastRequestResult"].as_str().unwrap(),
+        let text = |key: &str| row[key].as_str().unwrap();
+        let request = NewRequest::new(text("webhookPHID"), object)
+            .with_phid(text("phid"))
+            .with_properties(text("properties"))
+            .attempted(
+                RequestStatus::parse(text("status")).expect("a request status of Phorge's"),
+                RequestResult::parse(text("lastRequestResult")).expect("a result of Phorge's"),
                 row["lastRequestEpoch"].as_u64().unwrap(),
-                created,
-                created,
-            ),
-        )
-        .await
-        .unwrap();
-        ids.push(conn.last_insert_id().unwrap());
+            );
+        let created = row["dateCreated"].as_u64().unwrap();
+        ids.push(db.insert_request(&request, created).await.unwrap());
     }
-    drop(conn);
+
     // One hook's objects (the `blocked` scenario) live on 127.0.0.2: block exactly that.
     let clock = ManualUnixClock::new(1_796_110_900);
     let log = CapturedLog::default();
@@ -199,17 +191,7 @@ async fn run(strictness: Strictness) {
                     String::from_utf8_lossy(&ours.body)
                 ));
             }
-            let their_headers: Vec<(String, String)> = theirs["headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|h| {
-                    (
-                        h[0].as_str().unwrap().to_string(),
-                        h[1].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect();
+            let their_headers = fixture_headers(&theirs["headers"]);
             let signature = their_headers
                 .iter()
                 .find(|(k, _)| k == "X-Phabricator-Webhook-Signature")

@@ -5,50 +5,42 @@ mod common;
 
 use std::time::Duration;
 
-use common::{admin_sql, create_schema, eventually, run_binary, Receiver, Reply, Service};
-use gorge_claim::testdb::{NewRequest, TestDb};
+use common::{enabled_hook, run_binary, unix_now, Service};
+use gorge_claim::testdb::{
+    unique_namespace, HookStatus, NewRequest, RequestResult, RequestStatus, TestDb,
+};
+use gorge_testkit::{eventually, Receiver, Reply};
 
 const NOW: u64 = 1_700_000_000;
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn status_of(db: &TestDb, id: u64) -> String {
+async fn status_of(db: &TestDb, id: u64) -> RequestStatus {
     db.read_request(id).await.unwrap().status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_post_while_the_receiver_holds_it_and_the_poller_ticks() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::with(|_, _| Reply::Delay(Duration::from_secs(3), 200));
-    db.insert_hook(&hook, &receiver.url("/slow"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/slow")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
         .await
         .unwrap();
-    let _service = Service::start(db.namespace(), &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")]);
+    let service = Service::start(db.namespace(), &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")]);
 
     eventually(Duration::from_secs(30), "row sent", || async {
-        status_of(&db, id).await == "sent"
+        status_of(&db, id).await == RequestStatus::Sent
     })
     .await;
     // ~30 polls happened while the POST was held; a few more now that it is done.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    service.wait_polls(3).await;
     assert_eq!(receiver.count(), 1);
     db.drop_database().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_before_the_database_exists_and_delivers_once_it_does() {
-    let namespace = format!("gtlate{}", std::process::id());
-    admin_sql(&format!("DROP DATABASE IF EXISTS `{namespace}_herald`")).await;
+    let namespace = unique_namespace();
     let service = Service::start(&namespace, &[]);
 
     let (status, body) = service.get("/readyz", &[]);
@@ -60,37 +52,19 @@ async fn starts_before_the_database_exists_and_delivers_once_it_does() {
     assert_eq!(service.get("/healthz", &[]).0, 200);
 
     // Phorge runs `bin/storage upgrade` later; no restart.
-    create_schema(&namespace).await;
+    let db = TestDb::create_in(&namespace).await.unwrap();
     let receiver = Receiver::start(200);
-    let hook = format!("PHID-HWBH-{namespace}");
-    let pool = mysql_async::Pool::new(
-        mysql_async::OptsBuilder::from_opts(gorge_claim::testdb::server_opts())
-            .db_name(Some(format!("{namespace}_herald"))),
-    );
-    {
-        use mysql_async::prelude::Queryable;
-        let mut conn = pool.get_conn().await.unwrap();
-        conn.exec_drop(
-            "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) VALUES (?, 'h', ?, 'users', 'users', 'enabled', 'k', 0, 0)",
-            (&hook, receiver.url("/late")),
-        )
+    let hook = enabled_hook(&db, &receiver.url("/late")).await;
+    db.insert_request(&NewRequest::new(&hook, "PHID-TASK-late"), unix_now())
         .await
         .unwrap();
-        conn.exec_drop(
-            "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES ('PHID-HWBR-late', ?, 'PHID-TASK-late', 'queued', '{}', 'none', 0, ?, ?)",
-            (&hook, unix_now(), unix_now()),
-        )
-        .await
-        .unwrap();
-    }
     eventually(Duration::from_secs(30), "ready", || async {
         service.get("/readyz", &[]).0 == 200
     })
     .await;
     let requests = receiver.wait_for(1, Duration::from_secs(30));
     assert_eq!(requests[0].object_phid(), "PHID-TASK-late");
-    let _ = pool.disconnect().await;
-    admin_sql(&format!("DROP DATABASE IF EXISTS `{namespace}_herald`")).await;
+    db.drop_database().await;
 }
 
 /// Forwards every connection on `listener` to `target` (a stand-in for MariaDB coming up).
@@ -118,16 +92,13 @@ fn forward(listener: std::net::TcpListener, target: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::start(200);
-    db.insert_hook(&hook, &receiver.url("/later"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/later")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-later"), unix_now())
         .await
         .unwrap();
-    let port = common::free_port();
+    let port = gorge_testkit::free_port();
     let port_text = port.to_string();
     let mut service = Service::start(
         db.namespace(),
@@ -142,7 +113,7 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
         body.starts_with(r#"{"status":"unavailable","reason":""#),
         "{body}"
     );
-    assert_eq!(service.child.try_wait().unwrap(), None, "still running");
+    assert_eq!(service.process.try_wait(), None, "still running");
     let metrics = service.get("/metrics", &[]).1;
     assert!(metrics.contains("\ngorge_webhook_db_up 0\n"), "{metrics}");
 
@@ -154,7 +125,7 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
         format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
     );
     eventually(Duration::from_secs(60), "ready and delivered", || async {
-        service.get("/readyz", &[]).0 == 200 && status_of(&db, id).await == "sent"
+        service.get("/readyz", &[]).0 == 200 && status_of(&db, id).await == RequestStatus::Sent
     })
     .await;
     assert_eq!(receiver.count(), 1);
@@ -172,37 +143,31 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_counts_with_token_in_header_or_query() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
-    db.insert_hook(&hook, "http://127.0.0.1:9/", "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, "http://127.0.0.1:9/").await;
     db.insert_hook(
         &format!("{hook}-off"),
         "http://127.0.0.1:9/",
-        "disabled",
+        HookStatus::Disabled,
         "k",
     )
     .await
     .unwrap();
     // Rows the service will not touch: a future backoff keeps the queued one queued.
-    let mut conn = db.conn().await.unwrap();
-    {
-        use mysql_async::prelude::Queryable;
-        for (phid, status, epoch) in [
-            ("PHID-HWBR-a", "queued", u32::MAX as u64 - 1),
-            ("PHID-HWBR-b", "sent", NOW),
-            ("PHID-HWBR-c", "sent", NOW),
-            ("PHID-HWBR-d", "failed", NOW),
-        ] {
-            conn.exec_drop(
-                "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified) VALUES (?, ?, 'PHID-TASK-x', ?, '{}', 'fail', ?, 1, ?)",
-                (phid, &hook, status, epoch, epoch),
-            )
-            .await
-            .unwrap();
-        }
-    }
-    drop(conn);
+    let rows: Vec<NewRequest> = [
+        ("PHID-HWBR-a", RequestStatus::Queued, u32::MAX as u64 - 1),
+        ("PHID-HWBR-b", RequestStatus::Sent, NOW),
+        ("PHID-HWBR-c", RequestStatus::Sent, NOW),
+        ("PHID-HWBR-d", RequestStatus::Failed, NOW),
+    ]
+    .into_iter()
+    .map(|(phid, status, epoch)| {
+        NewRequest::new(&hook, "PHID-TASK-x")
+            .with_phid(phid)
+            .with_properties("{}")
+            .attempted(status, RequestResult::Fail, epoch)
+    })
+    .collect();
+    db.insert_requests(&rows, NOW).await.unwrap();
     let service = Service::start(db.namespace(), &[("GORGE_SERVICE_TOKEN", "s3cret/+")]);
     let stats = r#"{"data":{"queuedCount":1,"sentCount":2,"failedCount":1,"activeWebhooks":1}}"#;
 
@@ -260,7 +225,7 @@ async fn api_counts_with_token_in_header_or_query() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_answers_405_and_hides_database_errors() {
-    let namespace = format!("gtmissing{}", std::process::id());
+    let namespace = unique_namespace();
     let service = Service::start(&namespace, &[]);
     let (status, body) = service.get("/api/webhook/stats", &[]);
     assert_eq!(
@@ -284,11 +249,8 @@ async fn api_answers_405_and_hides_database_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_the_inflight_delivery_write_its_result() {
     let db = TestDb::create().await.unwrap();
-    let hook = format!("PHID-HWBH-{}", db.namespace());
     let receiver = Receiver::with(|_, _| Reply::Hold(200));
-    db.insert_hook(&hook, &receiver.url("/held"), "enabled", "k")
-        .await
-        .unwrap();
+    let hook = enabled_hook(&db, &receiver.url("/held")).await;
     let id = db
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
         .await
@@ -304,15 +266,12 @@ async fn sigterm_lets_the_inflight_delivery_write_its_result() {
         service.get("/readyz", &[]).0 == 503
     })
     .await;
-    assert_eq!(status_of(&db, id).await, "queued");
+    assert_eq!(status_of(&db, id).await, RequestStatus::Queued);
     receiver.release();
-    let code = tokio::task::spawn_blocking(move || service.wait_exit(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert_eq!(code, Some(0));
+    assert_eq!(service.process.exited().await.code(), Some(0));
     assert_eq!(
         status_of(&db, id).await,
-        "sent",
+        RequestStatus::Sent,
         "result written before the pool closed"
     );
     db.drop_database().await;
@@ -335,7 +294,7 @@ fn a_busy_listen_address_is_a_startup_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_subcommand_probes_the_status_port() {
-    let namespace = format!("gthealth{}", std::process::id());
+    let namespace = unique_namespace();
     let service = Service::start(&namespace, &[]);
     let port = service.status_addr.port().to_string();
     let (code, _, stderr) = run_binary(&["healthcheck", "--port", &port], &[]);
@@ -344,7 +303,7 @@ async fn healthcheck_subcommand_probes_the_status_port() {
     let addr = service.status_addr.to_string();
     let (code, _, _) = run_binary(&["healthcheck"], &[("GORGE_LISTEN_ADDR", addr.as_str())]);
     assert_eq!(code, Some(0));
-    let closed = common::free_port().to_string();
+    let closed = gorge_testkit::free_port().to_string();
     let (code, _, _) = run_binary(&["healthcheck", "--port", &closed], &[]);
     assert_eq!(code, Some(1));
 }

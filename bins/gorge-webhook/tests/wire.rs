@@ -3,10 +3,13 @@
 //! redirects as Phorge's cURL follows them, cURL error numbers, private CAs.
 //! Issue 10 items 3, 5, 7, 8; issue 9 W7.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::fixture_headers;
 use gorge_webhook::client::ClientOptions;
 use gorge_webhook::delivery::{Deliverer, DeliveryError};
 use gorge_webhook::policy::{CheckedTarget, OutboundPolicy};
@@ -406,6 +409,17 @@ struct PrivateCa {
     acceptor: tokio_rustls::TlsAcceptor,
 }
 
+/// A keep-alive deliverer that trusts `ca` as an operator's CA file would make it.
+fn trusting(ca: &PrivateCa) -> Deliverer {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+    deliverer(&ClientOptions {
+        extra_roots: ExtraRoots::load(&ca_file).unwrap(),
+        keep_alive: true,
+    })
+}
+
 fn private_ca() -> PrivateCa {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
@@ -453,13 +467,7 @@ async fn a_private_ca_is_untrusted_until_it_is_in_the_ca_file() {
         "nothing sent over an untrusted connection"
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
-    let trusted = deliverer(&ClientOptions {
-        extra_roots: ExtraRoots::load(&ca_file).unwrap(),
-        keep_alive: true,
-    });
+    let trusted = trusting(&ca);
     assert_eq!(post(&trusted, &uri).await, Ok(200));
     assert_eq!(post(&trusted, &uri).await, Ok(200));
     assert_eq!(
@@ -476,13 +484,7 @@ async fn a_private_ca_is_untrusted_until_it_is_in_the_ca_file() {
 async fn a_certificate_for_another_host_is_curl_60() {
     let ca = private_ca();
     let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
-    let trusted = deliverer(&ClientOptions {
-        extra_roots: ExtraRoots::load(&ca_file).unwrap(),
-        keep_alive: true,
-    });
+    let trusted = trusting(&ca);
     // The checked address is the receiver's, the name is one the certificate lacks.
     let mut wrong = target(&receiver.url("https", "/hook"));
     wrong.uri =
@@ -582,16 +584,8 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
                 .filter(|(name, _)| *name != "Host")
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect();
-            let theirs: Vec<(String, String)> = php["headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|h| {
-                    (
-                        h[0].as_str().unwrap().to_string(),
-                        h[1].as_str().unwrap().to_string(),
-                    )
-                })
+            let theirs: Vec<(String, String)> = fixture_headers(&php["headers"])
+                .into_iter()
                 .map(|(n, v)| {
                     if n == "User-Agent" {
                         (n, format!("gorge-webhook/{}", env!("CARGO_PKG_VERSION")))

@@ -1,20 +1,24 @@
 //! Test support (feature `test-support`): a throwaway `{random}_herald` database built from
 //! `compat/herald-schema.sql`, filled the way Phorge fills it.
 //!
-//! Each [`TestDb`] gets its own namespace (`gt<hex>`), so tests run in parallel without
-//! seeing each other. The server comes from `GORGE_TEST_MYSQL_URL` (default
+//! Each [`TestDb`] gets its own namespace (`gt<hex>`, or one chosen up front with
+//! [`unique_namespace`] and [`TestDb::create_in`]), so tests run in parallel without seeing
+//! each other. Named MySQL locks are server-wide, not per database: hooks must be named with
+//! [`TestDb::hook_phid`] / [`TestDb::tagged_hook_phid`] so that the lock names of test files
+//! running at the same time differ too. The server comes from `GORGE_TEST_MYSQL_URL` (default
 //! `mysql://root@127.0.0.1:3306`). Call [`TestDb::drop_database`] at the end; if a test
 //! panics first, `Drop` removes the database on a helper thread.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), gorge_claim::ClaimError> {
-//! use gorge_claim::testdb::{NewRequest, TestDb};
+//! use gorge_claim::testdb::{HookStatus, NewRequest, RequestStatus, TestDb};
 //! let db = TestDb::create().await?;
-//! db.insert_hook("PHID-HWBH-test", "http://127.0.0.1:9/", "enabled", "key").await?;
-//! let id = db.insert_request(&NewRequest::new("PHID-HWBH-test", "PHID-TASK-x"), 1_700_000_000).await?;
+//! let hook = db.hook_phid();
+//! db.insert_hook(&hook, "http://127.0.0.1:9/", HookStatus::Enabled, "key").await?;
+//! let id = db.insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), 1_700_000_000).await?;
 //! let store = db.store();
 //! let row = db.read_request(id).await?;
-//! assert_eq!(row.status, "queued");
+//! assert_eq!(row.status, RequestStatus::Queued);
 //! db.drop_database().await;
 //! # Ok(()) }
 //! ```
@@ -23,6 +27,8 @@ use std::sync::Mutex;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+
+pub use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
 use crate::objects::{object_kind, ObjectKind};
@@ -56,6 +62,10 @@ pub struct NewRequest {
     pub object_phid: String,
     /// Defaults to what a Herald rule writes (`retry` forever, one transaction, one trigger).
     pub properties: String,
+    /// Defaults to a new row: `queued`, result `none`, epoch 0.
+    pub status: RequestStatus,
+    pub last_request_result: RequestResult,
+    pub last_request_epoch: u64,
 }
 
 impl NewRequest {
@@ -66,7 +76,25 @@ impl NewRequest {
             webhook_phid: webhook_phid.to_owned(),
             object_phid: object_phid.to_owned(),
             properties: r#"{"retry":"forever","transactionPHIDs":["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],"triggerPHIDs":["PHID-HRUL-aaaaaaaaaaaaaaaaaaaa"],"silent":false,"secure":false,"test":false}"#.to_owned(),
+            status: RequestStatus::Queued,
+            last_request_result: RequestResult::None,
+            last_request_epoch: 0,
         }
+    }
+
+    /// Replaces the random request PHID.
+    pub fn with_phid(mut self, phid: &str) -> Self {
+        self.phid = phid.to_owned();
+        self
+    }
+
+    /// A row that was already attempted: `status`, `lastRequestResult` and
+    /// `lastRequestEpoch` as stored after that attempt.
+    pub fn attempted(mut self, status: RequestStatus, result: RequestResult, epoch: u64) -> Self {
+        self.status = status;
+        self.last_request_result = result;
+        self.last_request_epoch = epoch;
+        self
     }
 
     /// Replaces the properties JSON text.
@@ -83,9 +111,9 @@ pub struct RequestRow {
     pub phid: String,
     pub webhook_phid: String,
     pub object_phid: String,
-    pub status: String,
+    pub status: RequestStatus,
     pub properties: String,
-    pub last_request_result: String,
+    pub last_request_result: RequestResult,
     pub last_request_epoch: u64,
     pub date_created: u64,
     pub date_modified: u64,
@@ -117,10 +145,22 @@ fn random_hex(len: usize) -> String {
         .collect()
 }
 
+/// A namespace no other test uses (`gt<random hex>`), for a test that must know it before
+/// its database exists (e.g. a service started first); create it with [`TestDb::create_in`].
+pub fn unique_namespace() -> String {
+    format!("gt{}", random_hex(12))
+}
+
 impl TestDb {
     /// Creates `gt<random>_herald` with Phorge's tables on the test server.
     pub async fn create() -> Result<TestDb, ClaimError> {
-        let namespace = format!("gt{}", random_hex(12));
+        TestDb::create_in(&unique_namespace()).await
+    }
+
+    /// Creates `{namespace}_herald` with Phorge's tables; `namespace` should come from
+    /// [`unique_namespace`].
+    pub async fn create_in(namespace: &str) -> Result<TestDb, ClaimError> {
+        let namespace = namespace.to_owned();
         let database = format!("{namespace}_herald");
         let map = |e| ClaimError::from_driver(e, &database);
         let mut admin = Conn::new(server_opts()).await.map_err(map)?;
@@ -151,6 +191,17 @@ impl TestDb {
         &self.namespace
     }
 
+    /// A hook PHID of this namespace (`PHID-HWBH-<namespace>`): its lock name belongs to
+    /// this test alone.
+    pub fn hook_phid(&self) -> String {
+        format!("PHID-HWBH-{}", self.namespace)
+    }
+
+    /// Another hook PHID of this namespace (`PHID-HWBH-<namespace>-<tag>`).
+    pub fn tagged_hook_phid(&self, tag: impl std::fmt::Display) -> String {
+        format!("PHID-HWBH-{}-{tag}", self.namespace)
+    }
+
     /// The database name (`<namespace>_herald`).
     pub fn database(&self) -> &str {
         &self.database
@@ -174,7 +225,7 @@ impl TestDb {
         &self,
         phid: &str,
         uri: &str,
-        status: &str,
+        status: HookStatus,
         hmac_key: &str,
     ) -> Result<(), ClaimError> {
         let mut conn = self.conn().await?;
@@ -182,26 +233,29 @@ impl TestDb {
             "INSERT INTO herald_webhook \
              (phid, name, webhookURI, viewPolicy, editPolicy, status, hmacKey, dateCreated, dateModified) \
              VALUES (?, ?, ?, 'users', 'users', ?, ?, 0, 0)",
-            (phid, format!("hook {phid}"), uri, status, hmac_key),
+            (phid, format!("hook {phid}"), uri, status.as_str(), hmac_key),
         )
         .await
         .map_err(|e| ClaimError::from_driver(e, &self.database))
     }
 
-    /// Inserts a queued request as Lisk does: `dateCreated = dateModified = now`,
-    /// `lastRequestResult` `none`, `lastRequestEpoch` 0. Returns the row id.
+    /// Inserts a request as Lisk does: `dateCreated = dateModified = now` (a new row is
+    /// `queued` with result `none` and epoch 0, see [`NewRequest`]). Returns the row id.
     pub async fn insert_request(&self, request: &NewRequest, now: u64) -> Result<u64, ClaimError> {
         let mut conn = self.conn().await?;
         conn.exec_drop(
             "INSERT INTO herald_webhookrequest \
              (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
               lastRequestEpoch, dateCreated, dateModified) \
-             VALUES (?, ?, ?, 'queued', ?, 'none', 0, ?, ?)",
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 &request.phid,
                 &request.webhook_phid,
                 &request.object_phid,
+                request.status.as_str(),
                 &request.properties,
+                request.last_request_result.as_str(),
+                request.last_request_epoch,
                 now,
                 now,
             ),
@@ -209,6 +263,59 @@ impl TestDb {
         .await
         .map_err(|e| ClaimError::from_driver(e, &self.database))?;
         Ok(conn.last_insert_id().unwrap_or(0))
+    }
+
+    /// [`TestDb::insert_request`] for many rows at once (one multi-row statement per
+    /// thousand rows, for backlogs of thousands).
+    pub async fn insert_requests(
+        &self,
+        requests: &[NewRequest],
+        now: u64,
+    ) -> Result<(), ClaimError> {
+        let mut conn = self.conn().await?;
+        for chunk in requests.chunks(1000) {
+            let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+            let params: Vec<mysql_async::Value> = chunk
+                .iter()
+                .flat_map(|r| {
+                    [
+                        r.phid.as_str().into(),
+                        r.webhook_phid.as_str().into(),
+                        r.object_phid.as_str().into(),
+                        r.status.as_str().into(),
+                        r.properties.as_str().into(),
+                        r.last_request_result.as_str().into(),
+                        r.last_request_epoch.into(),
+                        now.into(),
+                        now.into(),
+                    ]
+                })
+                .collect();
+            conn.exec_drop(
+                format!(
+                    "INSERT INTO herald_webhookrequest \
+                     (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
+                      lastRequestEpoch, dateCreated, dateModified) VALUES {placeholders}"
+                ),
+                params,
+            )
+            .await
+            .map_err(|e| ClaimError::from_driver(e, &self.database))?;
+        }
+        Ok(())
+    }
+
+    /// How many requests have `status` now.
+    pub async fn count_requests(&self, status: RequestStatus) -> Result<u64, ClaimError> {
+        let mut conn = self.conn().await?;
+        let count: Option<u64> = conn
+            .exec_first(
+                "SELECT COUNT(*) FROM herald_webhookrequest WHERE status = ?",
+                (status.as_str(),),
+            )
+            .await
+            .map_err(|e| ClaimError::from_driver(e, &self.database))?;
+        Ok(count.unwrap_or(0))
     }
 
     /// Creates `{namespace}_<database>`.`table` with the columns the service reads from
@@ -331,9 +438,12 @@ impl TestDb {
             phid,
             webhook_phid,
             object_phid,
-            status,
+            status: RequestStatus::parse(&status)
+                .unwrap_or_else(|| panic!("row {id}: status {status:?} is not Phorge's")),
             properties,
-            last_request_result,
+            last_request_result: RequestResult::parse(&last_request_result).unwrap_or_else(|| {
+                panic!("row {id}: lastRequestResult {last_request_result:?} is not Phorge's")
+            }),
             last_request_epoch,
             date_created,
             date_modified,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gorge_claim::testdb::{server_opts, NewRequest, RequestRow, TestDb};
+use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
     hook_lock_name, Candidate, Claim, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
     ResultWrite, MAX_EXCLUDED_HOOKS,
@@ -19,12 +19,6 @@ async fn fresh_db() -> TestDb {
         .expect("create test database (is MariaDB at GORGE_TEST_MYSQL_URL up?)")
 }
 
-/// A hook PHID unique to this database: named locks are global to the server, so tests
-/// running in parallel must not share lock names.
-fn hook_phid(db: &TestDb, suffix: &str) -> String {
-    format!("PHID-HWBH-{}{suffix}", db.namespace())
-}
-
 /// Lease and backoff for tests where neither expires.
 const TIMING: ClaimTiming = ClaimTiming {
     lease_sec: 30,
@@ -33,7 +27,7 @@ const TIMING: ClaimTiming = ClaimTiming {
 
 /// Inserts a fresh request (default properties) of this database's hook at `T0`.
 async fn insert_fresh_request(db: &TestDb) -> u64 {
-    db.insert_request(&NewRequest::new(&hook_phid(db, ""), OBJECT), T0)
+    db.insert_request(&NewRequest::new(&db.hook_phid(), OBJECT), T0)
         .await
         .unwrap()
 }
@@ -73,7 +67,7 @@ fn failed_attempt(epoch: u64, status: RequestStatus) -> ResultWrite {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_of_two_racing_claims_wins_every_round() {
     let db = fresh_db().await;
-    let hook = hook_phid(&db, "race");
+    let hook = db.tagged_hook_phid("race");
     let id = db
         .insert_request(&NewRequest::new(&hook, OBJECT), T0)
         .await
@@ -197,8 +191,8 @@ async fn lease_and_backoff_are_independent() {
         .unwrap();
     assert!(written);
     let row = db.read_request(id).await.unwrap();
-    assert_eq!(row.status, "queued");
-    assert_eq!(row.last_request_result, "fail");
+    assert_eq!(row.status, RequestStatus::Queued);
+    assert_eq!(row.last_request_result, RequestResult::Fail);
     assert_eq!(
         (row.last_request_epoch, row.date_modified),
         (T0 + 2, T0 + 2)
@@ -325,7 +319,7 @@ async fn terminal_outcome_without_request_keeps_epoch_zero() {
 async fn candidates_are_bounded_and_oldest_first() {
     let db = fresh_db().await;
     let store = db.store();
-    let hook = hook_phid(&db, "");
+    let hook = db.hook_phid();
     let mut ids = Vec::new();
     for i in 0..5 {
         ids.push(
@@ -350,9 +344,9 @@ async fn excluded_hooks_rows_neither_appear_nor_fill_the_batch() {
     let db = fresh_db().await;
     let store = db.store();
     let (a, b, c) = (
-        hook_phid(&db, "a"),
-        hook_phid(&db, "b"),
-        hook_phid(&db, "c"),
+        db.tagged_hook_phid("a"),
+        db.tagged_hook_phid("b"),
+        db.tagged_hook_phid("c"),
     );
     let mut ids = Vec::new();
     for hook in [&a, &a, &b, &a, &c, &b] {
@@ -415,7 +409,7 @@ async fn hook_lock_is_exclusive_and_never_leaks() {
     let db = fresh_db().await;
     let store = db.store();
     let other_replica = db.store();
-    let hook = hook_phid(&db, "lock");
+    let hook = db.tagged_hook_phid("lock");
 
     let held = store
         .try_hook_lock(&hook)
@@ -427,7 +421,7 @@ async fn hook_lock_is_exclusive_and_never_leaks() {
     assert!(other_replica.try_hook_lock(&hook).await.unwrap().is_none());
     // Another hook is independent.
     let other_hook = store
-        .try_hook_lock(&hook_phid(&db, "other"))
+        .try_hook_lock(&db.tagged_hook_phid("other"))
         .await
         .unwrap()
         .expect("other hook free");
@@ -466,7 +460,7 @@ async fn hook_lock_is_exclusive_and_never_leaks() {
 async fn phorges_own_lock_and_ours_exclude_each_other() {
     let db = fresh_db().await;
     let store = db.store();
-    let hook = hook_phid(&db, "php");
+    let hook = db.tagged_hook_phid("php");
     let phorge_name = hook_lock_name(db.namespace(), &hook);
     assert!(phorge_name.starts_with("ph:"), "{phorge_name}");
     let mut php_worker = mysql_async::Conn::new(server_opts()).await.unwrap();
@@ -520,7 +514,7 @@ fn lock_names_match_phorges_php() {
 async fn breaker_counts_recent_failures_of_one_hook() {
     let db = fresh_db().await;
     let store = db.store();
-    let (hook_a, hook_b) = (hook_phid(&db, "a"), hook_phid(&db, "b"));
+    let (hook_a, hook_b) = (db.tagged_hook_phid("a"), db.tagged_hook_phid("b"));
     let mut conn = db.conn().await.unwrap();
     // (hook, lastRequestResult, lastRequestEpoch)
     let rows = [
@@ -560,22 +554,22 @@ async fn stats_hooks_and_queue_depth() {
     let db = fresh_db().await;
     let store = db.store();
     assert_eq!(store.queue_depth(T0).await.unwrap().oldest_age_sec, None);
-    let hook = hook_phid(&db, "");
-    db.insert_hook(&hook, "https://example.com/hook", "enabled", "k1")
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, "https://example.com/hook", HookStatus::Enabled, "k1")
         .await
         .unwrap();
     db.insert_hook(
-        &hook_phid(&db, "f"),
+        &db.tagged_hook_phid("f"),
         "https://example.com/f",
-        "firehose",
+        HookStatus::Firehose,
         "k2",
     )
     .await
     .unwrap();
     db.insert_hook(
-        &hook_phid(&db, "d"),
+        &db.tagged_hook_phid("d"),
         "https://example.com/d",
-        "disabled",
+        HookStatus::Disabled,
         "k3",
     )
     .await

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gorge_service::http::bytes_response;
-use gorge_service::shutdown::{run, RunOptions, Shutdown};
+use gorge_service::shutdown::{no_drain, run, RunOptions, Shutdown};
 use gorge_service::{bind_all, Handler, ListenerSpec, Probes};
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -183,16 +183,7 @@ async fn healthcheck_exit_codes() {
         shutdown: shutdown.clone(),
     };
     let log = logger();
-    let server = tokio::spawn(async move {
-        run(
-            bound,
-            probes,
-            gorge_service::shutdown::no_drain(),
-            opts,
-            &log,
-        )
-        .await
-    });
+    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &log).await });
     let code = tokio::task::spawn_blocking(move || gorge_service::healthcheck::healthcheck(addr))
         .await
         .unwrap();

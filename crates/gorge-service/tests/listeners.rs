@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gorge_service::http::{bytes_response, read_body_limited};
-use gorge_service::shutdown::{run, RunOptions, Shutdown};
+use gorge_service::shutdown::{no_drain, run, RunOptions, Shutdown};
 use gorge_service::{bind_all, Handler, ListenerSpec, Probes};
+use gorge_testkit::http;
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -74,31 +75,16 @@ async fn a_chunked_body_that_never_ends_gets_408_and_the_connection_closes() {
     let shutdown = Shutdown::new();
     let probes = Probes::new(Default::default(), Probes::always_ready());
     let opts = options(&shutdown);
-    let server = tokio::spawn(async move {
-        run(
-            bound,
-            probes,
-            gorge_service::shutdown::no_drain(),
-            opts,
-            &logger(),
-        )
-        .await
-    });
+    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &logger()).await });
 
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
-        .await
-        .unwrap();
     // One more chunk now and then would not help either: the deadline is for the request.
-    let mut response = Vec::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
-        .await
-        .expect("the server closes the connection")
-        .unwrap();
-    let text = String::from_utf8(response).unwrap();
-    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
-    assert!(text.contains(r#""code":"ERR_TIMEOUT""#), "{text}");
+    let chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n";
+    let response = http::raw(addr.port(), chunked).await;
+    assert_eq!(response.status, 408, "{response:?}");
+    assert!(
+        response.text().contains(r#""code":"ERR_TIMEOUT""#),
+        "{response:?}"
+    );
 
     shutdown.trigger();
     server.await.unwrap().unwrap();
@@ -137,16 +123,8 @@ async fn a_second_server_binds_the_same_port_and_takes_over_when_the_first_drain
     let two = Shutdown::new();
     let probes = Probes::new(Default::default(), Probes::always_ready());
     let opts = options(&two);
-    let second = tokio::spawn(async move {
-        run(
-            second,
-            probes,
-            gorge_service::shutdown::no_drain(),
-            opts,
-            &logger(),
-        )
-        .await
-    });
+    let second =
+        tokio::spawn(async move { run(second, probes, no_drain(), opts, &logger()).await });
 
     one.trigger();
     draining_rx.await.unwrap();

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{check, mariadb, DrillEnv, Outcome};
+use super::{check, mariadb, Check, DrillEnv, Outcome};
+use crate::herald_db::RowState;
 use crate::receiver::{Behaviour, Receiver};
 use crate::webhook::{Rig, ServiceSettings};
 
@@ -58,6 +59,33 @@ async fn wait_arrivals(receiver: &Receiver, count: usize, until: Instant) -> boo
     true
 }
 
+/// Every one of the `expected` rows ended `sent` (and the drill saw them all final).
+fn no_row_lost(all_final: bool, rows: &[RowState], expected: usize) -> Check {
+    let sent = rows.iter().filter(|r| r.status == "sent").count();
+    check(
+        "no row lost: every row ends sent",
+        all_final && sent == expected,
+        format!("{sent}/{expected} sent"),
+    )
+}
+
+/// Seeds `rows` retry-forever rows, starts two processes on them and waits until `started`
+/// requests have arrived.
+async fn start_two_processes(
+    rig: &mut Rig,
+    rows: usize,
+    started: usize,
+    env: &DrillEnv,
+) -> Result<(), String> {
+    rig.insert_rows(0..rows, true).await?;
+    rig.start_process().await?;
+    rig.start_process().await?;
+    if !wait_arrivals(&rig.receiver, started, env.within(Duration::from_secs(60))).await {
+        return Err("deliveries did not start".to_string());
+    }
+    Ok(())
+}
+
 pub async fn kill9(env: &DrillEnv) -> Outcome {
     const ROWS: usize = 2000;
     const MAX_CONCURRENT: u64 = 8;
@@ -66,12 +94,7 @@ pub async fn kill9(env: &DrillEnv) -> Outcome {
         Err(e) => return Outcome::failed_to_run(e),
     };
     let result = async {
-        rig.insert_rows(0..ROWS, true).await?;
-        rig.start_process().await?;
-        rig.start_process().await?;
-        if !wait_arrivals(&rig.receiver, ROWS / 4, env.within(Duration::from_secs(60))).await {
-            return Err("deliveries did not start".to_string());
-        }
+        start_two_processes(&mut rig, ROWS, ROWS / 4, env).await?;
         rig.processes[0].kill9().await;
         eprintln!("  killed gorge-webhook-0 with SIGKILL mid-delivery");
         // Requests the dead process had already written reach the receiver shortly after.
@@ -103,7 +126,6 @@ pub async fn kill9(env: &DrillEnv) -> Outcome {
         Ok(v) => v,
         Err(e) => return Outcome::failed_to_run(e),
     };
-    let sent = rows.iter().filter(|r| r.status == "sent").count();
     let outside: Vec<usize> = report
         .duplicated_rows
         .iter()
@@ -112,11 +134,7 @@ pub async fn kill9(env: &DrillEnv) -> Outcome {
         .collect();
     Outcome {
         checks: vec![
-            check(
-                "no row lost: every row ends sent",
-                all_final && sent == ROWS,
-                format!("{sent}/{ROWS} sent"),
-            ),
+            no_row_lost(all_final, &rows, ROWS),
             check(
                 "duplicates only for rows in flight at the kill",
                 outside.is_empty(),
@@ -337,12 +355,7 @@ pub async fn mariadb_restart(env: &DrillEnv) -> Outcome {
         Err(e) => return Outcome::failed_to_run(e),
     };
     let result = async {
-        rig.insert_rows(0..ROWS, true).await?;
-        rig.start_process().await?;
-        rig.start_process().await?;
-        if !wait_arrivals(&rig.receiver, ROWS / 5, env.within(Duration::from_secs(60))).await {
-            return Err("deliveries did not start".to_string());
-        }
+        start_two_processes(&mut rig, ROWS, ROWS / 5, env).await?;
         eprintln!("  shutting MariaDB down mid-drain");
         let at_shutdown = rig.receiver.state.arrival_count();
         let down_started = Instant::now();
@@ -372,14 +385,9 @@ pub async fn mariadb_restart(env: &DrillEnv) -> Outcome {
         Ok(v) => v,
         Err(e) => return Outcome::failed_to_run(e),
     };
-    let sent = rows.iter().filter(|r| r.status == "sent").count();
     Outcome {
         checks: vec![
-            check(
-                "no row lost: every row ends sent",
-                all_final && sent == ROWS,
-                format!("{sent}/{ROWS} sent"),
-            ),
+            no_row_lost(all_final, &rows, ROWS),
             check(
                 "no duplicate delivery",
                 report.duplicates == 0,

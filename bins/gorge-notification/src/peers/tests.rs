@@ -1,16 +1,13 @@
 //! Tests of the peer relay against tiny scripted HTTP servers on ephemeral loopback ports.
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use gorge_testkit::{CapturedLog, Receiver, Recorded, Reply as HttpReply};
 use prometheus_client::registry::Registry;
-use slog::{o, Drain, Logger};
 
 use super::PeerRelay;
 use crate::config::{PeerConfig, PeerUrl};
@@ -20,74 +17,52 @@ const PEER: &str = "peerFingerprint4";
 /// Long enough that no test depends on it expiring unless it means to.
 const FLUSH: Duration = Duration::from_secs(30);
 
-/// A request as the scripted server saw it.
-#[derive(Debug)]
-struct Recorded {
-    request_line: String,
-    content_type: Option<String>,
-    body: Vec<u8>,
-}
-
 /// How the scripted server answers one request.
 enum Reply {
     Receipt(String),
     Status(u16),
     Redirect(String),
-    /// Waits for a signal on the server's release channel, then sends the default receipt.
+    /// Waits for [`ScriptedServer::release`], then sends the default receipt.
     Held,
-    /// Never answers; the connection stays open until the server thread ends.
+    /// Never answers; the connection stays open.
     Silent,
 }
 
+/// A peer on the testkit receiver that answers requests in arrival order from a script,
+/// then with receipts of its own fingerprint.
 struct ScriptedServer {
     port: u16,
-    requests: Receiver<Recorded>,
-    release: Sender<()>,
+    receiver: Receiver,
+    /// Requests the test has looked at with [`ScriptedServer::next`].
+    seen: AtomicUsize,
 }
 
 impl ScriptedServer {
-    /// Answers requests in order with `script`, then with receipts of its own fingerprint.
     fn start(script: Vec<Reply>) -> ScriptedServer {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         // Distinct per server, as real peers' fingerprints are.
         let default_fingerprint = format!("peer{}", STARTED.fetch_add(1, Ordering::Relaxed));
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (recorded, requests) = channel();
-        let (release, released) = channel::<()>();
-        std::thread::spawn(move || {
-            let mut script = VecDeque::from(script);
-            let mut silent = Vec::new();
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let Some(request) = read_request(&stream) else {
-                    continue;
-                };
-                if recorded.send(request).is_err() {
-                    return;
-                }
-                let reply = script
-                    .pop_front()
-                    .unwrap_or_else(|| Reply::Receipt(default_fingerprint.clone()));
-                match reply {
-                    Reply::Receipt(fingerprint) => respond_receipt(stream, &fingerprint),
-                    Reply::Status(status) => respond(stream, status, "", "{}"),
-                    Reply::Redirect(location) => {
-                        respond(stream, 302, &format!("Location: {location}\r\n"), "")
-                    }
-                    Reply::Held => {
-                        if released.recv().is_ok() {
-                            respond_receipt(stream, &default_fingerprint);
-                        }
-                    }
-                    Reply::Silent => silent.push(stream),
-                }
-            }
-        });
+        let receipt = move |fingerprint: &str| {
+            HttpReply::Json(200, format!("{{\"fingerprint\":\"{fingerprint}\"}}"))
+        };
+        let default_receipt = receipt(&default_fingerprint);
+        let script: Vec<HttpReply> = script
+            .into_iter()
+            .map(|reply| match reply {
+                Reply::Receipt(fingerprint) => receipt(&fingerprint),
+                Reply::Status(status) => HttpReply::Json(status, "{}".to_owned()),
+                Reply::Redirect(location) => HttpReply::Redirect(302, location),
+                Reply::Held => HttpReply::HoldThen(Box::new(default_receipt.clone())),
+                // Never released: this server's only hold.
+                Reply::Silent => HttpReply::HoldThen(Box::new(HttpReply::Hangup)),
+            })
+            .collect();
+        let receiver =
+            Receiver::with(move |_, index| script.get(index).unwrap_or(&default_receipt).clone());
         ScriptedServer {
-            port,
-            requests,
-            release,
+            port: receiver.port(),
+            receiver,
+            seen: AtomicUsize::new(0),
         }
     }
 
@@ -95,10 +70,15 @@ impl ScriptedServer {
         peer_url(self.port)
     }
 
+    /// Lets the held request answer.
+    fn release(&self) {
+        self.receiver.release();
+    }
+
+    /// The next request in arrival order.
     fn next(&self) -> Recorded {
-        self.requests
-            .recv_timeout(FLUSH)
-            .expect("the peer received no request")
+        let index = self.seen.fetch_add(1, Ordering::SeqCst);
+        self.receiver.wait_for(index + 1, FLUSH).swap_remove(index)
     }
 
     fn next_body(&self) -> String {
@@ -106,56 +86,18 @@ impl ScriptedServer {
     }
 
     fn assert_no_more_requests(&self) {
-        if let Ok(extra) = self.requests.try_recv() {
-            panic!("unexpected request: {extra:?}");
-        }
+        let requests = self.receiver.requests();
+        let seen = self.seen.load(Ordering::SeqCst);
+        assert!(
+            requests.len() <= seen,
+            "unexpected request: {:?}",
+            requests[seen]
+        );
     }
 }
 
-fn read_request(stream: &TcpStream) -> Option<Recorded> {
-    let mut reader = BufReader::new(stream);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line).ok()?;
-    let mut content_length = 0usize;
-    let mut content_type = None;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':')?;
-        match name.to_ascii_lowercase().as_str() {
-            "content-length" => content_length = value.trim().parse().ok()?,
-            "content-type" => content_type = Some(value.trim().to_owned()),
-            _ => {}
-        }
-    }
-    let mut body = vec![0; content_length];
-    reader.read_exact(&mut body).ok()?;
-    Some(Recorded {
-        request_line: request_line.trim_end().to_owned(),
-        content_type,
-        body,
-    })
-}
-
-fn respond(mut stream: TcpStream, status: u16, headers: &str, body: &str) {
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status} Scripted\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-fn respond_receipt(stream: TcpStream, fingerprint: &str) {
-    respond(
-        stream,
-        200,
-        "",
-        &format!("{{\"fingerprint\":\"{fingerprint}\"}}"),
-    );
+fn request_line(request: &Recorded) -> String {
+    format!("{} {} {}", request.method, request.path, request.version)
 }
 
 fn peer_url(port: u16) -> PeerUrl {
@@ -176,44 +118,16 @@ fn config(static_peers: Vec<PeerUrl>) -> PeerConfig {
     }
 }
 
-/// A logger that keeps the event names, to count state-change lines.
-#[derive(Clone, Default)]
-struct CapturedEvents(Arc<Mutex<Vec<String>>>);
-
-impl Drain for CapturedEvents {
-    type Ok = ();
-    type Err = slog::Never;
-    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
-        self.0.lock().unwrap().push(record.msg().to_string());
-        Ok(())
-    }
-}
-
-impl CapturedEvents {
-    fn logger(&self) -> Logger {
-        Logger::root(self.clone().fuse(), o!())
-    }
-
-    fn named(&self, prefix: &str) -> Vec<String> {
-        let events = self.0.lock().unwrap();
-        events
-            .iter()
-            .filter(|event| event.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-}
-
 struct Harness {
     relay: Arc<PeerRelay>,
     registry: Registry,
-    events: CapturedEvents,
+    events: CapturedLog,
 }
 
 impl Harness {
     fn start(cfg: PeerConfig) -> Harness {
         let mut registry = Registry::with_prefix("gorge_notification");
-        let events = CapturedEvents::default();
+        let events = CapturedLog::default();
         let relay = PeerRelay::start(cfg, OWN.to_owned(), &mut registry, events.logger());
         Harness {
             relay,
@@ -268,10 +182,10 @@ async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() 
     for server in [&a, &b] {
         let request = server.next();
         assert_eq!(
-            request.request_line,
+            request_line(&request),
             "POST /?instance=acme%20corp%2Fx%26y~ HTTP/1.1"
         );
-        assert_eq!(request.content_type.as_deref(), Some("application/json"));
+        assert_eq!(request.header("content-type"), Some("application/json"));
         assert_eq!(request.body, body.as_bytes());
     }
     harness.relay.shutdown(FLUSH).await;
@@ -287,9 +201,21 @@ async fn relays_the_stamped_body_to_every_peer_with_the_instance_in_the_query() 
             Some(1)
         );
     }
-    assert_eq!(harness.events.named("NOTIFY_PEER_UP").len(), 2);
-    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_FLUSHED").len(), 1);
-    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 0);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_UP").len(), 2);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_QUEUES_FLUSHED")
+            .len(),
+        1
+    );
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_LISTED_TWICE")
+            .len(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -299,7 +225,13 @@ async fn one_server_listed_under_two_addresses_is_reported() {
     let harness = Harness::start(config(vec![a.url(), b.url()]));
     harness.relay_origin("default", "{}");
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.events.named("NOTIFY_PEER_LISTED_TWICE").len(), 1);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_LISTED_TWICE")
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -340,7 +272,7 @@ async fn a_peer_answering_with_our_fingerprint_is_us_and_never_sent_to_again() {
         None,
         "labels of self are gone"
     );
-    assert_eq!(harness.events.named("NOTIFY_PEER_IS_SELF").len(), 1);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_IS_SELF").len(), 1);
 }
 
 #[tokio::test]
@@ -356,7 +288,7 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
         harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
     }
     assert_eq!(harness.relays(a.port, "dropped"), Some(2));
-    a.release.send(()).unwrap();
+    a.release();
     assert_eq!(a.next_body(), "{\"n\":2}");
     assert_eq!(a.next_body(), "{\"n\":3}");
     harness.relay.shutdown(FLUSH).await;
@@ -384,7 +316,7 @@ async fn failures_and_recovery_are_logged_once_per_state_change() {
     assert_eq!(harness.relays(a.port, "ok"), Some(2));
     let transitions: Vec<String> = harness
         .events
-        .named("NOTIFY_PEER_")
+        .starting_with("NOTIFY_PEER_")
         .into_iter()
         .filter(|event| event.ends_with("_UP") || event.ends_with("_DOWN"))
         .collect();
@@ -444,7 +376,7 @@ async fn a_dead_peer_counts_failures() {
     harness.relay_origin("default", "{}");
     harness.relay.shutdown(FLUSH).await;
     assert_eq!(harness.relays(port, "failed"), Some(1));
-    assert_eq!(harness.events.named("NOTIFY_PEER_DOWN").len(), 1);
+    assert_eq!(harness.events.starting_with("NOTIFY_PEER_DOWN").len(), 1);
 }
 
 #[tokio::test]
@@ -457,10 +389,16 @@ async fn past_the_drain_deadline_queued_messages_are_dropped() {
         harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
     }
     harness.relay.shutdown(Duration::from_millis(1)).await;
-    assert_eq!(harness.events.named("NOTIFY_PEER_QUEUES_DROPPED").len(), 1);
+    assert_eq!(
+        harness
+            .events
+            .starting_with("NOTIFY_PEER_QUEUES_DROPPED")
+            .len(),
+        1
+    );
     // Past the deadline, messages relayed later are dropped as well.
     harness.relay_origin("default", "{\"n\":5}");
-    a.release.send(()).unwrap();
+    a.release();
     harness
         .wait_for("the queued messages to be dropped", |h| {
             h.relays(a.port, "dropped") == Some(4)
@@ -496,9 +434,12 @@ async fn dns_discovery_adds_the_resolved_address() {
         .await;
     harness.relay_origin("tenant", "{\"n\":1}");
     let request = a.next();
-    assert_eq!(request.request_line, "POST /?instance=tenant HTTP/1.1");
+    assert_eq!(request_line(&request), "POST /?instance=tenant HTTP/1.1");
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.events.named("NOTIFY_PEERS_CHANGED").len(), 2);
+    assert_eq!(
+        harness.events.starting_with("NOTIFY_PEERS_CHANGED").len(),
+        2
+    );
 }
 
 mod plan {

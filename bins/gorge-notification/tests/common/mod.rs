@@ -1,54 +1,109 @@
-//! Shared helpers of the integration tests: start the real binary on free loopback ports,
-//! speak raw HTTP/1.1 to it, and drive WebSocket clients that use `ping`/`pong` ordering as
+//! Shared helpers of the integration tests: start the real binary on free loopback ports (a
+//! `gorge_testkit::Process`), the admin-port calls PHP makes, and drive WebSocket clients that use `ping`/`pong` ordering as
 //! the synchronisation signal (a `pong` proves every earlier command took effect and every
 //! frame queued before it was written).
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::ops::Deref;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use gorge_testkit::http::{self, HttpResponse};
+use gorge_testkit::{free_port, Process};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-/// Upper bound for any single wait; only reached when a test is failing.
-pub const PATIENCE: Duration = Duration::from_secs(20);
+pub use gorge_testkit::PATIENCE;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gorge-notification");
 
-/// A running server process; killed on drop.
-pub struct Server {
-    pub child: Child,
+/// A running server's two ports and its fingerprint, with the calls tests make on them;
+/// [`Server`] and [`InProcess`] dereference to it.
+pub struct Endpoints {
     pub client_port: u16,
     pub admin_port: u16,
     pub fingerprint: String,
-    /// Every log line so far (JSON), collected by a reader thread.
-    pub logs: Arc<Mutex<Vec<String>>>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+impl Endpoints {
+    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
+        post(self.admin_port, query, body).await
+    }
+
+    /// [`Endpoints::post`], which must be accepted (200).
+    pub async fn post_ok(&self, query: &str, body: &str) -> HttpResponse {
+        let response = self.post(query, body).await;
+        assert_eq!(response.status, 200, "{response:?}");
+        response
+    }
+
+    pub async fn status(&self, query: &str) -> Value {
+        status(self.admin_port, query).await
+    }
+
+    /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        metric(self.admin_port, sample).await
+    }
+
+    /// Asserts that the `/metrics` sample `sample` reads `value`.
+    pub async fn assert_metric(&self, sample: &str, value: f64) {
+        assert_eq!(self.metric(sample).await, Some(value), "{sample}");
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        Ws::connect(self.client_port, path).await
+    }
+}
+
+/// A running server process; killed on drop.
+pub struct Server {
+    pub process: Process,
+    endpoints: Endpoints,
+}
+
+impl Deref for Server {
+    type Target = Endpoints;
+
+    fn deref(&self) -> &Endpoints {
+        &self.endpoints
+    }
 }
 
 impl Server {
     /// Starts the binary with `env` on two free loopback ports and waits for NOTIFY_STARTED.
     pub fn start(env: &[(&str, &str)]) -> Server {
+        Server::start_program(Path::new(BIN), env)
+    }
+
+    /// [`Server::start`] for another build of the binary.
+    pub fn start_program(program: &Path, env: &[(&str, &str)]) -> Server {
+        Server::start_with(|| Command::new(program), env)
+    }
+
+    /// Starts the binary through `sh -c "<shell>; exec BIN"` (e.g. `ulimit -n 64`).
+    pub fn start_in_shell(shell: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_with(
+            || {
+                let mut command = Command::new("/bin/sh");
+                command.args(["-c", &format!("{shell}; exec \"$0\""), BIN]);
+                command
+            },
+            env,
+        )
+    }
+
+    fn start_with(command: impl Fn() -> Command, env: &[(&str, &str)]) -> Server {
         // A port picked free can be taken before the server binds it; try a few times.
         for _ in 0..5 {
-            if let Some(server) = Server::try_start(env) {
+            if let Some(server) = Server::spawn(command(), free_port(), free_port(), env) {
                 return server;
             }
         }
@@ -57,26 +112,6 @@ impl Server {
 
     /// Starts the binary on the given ports (once; `None` if it did not start).
     pub fn start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
-        Server::try_start_on(client_port, admin_port, env)
-    }
-
-    fn try_start(env: &[(&str, &str)]) -> Option<Server> {
-        Server::try_start_on(free_port(), free_port(), env)
-    }
-
-    /// Starts the binary through `sh -c "<shell>; exec BIN"` (e.g. `ulimit -n 64`).
-    pub fn start_in_shell(shell: &str, env: &[(&str, &str)]) -> Server {
-        for _ in 0..5 {
-            let mut command = Command::new("/bin/sh");
-            command.args(["-c", &format!("{shell}; exec \"$0\""), BIN]);
-            if let Some(server) = Server::spawn(command, free_port(), free_port(), env) {
-                return server;
-            }
-        }
-        panic!("server did not start");
-    }
-
-    fn try_start_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Option<Server> {
         Server::spawn(Command::new(BIN), client_port, admin_port, env)
     }
 
@@ -93,50 +128,41 @@ impl Server {
             .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
             .env("GORGE_LOG_FORMAT", "json")
             .env("GORGE_LOG_LEVEL", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().expect("spawn gorge-notification");
-        let (logs, started_rx) = collect_logs(child.stdout.take().unwrap());
-        match started_rx.recv_timeout(PATIENCE) {
-            Ok(line) => {
-                let v: Value = serde_json::from_str(&line).expect("JSON log line");
-                Some(Server {
-                    child,
-                    client_port,
-                    admin_port,
-                    fingerprint: v["fingerprint"].as_str().unwrap().to_string(),
-                    logs,
-                })
-            }
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                None
-            }
-        }
+            .envs(env.iter().copied());
+        let process = Process::spawn(command);
+        let started = process.wait_for_event("NOTIFY_STARTED", PATIENCE)?;
+        Some(Server {
+            process,
+            endpoints: Endpoints {
+                client_port,
+                admin_port,
+                fingerprint: started["fingerprint"].as_str().unwrap().to_string(),
+            },
+        })
     }
 
     pub fn sigterm(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        self.process.sigterm();
     }
 
     /// Waits until `event` has been logged; returns its first occurrence.
     pub async fn wait_for_log(&self, event: &str) -> Value {
-        let deadline = std::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(first) = self.log_events(event).into_iter().next() {
-                return first;
-            }
-            assert!(std::time::Instant::now() < deadline, "{event} never logged");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.process.logged(event).await
+    }
+
+    /// Waits for the exit after a SIGTERM: status 0 and one `NOTIFY_DRAIN_DONE` with no
+    /// socket left open, which it returns.
+    pub async fn drained(&mut self) -> Value {
+        assert_eq!(self.process.exited().await.code(), Some(0));
+        let done = self.log_events("NOTIFY_DRAIN_DONE");
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0]["open_sockets"], 0, "{}", done[0]);
+        done.into_iter().next().unwrap()
+    }
+
+    /// Every logged `event` so far.
+    pub fn log_events(&self, event: &str) -> Vec<Value> {
+        self.process.log_events(event)
     }
 
     /// Whether the admin port still accepts connections.
@@ -144,33 +170,6 @@ impl Server {
         TcpStream::connect(("127.0.0.1", self.admin_port))
             .await
             .is_ok()
-    }
-
-    pub fn log_events(&self, event: &str) -> Vec<Value> {
-        self.logs
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(event))
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        post(self.admin_port, query, body).await
-    }
-
-    pub async fn status(&self, query: &str) -> Value {
-        status(self.admin_port, query).await
-    }
-
-    /// The value of one sample line of `/metrics`, e.g. `gorge_notification_sockets_open{instance_class="default"}`.
-    pub async fn metric(&self, sample: &str) -> Option<f64> {
-        metric(self.admin_port, sample).await
-    }
-
-    pub async fn ws(&self, path: &str) -> Ws {
-        Ws::connect(self.client_port, path).await
     }
 
     /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
@@ -198,9 +197,7 @@ impl Server {
 /// The whole service in this process, on free loopback ports, with the hub on a manual
 /// clock: tests move time instead of sleeping.
 pub struct InProcess {
-    pub client_port: u16,
-    pub admin_port: u16,
-    pub fingerprint: String,
+    endpoints: Endpoints,
     pub clock: Arc<gorge_hub::ManualMillisClock>,
     shutdown: gorge_service::Shutdown,
 }
@@ -237,28 +234,22 @@ impl InProcess {
         let shutdown = gorge_service::Shutdown::new();
         tokio::spawn(server.run(shutdown.clone()));
         InProcess {
-            client_port,
-            admin_port,
-            fingerprint,
+            endpoints: Endpoints {
+                client_port,
+                admin_port,
+                fingerprint,
+            },
             clock,
             shutdown,
         }
     }
+}
 
-    pub async fn post(&self, query: &str, body: &str) -> HttpResponse {
-        post(self.admin_port, query, body).await
-    }
+impl Deref for InProcess {
+    type Target = Endpoints;
 
-    pub async fn status(&self, query: &str) -> Value {
-        status(self.admin_port, query).await
-    }
-
-    pub async fn metric(&self, sample: &str) -> Option<f64> {
-        metric(self.admin_port, sample).await
-    }
-
-    pub async fn ws(&self, path: &str) -> Ws {
-        Ws::connect(self.client_port, path).await
+    fn deref(&self) -> &Endpoints {
+        &self.endpoints
     }
 }
 
@@ -268,10 +259,9 @@ impl Drop for InProcess {
     }
 }
 
-/// The value of one sample line of `/metrics` on `admin_port`.
 /// Posts `body` to the admin port as Phorge's PHP client does (labelled as a form).
 pub async fn post(admin_port: u16, query: &str, body: &str) -> HttpResponse {
-    http(
+    http::request(
         admin_port,
         "POST",
         &format!("/{query}"),
@@ -283,131 +273,15 @@ pub async fn post(admin_port: u16, query: &str, body: &str) -> HttpResponse {
 
 /// `GET /status/{query}` on the admin port, which must answer 200 with JSON.
 pub async fn status(admin_port: u16, query: &str) -> Value {
-    let r = http(admin_port, "GET", &format!("/status/{query}"), &[], b"").await;
+    let r = http::request(admin_port, "GET", &format!("/status/{query}"), &[], b"").await;
     assert_eq!(r.status, 200);
-    serde_json::from_slice(&r.body).unwrap()
+    r.json()
 }
 
+/// The value of one sample line of `/metrics` on `admin_port`.
 pub async fn metric(admin_port: u16, sample: &str) -> Option<f64> {
-    let r = http(admin_port, "GET", "/metrics", &[], b"").await;
-    let text = String::from_utf8(r.body).unwrap();
-    text.lines().find_map(|line| {
-        let (name, value) = line.rsplit_once(' ')?;
-        (name == sample).then(|| value.parse().unwrap())
-    })
-}
-
-/// Collects a server's stdout lines on a reader thread; the receiver gets the
-/// `NOTIFY_STARTED` line once it is logged.
-pub fn collect_logs(stdout: ChildStdout) -> (Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let (started_tx, started_rx) = mpsc::channel();
-    let collected = Arc::clone(&logs);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.contains("NOTIFY_STARTED") {
-                let _ = started_tx.send(line.clone());
-            }
-            collected.lock().unwrap().push(line);
-        }
-    });
-    (logs, started_rx)
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug)]
-pub struct HttpResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl HttpResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-/// One HTTP/1.1 request with `Connection: close`; reads the whole response.
-pub async fn http(
-    port: u16,
-    method: &str,
-    target: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> HttpResponse {
-    let mut request = format!(
-        "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str("\r\n");
-    raw_http(port, &[request.as_bytes(), body].concat()).await
-}
-
-/// Sends raw request bytes and parses the response (body by Content-Length).
-pub async fn raw_http(port: u16, request: &[u8]) -> HttpResponse {
-    try_raw_http(port, request).await.expect("an HTTP response")
-}
-
-/// [`raw_http`], or `None` when the connection is refused or closed without a response (a
-/// listener that is closing).
-pub async fn try_raw_http(port: u16, request: &[u8]) -> Option<HttpResponse> {
-    let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        // The server may answer (and close) before reading everything, e.g. a 413.
-        let _ = stream.write_all(request).await;
-        let mut raw = Vec::new();
-        let _ = stream.read_to_end(&mut raw).await;
-        Some(raw)
-    };
-    let raw = tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .expect("HTTP response")?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if let Some(len) = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        body.truncate(len);
-    }
-    Some(HttpResponse {
-        status,
-        headers,
-        body,
-    })
+    let r = http::request(admin_port, "GET", "/metrics", &[], b"").await;
+    gorge_testkit::sample(&r.text(), sample)
 }
 
 /// A test WebSocket client.

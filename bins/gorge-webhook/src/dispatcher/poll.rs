@@ -129,6 +129,7 @@ impl Dispatcher {
             let this = Arc::clone(self);
             tokio::spawn(async move { this.work(candidate, permit).await });
         }
+        self.metrics.polls.inc();
         Ok(round)
     }
 

@@ -1,284 +1,63 @@
-//! Shared test support: a real HTTP receiver on an ephemeral loopback port that records raw
-//! request bytes and headers, helpers to start the real `gorge-webhook` binary against a test
-//! database, an in-process dispatcher with an injected clock, and a slog drain that captures
-//! event names.
+//! Shared test support: helpers to start the real `gorge-webhook` binary against a test
+//! database and wait for its poll rounds, an in-process dispatcher with an injected clock,
+//! and a database proxy that fails the way networks do. The receiver, HTTP client, process
+//! wrapper and log capture come from `gorge-testkit`.
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
-use gorge_claim::testdb::{server_opts, TestDb};
+use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, TestDb};
 use gorge_claim::ClaimTiming;
+use gorge_testkit::{eventually, free_port, CapturedLog, Process};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::delivery::Deliverer;
 use gorge_webhook::dispatcher::{Dispatcher, DispatcherConfig};
 use gorge_webhook::metrics::Metrics;
 use gorge_webhook::policy::OutboundPolicy;
 
-/// A request as the receiver saw it.
-#[derive(Debug, Clone)]
-pub struct Recorded {
-    pub method: String,
-    pub path: String,
-    /// `HTTP/1.1`.
-    pub version: String,
-    /// Header names lower-cased, in arrival order.
-    pub headers: Vec<(String, String)>,
-    /// Header names exactly as sent (case included), in arrival order.
-    pub raw_names: Vec<String>,
-    pub body: Vec<u8>,
+pub const BIN: &str = env!("CARGO_BIN_EXE_gorge-webhook");
+
+/// Inserts the database's hook ([`TestDb::hook_phid`]), enabled, posting to `uri` and
+/// signing with the key `k`; returns its PHID.
+pub async fn enabled_hook(db: &TestDb, uri: &str) -> String {
+    let hook = db.hook_phid();
+    db.insert_hook(&hook, uri, HookStatus::Enabled, "k")
+        .await
+        .unwrap();
+    hook
 }
 
-impl Recorded {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == &name.to_ascii_lowercase())
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The `object.phid` of a webhook body.
-    pub fn object_phid(&self) -> String {
-        let value: serde_json::Value = serde_json::from_slice(&self.body).unwrap_or_default();
-        value["object"]["phid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
+/// Queues a request of `hook` about `object` with `properties`, created at `created`;
+/// returns its id.
+pub async fn queue(db: &TestDb, hook: &str, object: &str, properties: &str, created: u64) -> u64 {
+    let request = NewRequest::new(hook, object).with_properties(properties);
+    db.insert_request(&request, created).await.unwrap()
 }
 
-/// How the receiver answers.
-#[derive(Debug, Clone)]
-pub enum Reply {
-    Status(u16),
-    /// Status with a `Location` header.
-    Redirect(u16, String),
-    /// Wait, then answer with the status.
-    Delay(Duration, u16),
-    /// Wait until [`Receiver::release`], then answer with the status.
-    Hold(u16),
-    /// The status with a body of this many bytes.
-    Sized(u16, usize),
-    /// Close the connection without answering.
-    Hangup,
-}
-
-type Behaviour = Arc<dyn Fn(&Recorded, usize) -> Reply + Send + Sync>;
-
-#[derive(Default)]
-struct Log {
-    requests: Vec<Recorded>,
-    in_flight: HashMap<String, usize>,
-    max_in_flight: HashMap<String, usize>,
-    released: bool,
-}
-
-struct Shared {
-    log: Mutex<Log>,
-    changed: Condvar,
-    behaviour: Mutex<Behaviour>,
-}
-
-/// A threaded HTTP/1.1 receiver on 127.0.0.1.
-#[derive(Clone)]
-pub struct Receiver {
-    pub addr: SocketAddr,
-    shared: Arc<Shared>,
-}
-
-impl Receiver {
-    /// Starts a receiver answering every request with `status`.
-    pub fn start(status: u16) -> Receiver {
-        Receiver::with(move |_, _| Reply::Status(status))
-    }
-
-    /// Starts a receiver whose answer is chosen per request (the second argument is the
-    /// request's 0-based arrival index).
-    pub fn with(behaviour: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared {
-            log: Mutex::new(Log::default()),
-            changed: Condvar::new(),
-            behaviour: Mutex::new(Arc::new(behaviour)),
-        });
-        let accept_shared = shared.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let shared = accept_shared.clone();
-                std::thread::spawn(move || serve(stream, shared));
-            }
-        });
-        Receiver { addr, shared }
-    }
-
-    pub fn set_behaviour(
-        &self,
-        behaviour: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
-    ) {
-        *self.shared.behaviour.lock().unwrap() = Arc::new(behaviour);
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.shared.log.lock().unwrap().requests.clone()
-    }
-
-    pub fn count(&self) -> usize {
-        self.shared.log.lock().unwrap().requests.len()
-    }
-
-    /// Highest number of simultaneous requests seen on one path.
-    pub fn max_in_flight_per_path(&self) -> usize {
-        let log = self.shared.log.lock().unwrap();
-        log.max_in_flight.values().copied().max().unwrap_or(0)
-    }
-
-    /// Lets held requests answer (and any later `Hold` answer at once).
-    pub fn release(&self) {
-        self.shared.log.lock().unwrap().released = true;
-        self.shared.changed.notify_all();
-    }
-
-    /// Blocks until at least `n` requests arrived; panics after `timeout`.
-    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
-        let deadline = Instant::now() + timeout;
-        let mut log = self.shared.log.lock().unwrap();
-        while log.requests.len() < n {
-            let left = deadline
-                .checked_duration_since(Instant::now())
-                .unwrap_or_else(|| panic!("receiver got {} of {n} requests", log.requests.len()));
-            log = self.shared.changed.wait_timeout(log, left).unwrap().0;
-        }
-        log.requests.clone()
-    }
-}
-
-fn serve(stream: TcpStream, shared: Arc<Shared>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut writer = stream;
-    let Some(request) = read_request(&mut reader) else {
-        return;
+/// The `[[name, value], …]` header list of a recorded Phorge request (compat fixtures).
+pub fn fixture_headers(headers: &serde_json::Value) -> Vec<(String, String)> {
+    let pair = |h: &serde_json::Value| {
+        let text = |i: usize| h[i].as_str().expect("a header name or value").to_owned();
+        (text(0), text(1))
     };
-    {
-        let (index, behaviour) = {
-            let mut log = shared.log.lock().unwrap();
-            log.requests.push(request.clone());
-            let now = {
-                let n = log.in_flight.entry(request.path.clone()).or_insert(0);
-                *n += 1;
-                *n
-            };
-            let max = log.max_in_flight.entry(request.path.clone()).or_insert(0);
-            *max = (*max).max(now);
-            (
-                log.requests.len() - 1,
-                shared.behaviour.lock().unwrap().clone(),
-            )
-        };
-        shared.changed.notify_all();
-        let reply = behaviour(&request, index);
-        if matches!(reply, Reply::Hangup) {
-            let mut log = shared.log.lock().unwrap();
-            if let Some(n) = log.in_flight.get_mut(&request.path) {
-                *n -= 1;
-            }
-            return;
-        }
-        let mut body = b"ok".to_vec();
-        let (status, location) = match reply {
-            Reply::Status(s) => (s, None),
-            Reply::Sized(s, size) => {
-                body = vec![b'x'; size];
-                (s, None)
-            }
-            Reply::Redirect(s, to) => (s, Some(to)),
-            Reply::Delay(d, s) => {
-                std::thread::sleep(d);
-                (s, None)
-            }
-            Reply::Hold(s) => {
-                let mut log = shared.log.lock().unwrap();
-                while !log.released {
-                    log = shared.changed.wait(log).unwrap();
-                }
-                (s, None)
-            }
-            Reply::Hangup => unreachable!("answered above"),
-        };
-        {
-            let mut log = shared.log.lock().unwrap();
-            if let Some(n) = log.in_flight.get_mut(&request.path) {
-                *n -= 1;
-            }
-        }
-        let mut head = format!(
-            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n",
-            body.len()
-        );
-        if let Some(location) = location {
-            head.push_str(&format!("Location: {location}\r\n"));
-        }
-        head.push_str("\r\n");
-        let _ = writer.write_all(head.as_bytes());
-        let _ = writer.write_all(&body);
-        let _ = writer.flush();
-    }
-}
-
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Recorded> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_string();
-    let path = parts.next()?.to_string();
-    let version = parts.next().unwrap_or_default().to_string();
-    let mut headers = Vec::new();
-    let mut raw_names = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end_matches(['\r', '\n']);
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':')?;
-        raw_names.push(name.trim().to_string());
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-    }
-    let length: usize = headers
+    headers
+        .as_array()
+        .expect("a header list")
         .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(Recorded {
-        method,
-        path,
-        version,
-        headers,
-        raw_names,
-        body,
-    })
+        .map(pair)
+        .collect()
 }
 
-/// A loopback port nothing listens on (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+/// Seconds since the Unix epoch, for rows a real service (on the real clock) must see as due.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+        .as_secs()
 }
 
 /// `GORGE_WEBHOOK_MYSQL_*` for the test server.
@@ -306,147 +85,72 @@ pub fn mysql_env() -> Vec<(String, String)> {
 
 /// A running `gorge-webhook` process, killed when dropped.
 pub struct Service {
-    pub child: Child,
+    pub process: Process,
     pub status_addr: SocketAddr,
 }
 
 impl Service {
-    /// Starts the binary on `namespace` with no blacklist (tests deliver to loopback),
-    /// a fresh status port and the given extra environment.
+    /// Starts the binary on `namespace` with no blacklist (tests deliver to loopback), a
+    /// poll every 100 ms, a fresh status port and the given extra environment; returns once
+    /// it listens.
     pub fn start(namespace: &str, extra: &[(&str, &str)]) -> Service {
-        let port = free_port();
-        let status_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gorge-webhook"));
-        command
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(mysql_env())
-            .env("GORGE_WEBHOOK_NAMESPACE", namespace)
-            .env("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")
-            .env("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")
-            .env("GORGE_LISTEN_ADDR", status_addr.to_string())
-            .env("GORGE_LOG_LEVEL", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (key, value) in extra {
-            command.env(key, value);
-        }
-        let child = command.spawn().expect("start gorge-webhook");
-        let service = Service { child, status_addr };
-        service.wait_listening();
-        service
-    }
-
-    fn wait_listening(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(self.status_addr).is_err() {
-            assert!(Instant::now() < deadline, "gorge-webhook never listened");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn get(&self, path_and_query: &str, headers: &[(&str, &str)]) -> (u16, String) {
-        http_get(self.status_addr, path_and_query, headers)
-    }
-
-    /// Sends SIGTERM (through `kill`, the crate forbids `unsafe`).
-    pub fn terminate(&self) {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
+        // A port picked free can be taken before the service binds it; try a few times.
+        for _ in 0..5 {
+            let status_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let mut command = Command::new(BIN);
+            command
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .envs(mysql_env())
+                .env("GORGE_WEBHOOK_NAMESPACE", namespace)
+                .env("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")
+                .env("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")
+                .env("GORGE_LISTEN_ADDR", status_addr.to_string())
+                .env("GORGE_LOG_FORMAT", "json")
+                .env("GORGE_LOG_LEVEL", "info")
+                .envs(extra.iter().copied());
+            let process = Process::spawn(command);
+            if process
+                .wait_for_event("LISTENING", gorge_testkit::PATIENCE)
+                .is_some()
+            {
+                return Service {
+                    process,
+                    status_addr,
+                };
             }
-            assert!(Instant::now() < deadline, "gorge-webhook did not exit");
-            std::thread::sleep(Duration::from_millis(20));
         }
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A minimal blocking HTTP/1.1 GET; returns status and body.
-pub fn http_get(addr: SocketAddr, path_and_query: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut request =
-        format!("GET {path_and_query} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// Polls `check` every 50 ms until it is true; panics with `what` after `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Log event names captured from a slog logger.
-#[derive(Clone, Default)]
-pub struct CapturedLog(Arc<Mutex<Vec<String>>>);
-
-impl CapturedLog {
-    pub fn logger(&self) -> slog::Logger {
-        slog::Logger::root(CaptureDrain(self.0.clone()), slog::o!())
+        panic!("gorge-webhook did not start");
     }
 
-    pub fn events(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
+    /// `GET` on the status port; status and body.
+    pub fn get(&self, path_and_query: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let response = gorge_testkit::http::get_blocking(self.status_addr, path_and_query, headers);
+        (response.status, response.text())
     }
 
-    pub fn count(&self, event: &str) -> usize {
-        self.events().iter().filter(|e| *e == event).count()
+    /// The value of one `/metrics` sample (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        gorge_testkit::sample(&self.get("/metrics", &[]).1, series).unwrap_or(0.0)
     }
-}
 
-struct CaptureDrain(Arc<Mutex<Vec<String>>>);
+    /// Poll rounds completed so far (`gorge_webhook_polls_total`).
+    pub fn polls(&self) -> u64 {
+        self.metric("gorge_webhook_polls_total") as u64
+    }
 
-impl slog::Drain for CaptureDrain {
-    type Ok = ();
-    type Err = slog::Never;
+    /// Waits until `rounds` more poll rounds have completed: everything the service would
+    /// do with the rows as they are now, it has had the chance to do.
+    pub async fn wait_polls(&self, rounds: u64) {
+        let target = self.polls() + rounds;
+        eventually(gorge_testkit::PATIENCE, "more poll rounds", || async {
+            self.polls() >= target
+        })
+        .await;
+    }
 
-    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
-        self.0.lock().unwrap().push(record.msg().to_string());
-        Ok(())
+    pub fn terminate(&self) {
+        self.process.sigterm();
     }
 }
 
@@ -515,23 +219,6 @@ impl Harness {
         );
         (dispatcher, metrics)
     }
-}
-
-/// Creates `{namespace}_herald` from the schema file (for a namespace chosen up front).
-pub async fn create_schema(namespace: &str) {
-    use mysql_async::prelude::Queryable;
-    let schema =
-        include_str!("../../../../compat/herald-schema.sql").replace("{$NAMESPACE}", namespace);
-    let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
-    let text: String = schema
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        conn.query_drop(statement).await.unwrap();
-    }
-    let _ = conn.disconnect().await;
 }
 
 /// Runs one SQL statement on the server (no database selected).
@@ -683,20 +370,5 @@ async fn pump(
 
 /// Runs the real binary with exactly `env` (nothing inherited); exit code, stdout, stderr.
 pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gorge-webhook"));
-    command
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let output = command.output().unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).to_string(),
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
+    gorge_testkit::process::run_to_end(BIN, args, env)
 }

@@ -1,0 +1,62 @@
+//! Test support shared by the gorge crates (a dev-dependency only): free loopback ports,
+//! one wrapper for the child processes integration tests start, one raw HTTP/1.1 client and
+//! one scripted HTTP receiver, and one slog drain that captures events.
+//!
+//! Tests speak raw HTTP/1.1 on purpose: the services' byte-level answers (status lines,
+//! header case, bodies) are part of their contract, and a full client would normalise them.
+
+pub mod capture;
+pub mod healthcheck;
+pub mod http;
+pub mod process;
+pub mod receiver;
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+pub use capture::CapturedLog;
+pub use process::Process;
+pub use receiver::{Receiver, Recorded, Reply};
+
+/// Upper bound for any single wait; only reached when a test is failing.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A loopback port that was free a moment ago (bound, then released). Another process may
+/// take it before the caller binds it; callers that start servers on it retry on failure.
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
+}
+
+/// `count` distinct free loopback ports, taken from the kernel together.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().unwrap().port())
+        .collect()
+}
+
+/// Polls `check` every 20 ms until it is true; panics with `what` after `timeout`.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the sample `series` (name and labels exactly as printed, e.g.
+/// `gorge_webhook_claims_total{result="won"}`) in a Prometheus text exposition.
+pub fn sample(metrics_text: &str, series: &str) -> Option<f64> {
+    metrics_text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().expect("a numeric sample"))
+    })
+}
