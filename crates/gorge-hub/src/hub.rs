@@ -939,6 +939,13 @@ mod tests {
         handle.outbound().take_frames()
     }
 
+    /// A socket of the default instance subscribed to `phids`.
+    fn subscribed(hub: &Hub, phids: &[&str]) -> SocketHandle {
+        let socket = hub.connect("default").unwrap();
+        hub.subscribe(&socket, strings(phids));
+        socket
+    }
+
     fn publish(
         hub: &Hub,
         instance: &str,
@@ -1008,8 +1015,7 @@ mod tests {
     #[test]
     fn a_socket_matching_several_subscribers_gets_one_frame() {
         let (hub, _) = hub();
-        let a = hub.connect("default").unwrap();
-        hub.subscribe(&a, strings(&["PHID-A", "PHID-B"]));
+        let a = subscribed(&hub, &["PHID-A", "PHID-B"]);
         assert_eq!(
             publish(&hub, "default", &["PHID-A", "PHID-B", "PHID-A"], "m").queued,
             1
@@ -1035,8 +1041,7 @@ mod tests {
     #[test]
     fn empty_or_missing_subscribers_reach_nobody() {
         let (hub, _) = hub();
-        let a = hub.connect("default").unwrap();
-        hub.subscribe(&a, strings(&["PHID-A"]));
+        let a = subscribed(&hub, &["PHID-A"]);
         assert_eq!(publish(&hub, "default", &[], "m").queued, 0);
         assert!(frames(&a).is_empty());
     }
@@ -1044,8 +1049,7 @@ mod tests {
     #[test]
     fn unsubscribe_stops_delivery() {
         let (hub, _) = hub();
-        let a = hub.connect("default").unwrap();
-        hub.subscribe(&a, strings(&["PHID-A", "PHID-B"]));
+        let a = subscribed(&hub, &["PHID-A", "PHID-B"]);
         hub.unsubscribe(&a, &strings(&["PHID-A", "PHID-never"]));
         assert_eq!(publish(&hub, "default", &["PHID-A"], "m").queued, 0);
         assert_eq!(publish(&hub, "default", &["PHID-B"], "m").queued, 1);
@@ -1151,8 +1155,7 @@ mod tests {
         publish(&hub, "default", &["B"], "b");
         publish(&hub, "default", &["A"], "new-a");
         clock.advance_ms(1_000);
-        let s = hub.connect("default").unwrap();
-        hub.subscribe(&s, strings(&["A"]));
+        let s = subscribed(&hub, &["A"]);
         assert_eq!(hub.replay(&s, 5_000).queued, 1);
         assert_eq!(frames(&s), [Bytes::from_static(b"new-a")]);
         assert_eq!(hub.replay(&s, 60_000).queued, 2);
@@ -1171,8 +1174,7 @@ mod tests {
         for body in ["1", "2", "3"] {
             publish(&hub, "default", &["A"], body);
         }
-        let s = hub.connect("default").unwrap();
-        hub.subscribe(&s, strings(&["A"]));
+        let s = subscribed(&hub, &["A"]);
         let out = hub.replay(&s, 60_000);
         assert_eq!((out.queued, out.dropped_frames), (2, 1));
         assert_eq!(s.outbound().close_reason(), None);
@@ -1281,8 +1283,7 @@ mod tests {
             let body = Bytes::from(format!("m{i}"));
             hub.publish("default", &strings(&["A"]), body).unwrap();
         }
-        let s = hub.connect("default").unwrap();
-        hub.subscribe(&s, strings(&["A"]));
+        let s = subscribed(&hub, &["A"]);
         let mut published_meanwhile = 0;
         // Publishing on this very thread would deadlock if the replay still held the lock.
         let out = hub.replay_between_slices(&s, 60_000, || {
@@ -1307,8 +1308,7 @@ mod tests {
             .unwrap();
         hub.publish("default", &strings(&["P999"]), Bytes::from_static(b"small"))
             .unwrap();
-        let s = hub.connect("default").unwrap();
-        hub.subscribe(&s, strings(&["P999"]));
+        let s = subscribed(&hub, &["P999"]);
         let out = hub.replay(&s, 60_000);
         assert_eq!((out.queued, out.slices), (2, 2));
         assert_eq!(
