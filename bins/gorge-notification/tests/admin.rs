@@ -163,7 +163,7 @@ async fn a_message_that_already_went_round_is_acknowledged_and_dropped() {
     assert_eq!(response.status, 200);
     assert_eq!(response.json()["fingerprint"], server.fingerprint.as_str());
     assert_eq!(ws.sync().await, Vec::<String>::new());
-    // Not delivered, but counted as Aphlict counts every POST it parsed (spec §3).
+    // Not delivered, but counted: Aphlict's AphlictAdminServer counts every POST it parsed.
     assert_eq!(server.status("").await["messages.in"], 1);
     assert_eq!(server.status("").await["messages.out"], 0);
 }

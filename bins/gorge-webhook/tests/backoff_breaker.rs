@@ -1,5 +1,4 @@
-//! Retry backoff and the per-hook circuit breaker with an injected clock (issue #3 test 7),
-//! and hooks that must be skipped never hiding the rows of other hooks.
+//! Retry backoff and the per-hook circuit breaker with an injected clock, and hooks that must be skipped never hiding the rows of other hooks.
 
 mod common;
 

@@ -1,6 +1,6 @@
-//! Rows that cannot be used as stored, and a poll loop that dies (issue 9 W1 and W2 = issue
-//! 10 item 9): one bad row must never stop, starve or spin the dispatcher, and a dead poll
-//! loop must never hide behind a green `/readyz`.
+//! Rows that cannot be used as stored (bytes that are not UTF-8, values MySQL refuses to
+//! convert), and a poll loop that dies: one bad row must never stop, starve or spin the
+//! dispatcher, and a dead poll loop must never hide behind a green `/readyz`.
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! The database misbehaving under the dispatcher (issue 9 W3, W4, W5), through a TCP proxy
-//! that can cut, refuse or silently black-hole connections.
+//! The database misbehaving under the dispatcher (dead connections, pool bounds, an outage
+//! shorter than the claim's lease), through a TCP proxy that can cut, refuse or silently
+//! black-hole connections.
 
 mod common;
 

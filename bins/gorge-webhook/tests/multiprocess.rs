@@ -1,5 +1,5 @@
-//! Several real processes on one table: exactly-once delivery with per-hook serialization
-//! (issue #3 test 3) and the at-least-once boundary when a process dies mid-POST (test 4).
+//! Several real processes on one table: exactly-once delivery with per-hook serialization,
+//! and the at-least-once boundary when a process dies mid-POST.
 
 mod common;
 

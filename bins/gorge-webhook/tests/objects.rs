@@ -1,5 +1,5 @@
-//! Loading a request's object and transactions as Phorge's worker does (issue 10 items 1
-//! and 2), and what happens when that cannot be checked: a SELECT the server refuses, a
+//! Loading a request's object and transactions as Phorge's worker does (see "Per-request
+//! steps" in docs/webhook.md), and what happens when that cannot be checked: a SELECT the server refuses, a
 //! PHID type Phorge's table does not list. The recorded deliveries
 //! (`phorge_deliveries.rs`) pin the common cases byte for byte.
 

@@ -1,7 +1,7 @@
 //! The 20 requests of `compat/phorge-worker-deliveries.json`, recorded from Phorge's own PHP
 //! `HeraldWebhookWorker`, rebuilt in a test database (hooks, rows, objects, transactions)
 //! and delivered by gorge's dispatcher to a byte-recording receiver: request lines, bodies,
-//! signatures, header names and the rows afterwards must be Phorge's (issue 10).
+//! signatures, header names and the rows afterwards must be Phorge's.
 //!
 //! Two strictness levels: [`Strictness::Exact`] is the contract; [`Strictness::OwnParts`]
 //! leaves out what belongs to the HTTP client (title-case header names and cURL's `Accept` /

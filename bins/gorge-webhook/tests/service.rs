@@ -1,5 +1,5 @@
-//! The real binary: no duplicate while a POST is in flight (issue #3 test 2), starting before
-//! the database exists (test 8), the HTTP API, SIGTERM draining (configuration: tests/config.rs).
+//! The real binary: no duplicate while a POST is in flight, starting before the database
+//! exists, the HTTP API, SIGTERM draining (configuration: tests/config.rs).
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! The HTTP side of a delivery against raw TCP (and TLS) receivers that record the exact
 //! request bytes: title-cased header names, connection reuse, the connector's policy check,
-//! redirects as Phorge's cURL follows them, cURL error numbers, private CAs.
-//! Issue 10 items 3, 5, 7, 8; issue 9 W7.
+//! redirects as Phorge's cURL follows them (and a `file:` redirect it refuses), cURL error
+//! numbers, private CAs.
 
 mod common;
 
