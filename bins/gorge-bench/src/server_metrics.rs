@@ -1,7 +1,7 @@
 //! Optional server-side figures from gorge-notification's `/metrics` on the admin port
 //! (Aphlict has none; then these stay empty): the hub's own fan-out time, which separates
-//! server time from the load generator's share of POST→frame on two shared cores, and the
-//! slow-consumer disconnects that confirm what happened to stuck sockets.
+//! server time from the load generator's share of POST→frame on two shared cores, the
+//! server's own time to answer an admin POST, and the slow-consumer disconnects that confirm what happened to stuck sockets.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::http1;
 
 const FANOUT_BUCKET: &str = "gorge_notification_fanout_seconds_bucket";
+const ADMIN_POST_BUCKET: &str = "gorge_notification_admin_post_seconds_bucket";
 const SLOW_CONSUMERS: &str = "gorge_notification_slow_consumer_disconnects_total";
 
 /// Series name (with labels) → value, from Prometheus text format.
@@ -47,6 +48,9 @@ pub struct Delta {
     /// "POST accepted → last frame queued".
     pub fanout_p50_le_ms: Option<f64>,
     pub fanout_p99_le_ms: Option<f64>,
+    /// The same for the server's own time to answer an admin POST (the bench's admin POST
+    /// figures also hold its own scheduling on shared cores).
+    pub admin_post_p99_le_ms: Option<f64>,
     pub slow_consumer_disconnects: Option<f64>,
 }
 
@@ -57,39 +61,44 @@ pub fn delta(before: &Snapshot, after: &Snapshot) -> Delta {
             .get(series)
             .map(|a| a - before.0.get(series).unwrap_or(&0.0))
     };
+    Delta {
+        fanout_p50_le_ms: quantile_le_ms(before, after, FANOUT_BUCKET, 0.50),
+        fanout_p99_le_ms: quantile_le_ms(before, after, FANOUT_BUCKET, 0.99),
+        admin_post_p99_le_ms: quantile_le_ms(before, after, ADMIN_POST_BUCKET, 0.99),
+        slow_consumer_disconnects: change(SLOW_CONSUMERS),
+    }
+}
+
+/// Upper bound (ms) of the bucket holding quantile `q` of what the histogram `bucket`
+/// (its `_bucket` series) counted between the snapshots.
+fn quantile_le_ms(before: &Snapshot, after: &Snapshot, bucket: &str, q: f64) -> Option<f64> {
+    let prefix = format!("{bucket}{{");
     let mut buckets: Vec<(f64, f64)> = after
         .0
-        .keys()
-        .filter(|k| k.starts_with(FANOUT_BUCKET))
-        .filter_map(|k| {
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .filter_map(|(k, a)| {
             let le = k.split("le=\"").nth(1)?.split('"').next()?;
             let bound = if le == "+Inf" {
                 f64::INFINITY
             } else {
                 le.parse().ok()?
             };
-            Some((bound, change(k)?))
+            Some((bound, a - before.0.get(k).unwrap_or(&0.0)))
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
-    // Buckets are cumulative: the first whose count reaches the rank holds the quantile.
-    let quantile = |q: f64| -> Option<f64> {
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = (q * total).ceil();
-        buckets
-            .iter()
-            .find(|(_, count)| *count >= rank)
-            .map(|(bound, _)| bound * 1000.0)
-            .filter(|ms| ms.is_finite())
-    };
-    Delta {
-        fanout_p50_le_ms: quantile(0.50),
-        fanout_p99_le_ms: quantile(0.99),
-        slow_consumer_disconnects: change(SLOW_CONSUMERS),
+    if total <= 0.0 {
+        return None;
     }
+    // Buckets are cumulative: the first whose count reaches the rank holds the quantile.
+    let rank = (q * total).ceil();
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= rank)
+        .map(|(bound, _)| bound * 1000.0)
+        .filter(|ms| ms.is_finite())
 }
 
 #[cfg(test)]
@@ -102,11 +111,13 @@ mod tests {
             "# HELP x\ngorge_notification_fanout_seconds_bucket{le=\"0.001\"} 5\ngorge_notification_fanout_seconds_bucket{le=\"0.002\"} 5\ngorge_notification_fanout_seconds_bucket{le=\"+Inf\"} 5\ngorge_notification_slow_consumer_disconnects_total 1\n",
         );
         let after = parse(
-            "gorge_notification_fanout_seconds_bucket{le=\"0.001\"} 95\ngorge_notification_fanout_seconds_bucket{le=\"0.002\"} 104\ngorge_notification_fanout_seconds_bucket{le=\"+Inf\"} 105\ngorge_notification_slow_consumer_disconnects_total 4\n",
+            "gorge_notification_fanout_seconds_bucket{le=\"0.001\"} 95\ngorge_notification_fanout_seconds_bucket{le=\"0.002\"} 104\ngorge_notification_fanout_seconds_bucket{le=\"+Inf\"} 105\ngorge_notification_slow_consumer_disconnects_total 4\n\
+             gorge_notification_admin_post_seconds_bucket{le=\"0.0001\"} 99\ngorge_notification_admin_post_seconds_bucket{le=\"0.0002\"} 100\ngorge_notification_admin_post_seconds_bucket{le=\"+Inf\"} 100\n",
         );
         let d = delta(&before, &after);
         assert_eq!(d.fanout_p50_le_ms, Some(1.0));
         assert_eq!(d.fanout_p99_le_ms, Some(2.0));
+        assert_eq!(d.admin_post_p99_le_ms, Some(0.1));
         assert_eq!(d.slow_consumer_disconnects, Some(3.0));
     }
 

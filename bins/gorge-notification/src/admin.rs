@@ -49,7 +49,14 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         return response;
     }
     match path.as_str() {
-        "/" if request.method() == Method::POST => post_message(&app, request).await,
+        "/" if request.method() == Method::POST => {
+            let started = Instant::now();
+            let response = post_message(&app, request).await;
+            app.metrics
+                .admin_post_seconds
+                .observe(started.elapsed().as_secs_f64());
+            response
+        }
         "/" => method_not_allowed("POST"),
         "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
             // Counters include every message whose POST was answered before this request.

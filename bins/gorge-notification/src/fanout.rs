@@ -5,8 +5,7 @@
 //! the admin path may scale with the number or slowness of subscribers. One thread keeps
 //! messages in the order they were accepted; the hand-off is bounded in messages and bytes,
 //! and a full hand-off refuses the POST (503) and counts it rather than grow. Messages that
-//! arrive while a pass runs share the next one, so a socket gets them in one write; the
-//! thread runs below the runtime's priority so an admin POST never waits for a pass.
+//! arrive while a pass runs share the next one, so a socket gets them in one write.
 //!
 //! A client cannot tell the hand-off from a synchronous publish: a socket's commands, and a
 //! status read, first wait until every message accepted before them has been delivered
@@ -20,7 +19,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use gorge_hub::{Hub, Publication, MAX_BATCH};
-use slog::{debug, warn, Logger};
+use slog::{debug, Logger};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -30,10 +29,6 @@ pub const HANDOFF_MESSAGES: usize = 4096;
 
 /// Bytes of messages waiting for the fan-out thread, at most.
 pub const HANDOFF_BYTES: usize = 64 << 20;
-
-/// The fan-out thread's nice value (Linux niceness is per thread): a quarter of a default
-/// thread's CPU share when both want the same core, which is what lets them cut in.
-pub const FANOUT_NICE: i32 = 5;
 
 /// Bytes of messages one fan-out pass takes at most (more waits for the next pass).
 pub const BATCH_BYTES: usize = 1 << 20;
@@ -78,13 +73,6 @@ impl Fanout {
         std::thread::Builder::new()
             .name("fanout".into())
             .spawn(move || {
-                // Below the runtime's threads, so an admin POST or a client command that
-                // arrives during a long pass gets a core at once instead of waiting for
-                // the pass's time slice to end. Raising one's own nice value needs no
-                // privilege; if it fails the thread just runs at the default priority.
-                if let Err(err) = rustix::process::setpriority_process(None, FANOUT_NICE) {
-                    warn!(log, "NOTIFY_FANOUT_PRIORITY_NOT_SET"; "error" => %err);
-                }
                 while let Ok(first) = rx.recv() {
                     let batch = take_batch(first, &rx);
                     let bytes = batch.iter().map(|job| job.frame.len()).sum();

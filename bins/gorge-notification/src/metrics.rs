@@ -67,6 +67,7 @@ pub struct Metrics {
     pub messages_out: Counter,
     pub admin_rejected: Family<ReasonLabel, Counter>,
     pub fanout_seconds: Histogram,
+    pub admin_post_seconds: Histogram,
     pub fanout_batch_messages: Histogram,
     pub queue_dropped_frames: Counter,
     pub slow_consumer_disconnects: Counter,
@@ -102,6 +103,8 @@ impl Metrics {
             admin_rejected: Family::default(),
             // 10 µs .. ~0.65 s.
             fanout_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 17)),
+            // 25 µs .. ~0.8 s.
+            admin_post_seconds: Histogram::new(exponential_buckets(0.000_025, 2.0, 16)),
             // 1 .. 64 messages (the fan-out's batch limit).
             fanout_batch_messages: Histogram::new(exponential_buckets(1.0, 2.0, 7)),
             queue_dropped_frames: Counter::default(),
@@ -182,6 +185,11 @@ impl Metrics {
             "fanout_seconds",
             "Time from an accepted POST to its last frame queued",
             m.fanout_seconds,
+        );
+        registry.register(
+            "admin_post_seconds",
+            "Time the admin port took to answer a POST once its head arrived (body, parse, encode, hand-off)",
+            m.admin_post_seconds,
         );
         registry.register(
             "fanout_batch_messages",

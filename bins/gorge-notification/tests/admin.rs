@@ -184,6 +184,21 @@ async fn bodies_that_are_not_json_objects_get_400() {
 }
 
 #[tokio::test]
+async fn every_post_is_timed_accepted_or_refused() {
+    let server = Server::start(&[]);
+    server
+        .assert_metric("gorge_notification_admin_post_seconds_count", 0.0)
+        .await;
+    server.post_ok("", r#"{"key":1,"subscribers":[]}"#).await;
+    assert_eq!(server.post("", "not json").await.status, 400);
+    // What PHP waited for, refusals included; status reads are not POSTs.
+    server.status("").await;
+    server
+        .assert_metric("gorge_notification_admin_post_seconds_count", 2.0)
+        .await;
+}
+
+#[tokio::test]
 async fn unknown_paths_and_methods_get_envelopes() {
     let server = Server::start(&[]);
     for path in ["/status", "/x", "/status/x"] {
