@@ -2,10 +2,10 @@
 //!
 //! Frames are shared, already-encoded `Bytes` (the same buffer for every recipient). Whoever
 //! holds the socket's write turn writes from the front of the queue without blocking: the
-//! fan-out when the queue is empty (the common case: one `writev`, no task wake-up), otherwise
-//! the socket's own task, which waits for the socket to become writable. Pushing never waits:
-//! a queue over its bound closes the socket instead of slowing the publisher. No lock is held
-//! while writing; the write turn is a flag, not a lock.
+//! fan-out when the queue is empty (the common case: one vectored write, no task wake-up),
+//! otherwise the socket's own task, which waits for the socket to become writable. Pushing
+//! never waits: a queue over its bound closes the socket instead of slowing the publisher. No
+//! lock is held while writing; the write turn is a flag, not a lock.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -75,7 +75,7 @@ pub struct QueueCaps {
     pub bytes: usize,
 }
 
-/// Frames handed to one `writev` (a few large ones, or many pongs).
+/// Frames handed to one vectored write (a few large ones, or many pongs).
 const WRITE_BATCH: usize = 16;
 
 #[derive(Default)]
@@ -251,7 +251,7 @@ impl Outbound {
     }
 
     /// Delivers live frames numbered in increasing order, as [`Outbound::push`] of each in
-    /// turn would, except that an idle socket gets them all in one `writev`: when messages
+    /// turn would, except that an idle socket gets them all in one vectored write: when messages
     /// arrive faster than one fan-out pass, frames share a system call instead of paying
     /// one each. `each(i, push)` reports what became of `frames[i]`.
     pub fn push_batch(
