@@ -125,6 +125,7 @@ start_server() {
 stop_server() {
     kill "$PID" 2>/dev/null || true
     wait "$PID" 2>/dev/null || true
+    if [ -n "${config:-}" ]; then rm -f "$config" "$config.pid"; config=; fi
 }
 
 # scenario NAME SERVER ARGS...: one notify run against a fresh server.

@@ -74,8 +74,7 @@ impl Fanout {
             .name("fanout".into())
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
-                    let batch = take_batch(first, &rx);
-                    let bytes = batch.iter().map(|job| job.frame.len()).sum();
+                    let (batch, bytes) = take_batch(first, &rx);
                     waiting.fetch_sub(bytes, Ordering::Relaxed);
                     deliver(&hub, &metrics, &log, &batch);
                     done.send_modify(|n| *n += batch.len() as u64);
@@ -125,8 +124,8 @@ impl Fanout {
 /// The first job and those already waiting behind it, up to [`BATCH_BYTES`] and
 /// [`MAX_BATCH`] messages. Waiting for more would delay the first; taking what is there
 /// costs nothing and lets a socket get several frames in one write when messages arrive
-/// faster than one pass over the sockets.
-fn take_batch(first: Job, rx: &Receiver<Job>) -> Vec<Job> {
+/// faster than one pass over the sockets. Returns the jobs and their frames' bytes.
+fn take_batch(first: Job, rx: &Receiver<Job>) -> (Vec<Job>, usize) {
     let mut bytes = first.frame.len();
     let mut batch = vec![first];
     while batch.len() < MAX_BATCH && bytes < BATCH_BYTES {
@@ -138,7 +137,7 @@ fn take_batch(first: Job, rx: &Receiver<Job>) -> Vec<Job> {
             Err(_) => break,
         }
     }
-    batch
+    (batch, bytes)
 }
 
 fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {

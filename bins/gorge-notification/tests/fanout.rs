@@ -45,10 +45,6 @@ async fn many_sockets_get_a_fast_burst_in_order_exactly_once() {
     }
     let status = server.status("").await;
     assert_eq!(status["messages.out"], (SOCKETS * MESSAGES) as u64);
-    let passes = server
-        .metric("gorge_notification_fanout_batch_messages_count")
-        .await
-        .unwrap();
     let batched = server
         .metric("gorge_notification_fanout_batch_messages_sum")
         .await
@@ -57,5 +53,4 @@ async fn many_sockets_get_a_fast_burst_in_order_exactly_once() {
         batched, MESSAGES as f64,
         "every message in exactly one pass"
     );
-    assert!(passes <= MESSAGES as f64);
 }

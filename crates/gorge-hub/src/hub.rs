@@ -611,7 +611,15 @@ impl Hub {
         subscribers: &[String],
         frame: Bytes,
     ) -> Result<PublishCounts, InstanceNameTooLong> {
-        self.publish_at(instance, subscribers, frame, self.clock.now_ms())
+        let message = Publication {
+            instance,
+            subscribers,
+            frame,
+            at_ms: self.clock.now_ms(),
+        };
+        self.publish_batch(std::slice::from_ref(&message))
+            .pop()
+            .expect("one outcome per message")
     }
 
     /// The hub's clock, in ms (a message accepted now and published later keeps this time).
@@ -619,26 +627,7 @@ impl Hub {
         self.clock.now_ms()
     }
 
-    /// [`Hub::publish`] of a message accepted at `now` (by the hub's clock).
-    pub fn publish_at(
-        &self,
-        instance: &str,
-        subscribers: &[String],
-        frame: Bytes,
-        now: u64,
-    ) -> Result<PublishCounts, InstanceNameTooLong> {
-        let message = Publication {
-            instance,
-            subscribers,
-            frame,
-            at_ms: now,
-        };
-        self.publish_batch(std::slice::from_ref(&message))
-            .pop()
-            .expect("one outcome per message")
-    }
-
-    /// Publishes messages in order, exactly as [`Hub::publish_at`] of each in turn would,
+    /// Publishes messages in order, exactly as [`Hub::publish`] of each in turn would,
     /// except that each socket gets all of its frames of the batch in one write (the
     /// fan-out batches the messages that arrived while it was busy). One outcome per
     /// message, in order.
