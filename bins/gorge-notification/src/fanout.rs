@@ -152,6 +152,7 @@ fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
         .collect();
     let outcomes = hub.publish_batch(&messages);
     m.fanout_batch_messages.observe(batch.len() as f64);
+    let mut history = None;
     for (job, outcome) in batch.iter().zip(outcomes) {
         // The admin port checked the instance name already.
         let Ok(outcome) = outcome else {
@@ -163,10 +164,14 @@ fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
         m.queue_dropped_frames.inc_by(outcome.dropped_frames as u64);
         m.slow_consumer_disconnects
             .inc_by(outcome.slow_consumers as u64);
-        m.set_history(outcome.history_entries, outcome.history_bytes);
+        history = Some((outcome.history_entries, outcome.history_bytes));
         debug!(log, "NOTIFY_MESSAGE_DELIVERED";
             "instance" => &job.instance, "subscribers" => job.subscribers.len(),
             "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers,
             "batch" => batch.len());
+    }
+    // The totals after the batch's last message are the history's size now.
+    if let Some((entries, bytes)) = history {
+        m.set_history(entries, bytes);
     }
 }

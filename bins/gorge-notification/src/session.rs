@@ -176,7 +176,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
         )
         .await;
     }
-    outbound.detach();
+    // Dropping the registration detaches the queue and leaves the hub.
 }
 
 /// Writes what is queued (a drain keeps queued frames) and then the close frame; if we

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use crate::clock::MillisClock;
 use crate::history::{Entry, History, HistoryLimits, Subscribers};
 use crate::outbound::{Outbound, Push, QueueCaps};
-use crate::subscriptions::{subscription_cost, SubscriptionIndex};
+use crate::subscriptions::{shrink_map, subscription_cost, SubscriptionIndex};
 
 pub use crate::subscriptions::SocketId;
 
@@ -494,9 +494,7 @@ impl Hub {
             state.subscription_bytes -= freed;
         }
         // Give the memory of a burst of sockets back once they are gone.
-        if state.sockets.capacity() > 64 && state.sockets.len() < state.sockets.capacity() / 4 {
-            state.sockets.shrink_to_fit();
-        }
+        shrink_map(&mut state.sockets);
     }
 
     /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
@@ -562,13 +560,13 @@ impl Hub {
     }
 
     /// Marks `instance` confirmed (the admin port published to it), creating its state if
-    /// its table has room. Returns whether it now has state.
-    fn confirm(&self, state: &mut State, instance: &str) -> bool {
+    /// its table has room.
+    fn confirm(&self, state: &mut State, instance: &str) {
         if instance == DEFAULT_INSTANCE {
-            return state.instances.contains_key(instance);
+            return;
         }
         match state.instances.get(instance).map(|i| i.confirmed) {
-            Some(true) => true,
+            Some(true) => {}
             Some(false) => {
                 if self.make_room(state, true) {
                     if let Some(i) = state.instances.get_mut(instance) {
@@ -576,21 +574,18 @@ impl Hub {
                         state.confirmed_instances += 1;
                     }
                 }
-                true
             }
             None => {
-                if !self.make_room(state, true) {
-                    return false;
+                if self.make_room(state, true) {
+                    state.instances.insert(
+                        Arc::from(instance),
+                        Instance {
+                            confirmed: true,
+                            ..Instance::default()
+                        },
+                    );
+                    state.confirmed_instances += 1;
                 }
-                state.instances.insert(
-                    Arc::from(instance),
-                    Instance {
-                        confirmed: true,
-                        ..Instance::default()
-                    },
-                );
-                state.confirmed_instances += 1;
-                true
             }
         }
     }
@@ -1085,6 +1080,7 @@ mod tests {
         publish(&hub, "b", &["P"], "2");
         publish(&hub, "b", &["nobody"], "3");
         // The admin port counts what it accepts; publish itself does not.
+        assert_eq!(hub.status("a").messages_in, 0);
         for _ in 0..3 {
             hub.count_message_in();
         }

@@ -371,11 +371,7 @@ impl Outbound {
     /// Queues a frame the socket itself produced (a pong, a ping). It counts against the
     /// same bounds as everything else: a client that pings and never reads overflows them.
     pub fn push_control(&self, frame: Bytes, caps: QueueCaps) -> Push {
-        let state = self.lock();
-        if state.refuses() {
-            return Push::Closing;
-        }
-        self.enqueue(state, frame, caps)
+        self.enqueue(self.lock(), frame, caps)
     }
 
     /// Queues a control frame (a ping, a pong to a client's ping) ahead of every frame not
@@ -386,7 +382,7 @@ impl Outbound {
         if state.refuses() {
             return Push::Closing;
         }
-        if state.frames.len() + 1 > caps.frames || state.bytes + frame.len() > caps.bytes {
+        if over_caps(&state, frame.len(), caps) {
             return self.enqueue(state, frame, caps);
         }
         let at = state.pinned();
@@ -414,8 +410,7 @@ impl Outbound {
     pub(crate) fn push_if_room(&self, frame: Bytes, caps: QueueCaps) -> bool {
         let queued = {
             let mut state = self.lock();
-            let fits = state.frames.len() < caps.frames && state.bytes + frame.len() <= caps.bytes;
-            if !state.refuses() && fits {
+            if !state.refuses() && !over_caps(&state, frame.len(), caps) {
                 state.bytes += frame.len();
                 state.frames.push_back(frame);
                 true

@@ -138,7 +138,7 @@ impl SubscriptionIndex {
 }
 
 /// Gives memory back once a map is mostly empty (hash maps never shrink on their own).
-fn shrink_map<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+pub(crate) fn shrink_map<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to_fit();
     }

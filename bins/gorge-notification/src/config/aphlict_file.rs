@@ -234,16 +234,16 @@ fn parse_cluster(value: &Value) -> Result<Vec<PeerUrl>, ConfigError> {
         let port = parse_port(&at("port"), entry.get("port"))?;
         let protocol = match entry.get("protocol") {
             None | Some(Value::Null) => PeerProtocol::Http,
-            Some(Value::String(p)) if PeerProtocol::parse(p).is_some() => {
-                PeerProtocol::parse(p).unwrap_or(PeerProtocol::Http)
-            }
-            Some(other) => {
-                return Err(ConfigError::new(
-                    at("protocol"),
-                    json_text(other),
-                    "expected \"http\" or \"https\"",
-                ))
-            }
+            Some(other) => other
+                .as_str()
+                .and_then(PeerProtocol::parse)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        at("protocol"),
+                        json_text(other),
+                        "expected \"http\" or \"https\"",
+                    )
+                })?,
         };
         peers.push(PeerUrl {
             protocol,

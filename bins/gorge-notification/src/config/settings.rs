@@ -261,10 +261,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_setting_is_listed_once_and_round_trips_through_text() {
+    fn every_setting_round_trips_through_text() {
         let defaults = Settings::default();
         let shown = defaults.shown();
-        assert_eq!(shown.len(), SETTINGS.len());
         let mut copy = Settings::default();
         for (key, text) in &shown {
             if text != "(unset)" {
