@@ -11,13 +11,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A source of the current Unix time. Unlike gorge-hub's `MillisClock` (milliseconds since
 /// an arbitrary start), readings here are wall-clock times comparable with the row columns.
 pub trait UnixClock: Send + Sync + 'static {
-    /// Unix time in whole seconds (the precision of Phorge's `dateModified` and
-    /// `lastRequestEpoch`).
-    fn now_sec(&self) -> u64;
+    /// Unix time in milliseconds (for waits shorter than a second).
+    fn now_ms(&self) -> u64;
 
-    /// The same clock in milliseconds (for waits shorter than a second).
-    fn now_ms(&self) -> u64 {
-        self.now_sec().saturating_mul(1000)
+    /// The same clock in whole seconds (the precision of Phorge's `dateModified` and
+    /// `lastRequestEpoch`).
+    fn now_sec(&self) -> u64 {
+        self.now_ms() / 1000
     }
 }
 
@@ -26,10 +26,6 @@ pub trait UnixClock: Send + Sync + 'static {
 pub struct SystemClock;
 
 impl UnixClock for SystemClock {
-    fn now_sec(&self) -> u64 {
-        self.now_ms() / 1000
-    }
-
     fn now_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -69,10 +65,6 @@ impl ManualUnixClock {
 }
 
 impl UnixClock for ManualUnixClock {
-    fn now_sec(&self) -> u64 {
-        self.now_ms() / 1000
-    }
-
     fn now_ms(&self) -> u64 {
         self.millis.load(Ordering::SeqCst)
     }

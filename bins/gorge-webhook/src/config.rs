@@ -109,14 +109,13 @@ fn check_file_keys(file: &impl Provider, path: &Path) -> Result<(), ConfigError>
     let data = file
         .data()
         .map_err(|err| ConfigError::new("--config", path.display(), one_line(&err.to_string())))?;
-    let known = known_keys();
     for (key, value) in data.values().flatten() {
-        if !known.iter().any(|k| k == key) {
+        if !SETTING_KEYS.contains(&key.as_str()) {
             let value = match value {
                 Value::String(_, s) => s.clone(),
                 other => serde_json::to_string(other).unwrap_or_default(),
             };
-            let reason = unknown_key_reason(key, known.iter().map(String::as_str));
+            let reason = unknown_key_reason(key, SETTING_KEYS.iter().copied());
             return Err(ConfigError::new(
                 format!("{key} (in {})", path.display()),
                 value,
@@ -125,18 +124,6 @@ fn check_file_keys(file: &impl Provider, path: &Path) -> Result<(), ConfigError>
         }
     }
     Ok(())
-}
-
-/// The file keys: the fields of [`RawSettings`].
-fn known_keys() -> Vec<String> {
-    match serde_json::to_value(RawSettings::default()) {
-        Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn known_key_refs() -> Vec<&'static str> {
-    SETTING_KEYS.to_vec()
 }
 
 /// Every setting's key, in the order `--check-config` and `--print-config` show them.
@@ -360,7 +347,7 @@ impl Settings {
         }
         let mut settings = Settings::validate(raw)?;
         settings.sources = sources;
-        settings.environment_warnings = unknown_env_warnings(ENV_PREFIX, &known_key_refs());
+        settings.environment_warnings = unknown_env_warnings(ENV_PREFIX, &SETTING_KEYS);
         Ok(settings)
     }
 
@@ -837,6 +824,14 @@ mod tests {
         );
         assert_eq!(shown(&s, "GORGE_WEBHOOK_MYSQL_PASS"), "********");
         assert_eq!(shown(&s, "GORGE_SERVICE_TOKEN"), "********");
+    }
+
+    /// The file keys: the fields of [`RawSettings`].
+    fn known_keys() -> Vec<String> {
+        match serde_json::to_value(RawSettings::default()) {
+            Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
     }
 
     #[test]

@@ -97,9 +97,6 @@ pub struct Decision {
     pub class: &'static str,
     /// The `errorCode` written (the status, the cURL number or the hook code), for the log.
     pub code: String,
-    /// The readable reason for the log line: the same as `class` for a transport failure,
-    /// the status class for an HTTP answer, the hook code's class `hook` otherwise.
-    pub reason: &'static str,
 }
 
 /// The decision for an HTTP attempt that ended at `epoch` with `result`.
@@ -156,7 +153,6 @@ pub fn after_attempt(
         outcome,
         class,
         code: code.to_string(),
-        reason: class,
     }
 }
 
@@ -168,7 +164,6 @@ pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
         outcome: DeliveryOutcome::Failed,
         class: "hook",
         code: code.as_str().to_string(),
-        reason: "hook",
     }
 }
 
@@ -227,13 +222,8 @@ mod tests {
             .properties()
             .ends_with(r#""errorType":"http","errorCode":7}"#));
         assert_eq!(
-            (d.row.status(), d.class, d.code.as_str(), d.reason),
-            (
-                RequestStatus::Queued,
-                "connection-refused",
-                "7",
-                "connection-refused"
-            )
+            (d.row.status(), d.class, d.code.as_str()),
+            (RequestStatus::Queued, "connection-refused", "7")
         );
         let d = after_attempt(
             &props("never"),
@@ -241,7 +231,7 @@ mod tests {
             1,
         );
         assert!(d.row.properties().ends_with(r#""errorCode":60}"#));
-        assert_eq!(d.reason, "certificate-not-trusted");
+        assert_eq!(d.class, "certificate-not-trusted");
     }
 
     #[test]

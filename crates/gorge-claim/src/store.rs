@@ -453,11 +453,6 @@ impl ClaimStore {
         &self.namespace
     }
 
-    /// The limits this store was built with.
-    pub fn options(&self) -> &StoreOptions {
-        &self.options
-    }
-
     async fn conn(&self) -> Result<Conn, ClaimError> {
         Self::conn_from(&self.pool, &self.options, &self.database).await
     }

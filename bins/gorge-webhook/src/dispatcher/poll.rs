@@ -32,9 +32,6 @@ pub struct Round {
     pub skipped_local: usize,
     /// Hooks left out of the query because a delivery of theirs is running here.
     pub excluded_busy: usize,
-    /// Hooks left out of the query because they are resting (lock held elsewhere, breaker
-    /// open).
-    pub excluded_resting: usize,
     /// Rows that could not be used as stored and were failed (`invalid-row`).
     pub broken: usize,
     /// The batch was full or the slots ran out: more work is probably waiting.
@@ -149,7 +146,6 @@ impl Dispatcher {
         excluded.extend(resting.cloned());
         let round = Round {
             excluded_busy: state.hooks.len(),
-            excluded_resting: excluded.len() - state.hooks.len(),
             ..Round::default()
         };
         (excluded, round)

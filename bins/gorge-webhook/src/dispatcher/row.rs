@@ -117,10 +117,8 @@ impl Dispatcher {
                     .await
             }
             Err(ClaimError::InvalidRow(why)) => {
-                let text =
-                    properties.rewritten(ErrorType::Hook, HookErrorCode::InvalidRow.as_str());
                 let end = self
-                    .fail_before_delivery(candidate, HookErrorCode::InvalidRow, text)
+                    .fail_hook(candidate, &properties, HookErrorCode::InvalidRow)
                     .await?;
                 self.metrics.invalid_row(InvalidRowReason::HookRow);
                 warn!(self.log, "WEBHOOK_INVALID_ROW";
@@ -239,7 +237,7 @@ impl Dispatcher {
             } else {
                 warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
-                    "reason" => decision.reason, "status" => decision.row.status().as_str());
+                    "reason" => decision.class, "status" => decision.row.status().as_str());
             }
         }
         Ok(RowEnd::Done)
