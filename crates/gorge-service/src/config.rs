@@ -7,23 +7,12 @@
 use std::fmt;
 
 use figment::error::{Actual, Kind};
-use figment::providers::Env;
 use figment::Figment;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
 /// Exit code for an invalid configuration (distinct from 1, a runtime failure).
 pub const CONFIG_EXIT_CODE: i32 = 2;
-
-/// An environment layer for variables starting with `prefix` (e.g. `"APP_"`), keyed by the rest
-/// of the name in lowercase. Variables set to the empty string are left out, so compose files
-/// that pass `VAR=""` get the default instead of a parse error or an empty value.
-pub fn env_layer(prefix: &str) -> Env {
-    let owned = prefix.to_string();
-    Env::prefixed(prefix).filter(move |key| {
-        std::env::var_os(format!("{owned}{key}")).is_some_and(|value| !value.is_empty())
-    })
-}
 
 /// Reads one environment variable, treating unset and empty the same way.
 pub fn env_value(name: &str) -> Option<String> {
@@ -294,7 +283,8 @@ pub fn unknown_env_warnings(prefix: &str, known_keys: &[&str]) -> Vec<String> {
 
 /// An environment layer for figment that types each value by its setting's default (a
 /// string setting gets the text as written, so `USER=1234` stays a string) and knows only
-/// the settings in `defaults`. Empty variables are left out, as in [`env_layer`].
+/// the settings in `defaults`. Variables set to the empty string are left out, so compose
+/// files that pass `VAR=""` get the default instead of a parse error or an empty value.
 #[derive(Debug, Clone)]
 pub struct TypedEnv {
     prefix: String,
@@ -313,11 +303,6 @@ impl TypedEnv {
             prefix: prefix.to_string(),
             defaults,
         }
-    }
-
-    /// The settings' keys (lower case, without the prefix).
-    pub fn keys(&self) -> Vec<&str> {
-        self.defaults.keys().map(String::as_str).collect()
     }
 
     /// `(key, value)` for every set, non-empty variable of a known setting.
@@ -458,7 +443,8 @@ mod tests {
     }
 
     fn load(prefix: &str) -> Result<Settings, ConfigError> {
-        let figment = Figment::from(Serialized::defaults(defaults())).merge(env_layer(prefix));
+        let figment = Figment::from(Serialized::defaults(defaults()))
+            .merge(TypedEnv::new(prefix, &defaults()));
         extract(&figment, prefix)
     }
 

@@ -126,16 +126,6 @@ pub fn init_logging(service: &'static str, version: &'static str) -> Result<Logg
     })
 }
 
-/// One level word (`trace` … `critical`, `warning` for `warn`, any case; absent: `info`);
-/// anything else is a configuration error naming [`LEVEL_VAR`].
-pub fn parse_level(value: Option<&str>) -> Result<Level, ConfigError> {
-    let bad = || ConfigError::new(LEVEL_VAR, value.unwrap_or_default(), LEVEL_HELP);
-    match value.map(str::trim) {
-        None => Ok(Level::Info),
-        Some(word) => level_word(word).ok_or_else(bad),
-    }
-}
-
 fn level_word(word: &str) -> Option<Level> {
     Some(match word.to_ascii_lowercase().as_str() {
         "trace" => Level::Trace,
@@ -377,9 +367,8 @@ mod tests {
             parse_level_spec(Some("DEBUG")).unwrap(),
             LevelSpec::new(Level::Debug)
         );
-        assert_eq!(parse_level(None).unwrap(), Level::Info);
-        assert_eq!(parse_level(Some("DEBUG")).unwrap(), Level::Debug);
-        assert_eq!(parse_level(Some("loud")).unwrap_err().key, LEVEL_VAR);
+        assert_eq!(parse_level_spec(None).unwrap(), LevelSpec::new(Level::Info));
+        assert_eq!(parse_level_spec(Some("loud")).unwrap_err().key, LEVEL_VAR);
         assert_eq!(parse_format(Some("text")).unwrap(), LogFormat::Text);
         assert_eq!(parse_format(Some("xml")).unwrap_err().key, FORMAT_VAR);
     }
