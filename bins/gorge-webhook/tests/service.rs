@@ -28,11 +28,19 @@ async fn one_post_while_the_receiver_holds_it_and_the_poller_ticks() {
         .unwrap();
     let service = Service::start(db.namespace(), &[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")]);
 
+    eventually(Duration::from_secs(30), "the POST arrives", || async {
+        receiver.count() >= 1
+    })
+    .await;
+    // The poller keeps ticking while the receiver holds the POST (3 s), and sends nothing
+    // more for the row it has claimed.
+    service.wait_polls(3).await;
+    assert_eq!(receiver.count(), 1);
     eventually(Duration::from_secs(30), "row sent", || async {
         status_of(&db, id).await == RequestStatus::Sent
     })
     .await;
-    // ~30 polls happened while the POST was held; a few more now that it is done.
+    // A few more rounds now that it is done.
     service.wait_polls(3).await;
     assert_eq!(receiver.count(), 1);
     db.drop_database().await;

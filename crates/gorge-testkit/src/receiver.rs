@@ -325,6 +325,9 @@ mod tests {
         let addr = receiver.addr;
         let pending = std::thread::spawn(move || get_blocking(addr, "/held", &[]).status);
         receiver.wait_for(1, crate::PATIENCE);
+        // The request is recorded before its answer is chosen: give an answer that was not
+        // held time to arrive before checking that none did.
+        std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(!pending.is_finished());
         receiver.release();
         assert_eq!(pending.join().unwrap(), 204);

@@ -165,13 +165,6 @@ impl Server {
         self.process.log_events(event)
     }
 
-    /// Whether the admin port still accepts connections.
-    pub async fn admin_accepts(&self) -> bool {
-        TcpStream::connect(("127.0.0.1", self.admin_port))
-            .await
-            .is_ok()
-    }
-
     /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
     pub async fn refused_upgrade(&self, path: &str) -> u16 {
         Server::refused_upgrade_on(self.client_port, path).await

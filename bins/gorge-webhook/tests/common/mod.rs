@@ -247,8 +247,6 @@ struct ProxyState {
     /// Connections opened before this generation stop forwarding, silently.
     frozen_before: std::sync::atomic::AtomicU64,
     generation: std::sync::atomic::AtomicU64,
-    /// Connections accepted so far.
-    accepted: std::sync::atomic::AtomicU64,
 }
 
 impl DbProxy {
@@ -271,7 +269,6 @@ impl DbProxy {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                shared.accepted.fetch_add(1, SeqCst);
                 if shared.refuse.load(SeqCst) {
                     drop(client);
                     continue;
@@ -326,12 +323,6 @@ impl DbProxy {
         self.state
             .frozen_before
             .store(generation, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    pub fn accepted(&self) -> u64 {
-        self.state
-            .accepted
-            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
