@@ -77,11 +77,18 @@ expect_refusal() {
 # expect_rendered TEMPLATE LINE ARGS...: the rendered TEMPLATE must contain LINE (a whole
 # line, leading spaces ignored); LINE prefixed with ! must be absent.
 expect_rendered() {
-    local template="$1" line="$2" out
+    local template="$1" line="$2" out status=0
     shift 2
     out="$("${helm_bin}" template gorge "${chart}" --namespace phorge -f "${minimal}" \
-        --show-only "templates/${template}" "$@" 2>&1 | sed -E 's/^ +//')" || true
-    if [[ "${line}" == '!'* ]]; then
+        --show-only "templates/${template}" "$@" 2>&1)" || status=$?
+    out="$(sed -E 's/^ +//' <<<"${out}")"
+    # helm fails on --show-only of a template that renders to nothing; any other failure
+    # (a refusal, a template error) must not pass for "absent".
+    if [[ ${status} -ne 0 ]] && ! grep -q "could not find template" <<<"${out}"; then
+        echo "FAIL: helm template failed for ${template} (args: $*):" >&2
+        echo "${out}" >&2
+        failures=$((failures + 1))
+    elif [[ "${line}" == '!'* ]]; then
         if grep -qxF -- "${line#!}" <<<"${out}"; then
             echo "FAIL: ${template} has '${line#!}' (args: $*)" >&2
             failures=$((failures + 1))

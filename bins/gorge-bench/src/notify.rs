@@ -394,18 +394,13 @@ pub async fn run(args: NotifyArgs) -> Value {
     } else {
         0.0
     };
-    let rss_per_socket = match (rss_before, rss_after) {
+    let per_socket = |after: Option<u64>| match (rss_before, after) {
         (Some(b), Some(a)) if reader_count + stuck_opened > 0 => {
             Some((a as f64 - b as f64) / (reader_count + stuck_opened) as f64)
         }
         _ => None,
     };
-    let rss_per_socket_end = match (rss_before, rss_end) {
-        (Some(b), Some(a)) if reader_count + stuck_opened > 0 => {
-            Some((a as f64 - b as f64) / (reader_count + stuck_opened) as f64)
-        }
-        _ => None,
-    };
+    let (rss_per_socket, rss_per_socket_end) = (per_socket(rss_after), per_socket(rss_end));
     let cpu_us_per_frame = match (cpu_before, cpu_after) {
         (Some(b), Some(a)) if frames > 0 => Some((a - b) * 1e6 / frames as f64),
         _ => None,

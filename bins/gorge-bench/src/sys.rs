@@ -96,7 +96,6 @@ mod tests {
 
     #[test]
     fn reads_limits_and_refuses_pid_0() {
-        assert!(clock_ticks_per_second() > 0);
         assert!(raise_nofile(64).unwrap() >= 64);
         assert!(send_signal(0, Signal::TERM).is_err());
     }
