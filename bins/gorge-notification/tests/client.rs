@@ -349,11 +349,10 @@ async fn instance_limits_are_enforced_and_counted() {
     assert_eq!(default.sync().await, Vec::<String>::new());
     // Once "first" is idle it can be forgotten to make room.
     drop(busy);
-    let deadline = std::time::Instant::now() + common::PATIENCE;
-    while server.status("?instance=first").await["clients.active"] != 0 {
-        assert!(std::time::Instant::now() < deadline);
-        tokio::task::yield_now().await;
-    }
+    gorge_testkit::eventually(common::PATIENCE, "\"first\" has no socket", || async {
+        server.status("?instance=first").await["clients.active"] == 0
+    })
+    .await;
     let mut second = server.ws("/~second/").await;
     assert_eq!(second.sync().await, Vec::<String>::new());
 }

@@ -12,11 +12,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::ops::Deref;
-use std::time::{Duration, Instant};
 
 use common::{Server, Ws, PATIENCE};
-use gorge_testkit::http;
 use gorge_testkit::process::Signal;
+use gorge_testkit::{eventually, http};
 use serde_json::Value;
 
 const INSTANCE: &str = "cluster";
@@ -77,29 +76,23 @@ impl Node {
     /// their own schedule, which nothing else orders against the test. The bound only turns
     /// a hang into a failure.
     async fn wait_for_metrics(&self, what: &str, condition: impl Fn(&str) -> bool) {
-        let give_up = Instant::now() + PATIENCE;
-        while !condition(&self.metrics_text().await) {
-            assert!(Instant::now() < give_up, "never true: {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(PATIENCE, what, || async {
+            condition(&self.metrics_text().await)
+        })
+        .await;
     }
 
     /// Waits until at least one `event` line about `peer` was logged (logging is
     /// asynchronous), then returns all of them.
     async fn wait_for_log(&self, event: &str, peer: &str) -> Vec<Value> {
-        let give_up = Instant::now() + PATIENCE;
-        loop {
-            let events: Vec<Value> = self
-                .log_events(event)
+        let about_peer = || -> Vec<Value> {
+            self.log_events(event)
                 .into_iter()
                 .filter(|line| line["peer"] == peer)
-                .collect();
-            if !events.is_empty() {
-                return events;
-            }
-            assert!(Instant::now() < give_up, "{event} was never logged");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                .collect()
+        };
+        eventually(PATIENCE, event, || async { !about_peer().is_empty() }).await;
+        about_peer()
     }
 }
 

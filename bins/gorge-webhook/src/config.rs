@@ -16,8 +16,8 @@ use figment::providers::{Format, Json, Serialized, Toml};
 use figment::value::Value;
 use figment::{Figment, Provider};
 use gorge_service::config::{
-    env_value, extract, mask_secret, service_link_reason, service_link_target,
-    unknown_env_warnings, unknown_key_reason, CheckLine, Source, TypedEnv, NOT_A_STRING,
+    env_value, extract, mask_secret, refuse_service_link, set_source, unknown_env_warnings,
+    unknown_key_reason, CheckLine, Source, TypedEnv, NOT_A_STRING,
 };
 use gorge_service::{ConfigError, Secret};
 use serde::{Deserialize, Serialize};
@@ -170,12 +170,6 @@ fn sources(figment: &Figment) -> Vec<(&'static str, Source)> {
         .collect()
 }
 
-fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
-    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
-        entry.1 = source;
-    }
-}
-
 /// figment's type names (`expected u16`) replaced by what the setting accepts; a string
 /// in the file where a number belongs is said to be one.
 fn plain_words(mut err: ConfigError) -> ConfigError {
@@ -313,16 +307,8 @@ impl Settings {
         }
         let env = TypedEnv::new(ENV_PREFIX, &RawSettings::default());
         for (key, value) in env.values() {
-            let var = format!("{ENV_PREFIX}{}", key.to_uppercase());
-            if value
-                .as_str()
-                .is_some_and(|v| service_link_target(v).is_some())
-            {
-                return Err(ConfigError::new(
-                    &var,
-                    value.as_str().unwrap_or_default(),
-                    service_link_reason(&var),
-                ));
+            if let Some(text) = value.as_str() {
+                refuse_service_link(&format!("{ENV_PREFIX}{}", key.to_uppercase()), text)?;
             }
         }
         figment = figment.merge(env);

@@ -93,8 +93,14 @@ impl Metrics {
                 .db_pool
                 .get_or_create(&[("pool", pool), ("state", state)]);
         }
-        for reason in ["unreadable", "rejected", "hook-row"] {
-            let _ = metrics.invalid_rows.get_or_create(&[("reason", reason)]);
+        for reason in [
+            InvalidRowReason::Unreadable,
+            InvalidRowReason::Rejected,
+            InvalidRowReason::HookRow,
+        ] {
+            let _ = metrics
+                .invalid_rows
+                .get_or_create(&[("reason", reason.label())]);
         }
         for reason in ["unknown-type", "no-table", "refused"] {
             let _ = metrics

@@ -385,11 +385,6 @@ impl Hub {
         }
     }
 
-    /// The bounds this hub was created with.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// The bounds of every socket's outbound queue.
     pub fn caps(&self) -> QueueCaps {
         QueueCaps {

@@ -144,6 +144,13 @@ fn actual_text(actual: &Actual) -> String {
     }
 }
 
+/// Records that setting `key` came from `source` in a `--check-config` source list.
+pub fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
+    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
+        entry.1 = source;
+    }
+}
+
 /// Where an effective value came from, as `--check-config` prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -257,6 +264,15 @@ pub fn service_link_reason(var: &str) -> String {
         "a Kubernetes service link, not a value set here: Kubernetes injects this variable{service}; \
          set enableServiceLinks: false on the pod or set {var} explicitly"
     )
+}
+
+/// Refuses `value` of the setting variable `var` when it is a Kubernetes service link
+/// (`tcp://…`), with [`service_link_reason`].
+pub fn refuse_service_link(var: &str, value: &str) -> Result<(), ConfigError> {
+    match service_link_target(value) {
+        Some(_) => Err(ConfigError::new(var, value, service_link_reason(var))),
+        None => Ok(()),
+    }
 }
 
 /// Warnings for `prefix*` variables that are no setting, with a did-you-mean; Kubernetes

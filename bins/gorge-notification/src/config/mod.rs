@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use gorge_hub::Limits;
 use gorge_service::config::{
-    env_value, service_link_reason, service_link_target, unknown_env_warnings, CheckLine, Source,
+    env_value, refuse_service_link, set_source, unknown_env_warnings, CheckLine, Source,
 };
 use gorge_service::ConfigError;
 use serde_json::Value;
@@ -181,9 +181,7 @@ fn load_from(
     {
         let var = env_key(info.key);
         let Some(text) = env(&var) else { continue };
-        if service_link_target(&text).is_some() {
-            return Err(ConfigError::new(&var, &text, service_link_reason(&var)));
-        }
+        refuse_service_link(&var, &text)?;
         settings
             .set_text(info.key, &text)
             .map_err(|valid| ConfigError::new(&var, &text, format!("expected {valid}")))?;
@@ -192,12 +190,6 @@ fn load_from(
     let mut config = build(settings, file, file_path)?;
     config.sources = sources;
     Ok(config)
-}
-
-fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
-    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
-        entry.1 = source;
-    }
 }
 
 /// Warnings about the process environment: variables with our prefix that are no setting.
