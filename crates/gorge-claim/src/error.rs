@@ -5,6 +5,11 @@ use std::fmt;
 /// MySQL/MariaDB `ER_BAD_DB_ERROR`: the `{namespace}_herald` database does not exist.
 const ER_BAD_DB_ERROR: u16 = 1049;
 
+/// Server errors that mean "this user may not read that table" or "no such table or
+/// database": `ER_DBACCESS_DENIED_ERROR`, `ER_BAD_DB_ERROR`, `ER_TABLEACCESS_DENIED_ERROR`,
+/// `ER_COLUMNACCESS_DENIED_ERROR`, `ER_NO_SUCH_TABLE`.
+const REFUSED_TABLE_ERRORS: [u16; 5] = [1044, ER_BAD_DB_ERROR, 1142, 1143, 1146];
+
 /// Server errors caused by a row's values: `ER_BAD_NULL_ERROR`, `ER_WARN_DATA_OUT_OF_RANGE`,
 /// `WARN_DATA_TRUNCATED`, `ER_TRUNCATED_WRONG_VALUE`, `ER_TRUNCATED_WRONG_VALUE_FOR_FIELD`,
 /// `ER_DATA_TOO_LONG`, and MariaDB's `ER_CONSTRAINT_FAILED` (e.g. a JSON check).
@@ -56,6 +61,18 @@ impl ClaimError {
         }
     }
 
+    /// True when this user may not read a table, or the table or its database does not
+    /// exist: an application table gorge cannot check, not a failure of the row.
+    pub fn is_refused_table(&self) -> bool {
+        match self {
+            ClaimError::UnknownDatabase { .. } => true,
+            ClaimError::Database(mysql_async::Error::Server(server)) => {
+                REFUSED_TABLE_ERRORS.contains(&server.code)
+            }
+            _ => false,
+        }
+    }
+
     /// True when the failure is the missing `{namespace}_herald` database.
     pub fn is_unknown_database(&self) -> bool {
         matches!(self, ClaimError::UnknownDatabase { .. })
@@ -96,6 +113,19 @@ mod tests {
             message: String::new(),
             state: String::new(),
         }))
+    }
+
+    #[test]
+    fn refused_tables_are_privileges_and_missing_tables_only() {
+        for code in [1044, 1049, 1142, 1143, 1146] {
+            assert!(server(code).is_refused_table(), "{code}");
+        }
+        assert!(ClaimError::UnknownDatabase {
+            database: "x_herald".into()
+        }
+        .is_refused_table());
+        assert!(!server(1264).is_refused_table());
+        assert!(!ClaimError::Timeout("claim").is_refused_table());
     }
 
     #[test]

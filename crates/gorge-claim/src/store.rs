@@ -333,13 +333,6 @@ WHERE id = ? AND status = 'queued' AND dateModified = ?";
 /// Most transaction PHIDs looked up in one statement.
 const XACTION_CHUNK: usize = 500;
 
-/// Server errors that mean "this user may not read that table" or "no such table/database".
-const ER_DBACCESS_DENIED: u16 = 1044;
-const ER_BAD_DB: u16 = 1049;
-const ER_TABLEACCESS_DENIED: u16 = 1142;
-const ER_COLUMNACCESS_DENIED: u16 = 1143;
-const ER_NO_SUCH_TABLE: u16 = 1146;
-
 /// Bound on closing a connection that timed out (it may be dead: nothing is waited for).
 const DISCARD_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -774,19 +767,7 @@ impl ClaimStore {
         table: &str,
         stored: &[String],
     ) -> Result<ObjectLoad, ClaimError> {
-        let code = match &err {
-            ClaimError::Database(mysql_async::Error::Server(server)) => server.code,
-            ClaimError::UnknownDatabase { .. } => ER_BAD_DB,
-            _ => return Err(err),
-        };
-        if !matches!(
-            code,
-            ER_DBACCESS_DENIED
-                | ER_BAD_DB
-                | ER_TABLEACCESS_DENIED
-                | ER_COLUMNACCESS_DENIED
-                | ER_NO_SUCH_TABLE
-        ) {
+        if !err.is_refused_table() {
             return Err(err);
         }
         Ok(ObjectLoad::Found {

@@ -149,15 +149,17 @@ impl PropertiesError {
     /// The column text to write for this failure: the original object (when there was one)
     /// with `errorType` `hook` and `errorCode` `invalid-properties`.
     pub fn rewritten_properties(&self) -> String {
+        self.rewritten_with(crate::values::HookErrorCode::InvalidProperties)
+    }
+
+    /// The same with another hook error code (a row failed for a reason of its own keeps
+    /// what could be read of its properties).
+    pub fn rewritten_with(&self, code: crate::values::HookErrorCode) -> String {
         let original = match self {
             PropertiesError::InvalidField { original, .. } => original.clone(),
             PropertiesError::NotJson(_) | PropertiesError::NotAnObject => Map::new(),
         };
-        rewrite_properties(
-            &original,
-            ErrorType::Hook,
-            crate::values::HookErrorCode::InvalidProperties.as_str(),
-        )
+        rewrite_properties(&original, ErrorType::Hook, code.as_str())
     }
 }
 

@@ -14,9 +14,7 @@ use std::time::Duration;
 
 use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
-use phorge_wire::webhook::{
-    rewrite_properties, sign, PropertiesError, RequestProperties, WebhookPayload,
-};
+use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
 use slog::{debug, info, warn};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -48,13 +46,11 @@ enum RowEnd {
 
 /// The `properties` text for an `invalid-row` failure: every readable key kept.
 pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
-    let code = HookErrorCode::InvalidRow.as_str();
+    let code = HookErrorCode::InvalidRow;
     match text.map(RequestProperties::parse) {
-        Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code),
-        Some(Err(PropertiesError::InvalidField { original, .. })) => {
-            rewrite_properties(&original, ErrorType::Hook, code)
-        }
-        _ => rewrite_properties(&serde_json::Map::new(), ErrorType::Hook, code),
+        Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code.as_str()),
+        Some(Err(err)) => err.rewritten_with(code),
+        None => PropertiesError::NotAnObject.rewritten_with(code),
     }
 }
 
