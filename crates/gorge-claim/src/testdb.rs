@@ -151,6 +151,28 @@ pub fn unique_namespace() -> String {
     format!("gt{}", random_hex(12))
 }
 
+/// The head of an INSERT of [`NewRequest`] rows; each row is [`REQUEST_VALUES`] bound to
+/// [`request_params`].
+const INSERT_REQUEST: &str = "INSERT INTO herald_webhookrequest \
+     (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
+      lastRequestEpoch, dateCreated, dateModified) VALUES";
+
+const REQUEST_VALUES: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+fn request_params(r: &NewRequest, now: u64) -> [mysql_async::Value; 9] {
+    [
+        r.phid.as_str().into(),
+        r.webhook_phid.as_str().into(),
+        r.object_phid.as_str().into(),
+        r.status.as_str().into(),
+        r.properties.as_str().into(),
+        r.last_request_result.as_str().into(),
+        r.last_request_epoch.into(),
+        now.into(),
+        now.into(),
+    ]
+}
+
 impl TestDb {
     /// Creates `gt<random>_herald` with Phorge's tables on the test server.
     pub async fn create() -> Result<TestDb, ClaimError> {
@@ -244,21 +266,8 @@ impl TestDb {
     pub async fn insert_request(&self, request: &NewRequest, now: u64) -> Result<u64, ClaimError> {
         let mut conn = self.conn().await?;
         conn.exec_drop(
-            "INSERT INTO herald_webhookrequest \
-             (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
-              lastRequestEpoch, dateCreated, dateModified) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                &request.phid,
-                &request.webhook_phid,
-                &request.object_phid,
-                request.status.as_str(),
-                &request.properties,
-                request.last_request_result.as_str(),
-                request.last_request_epoch,
-                now,
-                now,
-            ),
+            format!("{INSERT_REQUEST} {REQUEST_VALUES}"),
+            request_params(request, now).to_vec(),
         )
         .await
         .map_err(|e| ClaimError::from_driver(e, &self.database))?;
@@ -274,33 +283,12 @@ impl TestDb {
     ) -> Result<(), ClaimError> {
         let mut conn = self.conn().await?;
         for chunk in requests.chunks(1000) {
-            let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-            let params: Vec<mysql_async::Value> = chunk
-                .iter()
-                .flat_map(|r| {
-                    [
-                        r.phid.as_str().into(),
-                        r.webhook_phid.as_str().into(),
-                        r.object_phid.as_str().into(),
-                        r.status.as_str().into(),
-                        r.properties.as_str().into(),
-                        r.last_request_result.as_str().into(),
-                        r.last_request_epoch.into(),
-                        now.into(),
-                        now.into(),
-                    ]
-                })
-                .collect();
-            conn.exec_drop(
-                format!(
-                    "INSERT INTO herald_webhookrequest \
-                     (phid, webhookPHID, objectPHID, status, properties, lastRequestResult, \
-                      lastRequestEpoch, dateCreated, dateModified) VALUES {placeholders}"
-                ),
-                params,
-            )
-            .await
-            .map_err(|e| ClaimError::from_driver(e, &self.database))?;
+            let placeholders = vec![REQUEST_VALUES; chunk.len()].join(", ");
+            let params: Vec<mysql_async::Value> =
+                chunk.iter().flat_map(|r| request_params(r, now)).collect();
+            conn.exec_drop(format!("{INSERT_REQUEST} {placeholders}"), params)
+                .await
+                .map_err(|e| ClaimError::from_driver(e, &self.database))?;
         }
         Ok(())
     }
