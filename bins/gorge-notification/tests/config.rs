@@ -213,12 +213,7 @@ fn a_port_already_in_use_fails_startup_naming_the_address() {
     );
     // Same port for both kinds is a duplicate address: refused as configuration.
     assert_config_error(&output, "servers[1]", &format!("127.0.0.1:{port}"));
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let free = gorge_testkit::free_port().to_string();
     let output = run(
         &[],
         &[

@@ -378,11 +378,7 @@ async fn transport_failures_are_curl_numbers() {
     let result = post(&d, &garbage.url("http", "/x")).await;
     assert_eq!(result.unwrap_err().curl_code(), Some(8));
     // Nothing listening: 7.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = gorge_testkit::free_port();
     let result = post(&d, &format!("http://127.0.0.1:{port}/")).await;
     assert_eq!(result, Err(DeliveryError::ConnectionRefused));
     assert_eq!(result.unwrap_err().curl_code(), Some(7));
@@ -551,11 +547,7 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
             .collect();
         let receiver = RawReceiver::start(move |i, _| answers[i].clone()).await;
         let uri = if transport {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = gorge_testkit::free_port();
             uri.replace("RECEIVER", &format!("127.0.0.1:{port}"))
         } else {
             uri.replace("RECEIVER", &receiver.addr.to_string())
