@@ -13,6 +13,7 @@
 //! - [`client`]: the pooled hyper client and the connector that dials checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing results;
+//! - [`handover`]: whether Phorge hands requests over at all (readiness, one log line);
 //! - [`outcome`]: what an attempt writes back, in Phorge's values, and the labels it is
 //!   counted under;
 //! - [`api`]: `/api/webhook/*` and the probes;
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod dispatcher;
+pub mod handover;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;

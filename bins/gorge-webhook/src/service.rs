@@ -23,6 +23,7 @@ use crate::clock::SystemClock;
 use crate::config::Settings;
 use crate::delivery::Deliverer;
 use crate::dispatcher::{Dispatcher, DispatcherConfig};
+use crate::handover::HandoverWatch;
 use crate::metrics::Metrics;
 
 /// How often queue depth, pool state and open breakers are sampled into the metrics (a
@@ -131,13 +132,17 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let health = Arc::new(PollHealth::default());
     let progress_slot: Arc<std::sync::OnceLock<Arc<Dispatcher>>> = Arc::default();
     let stall_limit = stall_limit(&settings);
+    let handover = HandoverWatch::new(log.clone());
     let probes = Probes::new(
         registry,
-        readiness(
-            store.clone(),
-            Arc::clone(&health),
-            Arc::clone(&progress_slot),
-            stall_limit,
+        crate::handover::gate(
+            readiness(
+                store.clone(),
+                Arc::clone(&health),
+                Arc::clone(&progress_slot),
+                stall_limit,
+            ),
+            Arc::clone(&handover),
         ),
     );
     let api = Api::new(
@@ -193,6 +198,12 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     tokio::spawn(sample_loop(
         Arc::clone(&dispatcher),
         db_up,
+        shutdown.clone(),
+    ));
+    tokio::spawn(crate::handover::watch(
+        store.clone(),
+        handover,
+        Arc::new(SystemClock),
         shutdown.clone(),
     ));
 
