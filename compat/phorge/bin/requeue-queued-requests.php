@@ -36,8 +36,11 @@ if (!is_file($init)) {
 }
 require_once $init;
 
-if (!class_exists('GorgeWebhookDelegation')) {
-  // revert.sh removed the kit from Phorge: use this kit's copy.
+$kit_installed = class_exists('GorgeWebhookDelegation');
+if (!$kit_installed) {
+  // revert.sh removed the kit from Phorge (and with it the gorge.webhook.*
+  // options, so nothing can be delegated): use this kit's copy for the
+  // marker and the take-back.
   require_once dirname(__DIR__).
     '/src/extensions/gorge/GorgeWebhookDelegation.php';
 }
@@ -48,7 +51,7 @@ if (!method_exists('GorgeWebhookDelegation', 'takeBack')) {
   exit(1);
 }
 
-if (GorgeWebhookDelegation::isDeliveryDelegated()) {
+if ($kit_installed && GorgeWebhookDelegation::isDeliveryDelegated()) {
   fwrite(STDERR,
     "Delivery is still delegated (gorge.webhook.uri is set): turn it off ".
     "first (bin/config delete gorge.webhook.uri), restart the daemons and ".
