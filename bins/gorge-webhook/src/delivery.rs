@@ -3,7 +3,7 @@
 //! deadline, and every failure reduced to the cURL error number Phorge writes into
 //! `errorCode` (docs/webhook.md, "Error codes").
 //!
-//! Async on the tokio runtime; the connections come from the pooled client in `client.rs`.
+//! Async on the tokio runtime; the connections come from the pooled client in `connector.rs`.
 
 use std::error::Error as _;
 use std::sync::atomic::Ordering;
@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::client::{self, ClientOptions, ConnectCounts, ConnectError, HttpClient};
+use crate::connector::{self, ConnectCounts, ConnectError, ConnectionOptions, HttpClient};
 use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
@@ -214,16 +214,21 @@ struct Hop {
 impl Deliverer {
     /// A deliverer trusting the bundled roots and the system store, with keep-alive.
     pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, bodies_truncated: Counter) -> Self {
-        Self::with_options(policy, timeout, bodies_truncated, &ClientOptions::default())
+        Self::with_options(
+            policy,
+            timeout,
+            bodies_truncated,
+            &ConnectionOptions::default(),
+        )
     }
 
     pub fn with_options(
         policy: Arc<OutboundPolicy>,
         timeout: Duration,
         bodies_truncated: Counter,
-        options: &ClientOptions,
+        options: &ConnectionOptions,
     ) -> Self {
-        let (client, counts) = client::build(policy.clone(), options);
+        let (client, counts) = connector::build(policy.clone(), options);
         Self {
             policy,
             timeout,
@@ -358,7 +363,7 @@ impl Deliverer {
             path.push_str(query);
         }
         let name = host.trim_start_matches('[').trim_end_matches(']');
-        let pool_uri = client::pool_uri(uri.scheme() == "https", name, addr, &path)
+        let pool_uri = connector::pool_uri(uri.scheme() == "https", name, addr, &path)
             .ok_or(DeliveryError::BadRedirect)?;
         let mut builder = Request::builder()
             .method(Method::POST)

@@ -3,7 +3,7 @@
 //! Mirrors Phorge's `security.outbound-blacklist` check (`requireValidRemoteURIForFetch`):
 //! only `http`/`https`, the host is resolved once, and *every* resolved address must be outside
 //! the blacklist. The checked addresses travel with the URI in a [`CheckedTarget`]; the
-//! connector (`client.rs`) dials only those and refuses any blacklisted address itself, so no
+//! connector (`connector.rs`) dials only those and refuses any blacklisted address itself, so no
 //! second DNS lookup (DNS rebinding) and no pooled connection can get past the policy.
 
 use std::fmt;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixture_headers;
-use gorge_webhook::client::ClientOptions;
+use gorge_webhook::connector::ConnectionOptions;
 use gorge_webhook::delivery::{Deliverer, DeliveryError};
 use gorge_webhook::policy::{CheckedTarget, OutboundPolicy};
 use gorge_webhook::tls::{ExtraRoots, TlsFailure};
@@ -166,7 +166,7 @@ fn open_policy() -> Arc<OutboundPolicy> {
     Arc::new(OutboundPolicy::parse("").unwrap())
 }
 
-fn deliverer(options: &ClientOptions) -> Deliverer {
+fn deliverer(options: &ConnectionOptions) -> Deliverer {
     Deliverer::with_options(
         open_policy(),
         Duration::from_secs(5),
@@ -187,7 +187,7 @@ async fn post(deliverer: &Deliverer, uri: &str) -> Result<u16, DeliveryError> {
 #[tokio::test]
 async fn header_names_are_title_cased_exactly_as_phorges_curl_sends_them() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(post(&d, &receiver.url("http", "/hook?x=1")).await, Ok(200));
     let heads = receiver.heads();
     let expected = format!(
@@ -211,7 +211,7 @@ async fn header_names_are_title_cased_exactly_as_phorges_curl_sends_them() {
 #[tokio::test]
 async fn two_deliveries_to_one_receiver_reuse_one_connection() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let uri = receiver.url("http", "/hook");
     assert_eq!(post(&d, &uri).await, Ok(200));
     assert_eq!(post(&d, &uri).await, Ok(200));
@@ -219,9 +219,9 @@ async fn two_deliveries_to_one_receiver_reuse_one_connection() {
     assert_eq!(receiver.connections(), 1, "keep-alive: one TCP connection");
     assert_eq!(d.connections_opened(), 1);
 
-    let without = deliverer(&ClientOptions {
+    let without = deliverer(&ConnectionOptions {
         keep_alive: false,
-        ..ClientOptions::default()
+        ..ConnectionOptions::default()
     });
     let other = RawReceiver::start(|_, _| ok()).await;
     let uri = other.url("http", "/hook");
@@ -268,7 +268,7 @@ async fn a_302_continues_as_a_post_without_a_body_keeping_type_and_signature() {
         }
     })
     .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(
         post(&d, &receiver.url("http", "/redirect302/redirect302")).await,
         Ok(200)
@@ -303,7 +303,7 @@ fn redirect_chain(_: usize, head: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_307_and_308_repeat_the_body_and_after_a_303_it_stays_bodiless() {
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let receiver = RawReceiver::start(redirect_chain).await;
     assert_eq!(post(&d, &receiver.url("http", "/307")).await, Ok(200));
     assert_eq!(
@@ -324,7 +324,7 @@ async fn locations_with_query_or_fragment_join_like_a_browser() {
         _ => ok(),
     })
     .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(
         post(&d, &receiver.url("http", "/a/start?x=1")).await,
         Ok(200)
@@ -348,7 +348,7 @@ async fn locations_with_query_or_fragment_join_like_a_browser() {
 async fn a_redirect_to_a_file_url_is_not_followed() {
     // Issue 9 W7: it used to become `GET /file:///etc/passwd` on the same host.
     let receiver = RawReceiver::start(|_, _| redirect(302, "file:///etc/passwd")).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let result = post(&d, &receiver.url("http", "/hook")).await;
     assert_eq!(result, Err(DeliveryError::BadRedirect));
     assert_eq!(result.unwrap_err().curl_code(), Some(1));
@@ -361,13 +361,13 @@ async fn a_3xx_without_location_is_the_final_status() {
     let receiver =
         RawReceiver::start(|_, _| b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n".to_vec())
             .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(post(&d, &receiver.url("http", "/hook")).await, Ok(302));
 }
 
 #[tokio::test]
 async fn transport_failures_are_curl_numbers() {
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     // Hang up after reading the request: Phorge's `hangup` row has errorCode 52.
     let hangup = RawReceiver::start(|_, _| Vec::new()).await;
     let result = post(&d, &hangup.url("http", "/hangup")).await;
@@ -410,7 +410,7 @@ fn trusting(ca: &PrivateCa) -> Deliverer {
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, &ca.ca_pem).unwrap();
-    deliverer(&ClientOptions {
+    deliverer(&ConnectionOptions {
         extra_roots: ExtraRoots::load(&ca_file).unwrap(),
         keep_alive: true,
     })
@@ -451,7 +451,7 @@ async fn a_private_ca_is_untrusted_until_it_is_in_the_ca_file() {
     let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
     let uri = receiver.url("https", "/hook");
 
-    let default_trust = deliverer(&ClientOptions::default());
+    let default_trust = deliverer(&ConnectionOptions::default());
     let result = post(&default_trust, &uri).await;
     assert_eq!(
         result,
@@ -562,7 +562,7 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
             open_policy(),
             Duration::from_secs(2),
             Counter::default(),
-            &ClientOptions::default(),
+            &ConnectionOptions::default(),
         );
         let result = d.deliver(target(&uri), &body, &signature).await;
 
@@ -626,7 +626,7 @@ async fn a_reset_connection_is_curl_56_every_time() {
             drop(stream);
         }
     });
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let mut codes = Vec::new();
     for _ in 0..20 {
         let result = post(&d, &format!("http://{addr}/reset")).await;

@@ -45,7 +45,7 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// How the client is built.
 #[derive(Debug, Clone)]
-pub struct ClientOptions {
+pub struct ConnectionOptions {
     /// CAs trusted on top of the bundled Mozilla roots and the system store.
     pub extra_roots: ExtraRoots,
     /// Keep connections alive between deliveries (off: one connection per request, as
@@ -53,9 +53,9 @@ pub struct ClientOptions {
     pub keep_alive: bool,
 }
 
-impl Default for ClientOptions {
+impl Default for ConnectionOptions {
     fn default() -> Self {
-        ClientOptions {
+        ConnectionOptions {
             extra_roots: ExtraRoots::default(),
             keep_alive: true,
         }
@@ -74,7 +74,7 @@ pub type HttpClient = Client<Connector, Full<Bytes>>;
 /// Builds the pooled client.
 pub fn build(
     policy: Arc<OutboundPolicy>,
-    options: &ClientOptions,
+    options: &ConnectionOptions,
 ) -> (HttpClient, Arc<ConnectCounts>) {
     let counts = Arc::new(ConnectCounts::default());
     let connector = Connector {
