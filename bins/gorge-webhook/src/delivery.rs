@@ -6,7 +6,6 @@
 //! Async on the tokio runtime; the connections come from the pooled client in `connector.rs`.
 
 use std::error::Error as _;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::connector::{self, ConnectCounts, ConnectError, ConnectionOptions, HttpClient};
+use crate::connector::{self, ConnectError, ConnectionOptions, Connections};
 use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
@@ -64,15 +63,6 @@ pub enum DeliveryError {
 }
 
 impl DeliveryError {
-    /// Phorge's `errorType`: `timeout` for timeouts, `hook` for a blocked hop, else `http`.
-    pub fn error_type(self) -> &'static str {
-        match self {
-            DeliveryError::Timeout => "timeout",
-            DeliveryError::BlockedRedirect => "hook",
-            _ => "http",
-        }
-    }
-
     /// The cURL error number Phorge's worker would record; `None` for a blocked hop.
     pub fn curl_code(self) -> Option<u16> {
         Some(match self {
@@ -185,16 +175,23 @@ impl DeliveryError {
     }
 }
 
+/// What a [`Deliverer`] counts: handles to the service's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryCounters {
+    /// Responses whose body was longer than [`MAX_RESPONSE_BODY`] (the rest is not read).
+    pub bodies_truncated: Counter,
+    /// Requests sent again on a new connection after a reused one closed unanswered.
+    pub connection_retries: Counter,
+}
+
 /// Sends signed webhook bodies.
 #[derive(Clone)]
 pub struct Deliverer {
     policy: Arc<OutboundPolicy>,
     timeout: Duration,
     user_agent: HeaderValue,
-    /// Responses whose body was longer than [`MAX_RESPONSE_BODY`] (the rest is not read).
     bodies_truncated: Counter,
-    client: HttpClient,
-    counts: Arc<ConnectCounts>,
+    connections: Connections,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -213,22 +210,17 @@ struct Hop {
 
 impl Deliverer {
     /// A deliverer trusting the bundled roots and the system store, with keep-alive.
-    pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, bodies_truncated: Counter) -> Self {
-        Self::with_options(
-            policy,
-            timeout,
-            bodies_truncated,
-            &ConnectionOptions::default(),
-        )
+    pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, counters: DeliveryCounters) -> Self {
+        Self::with_options(policy, timeout, counters, &ConnectionOptions::default())
     }
 
     pub fn with_options(
         policy: Arc<OutboundPolicy>,
         timeout: Duration,
-        bodies_truncated: Counter,
+        counters: DeliveryCounters,
         options: &ConnectionOptions,
     ) -> Self {
-        let (client, counts) = connector::build(policy.clone(), options);
+        let connections = connector::build(policy.clone(), options, counters.connection_retries);
         Self {
             policy,
             timeout,
@@ -236,9 +228,8 @@ impl Deliverer {
                 "gorge-webhook/",
                 env!("CARGO_PKG_VERSION")
             )),
-            bodies_truncated,
-            client,
-            counts,
+            bodies_truncated: counters.bodies_truncated,
+            connections,
         }
     }
 
@@ -252,12 +243,12 @@ impl Deliverer {
 
     /// TCP connections opened so far (each TLS one is also a handshake).
     pub fn connections_opened(&self) -> u64 {
-        self.counts.tcp.load(Ordering::Relaxed)
+        self.connections.tcp_opened()
     }
 
     /// TLS handshakes started so far.
     pub fn tls_handshakes(&self) -> u64 {
-        self.counts.tls.load(Ordering::Relaxed)
+        self.connections.tls_started()
     }
 
     /// POSTs `body` to an already checked target and returns the final HTTP status.
@@ -326,7 +317,7 @@ impl Deliverer {
         let mut last = DeliveryError::Connection;
         for addr in &target.addrs {
             let request = self.request(target, *addr, body.clone(), with_body, signature)?;
-            match self.client.request(request).await {
+            match self.connections.send(request).await {
                 Ok(response) => return Ok(self.finish(response).await),
                 Err(err) => {
                     let err = DeliveryError::from_client(&err);
@@ -486,8 +477,6 @@ mod tests {
                 (None, "blocked-redirect"),
             ]
         );
-        assert_eq!(DeliveryError::Timeout.error_type(), "timeout");
-        assert_eq!(DeliveryError::Reset.error_type(), "http");
     }
 
     #[test]

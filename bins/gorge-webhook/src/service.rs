@@ -165,7 +165,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let deliverer = Deliverer::with_options(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
-        metrics.response_bodies_truncated.clone(),
+        metrics.delivery_counters(),
         &ConnectionOptions {
             extra_roots: settings.extra_roots.clone(),
             keep_alive: true,

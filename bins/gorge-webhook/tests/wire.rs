@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use common::fixture_headers;
 use gorge_webhook::connector::ConnectionOptions;
-use gorge_webhook::delivery::{Deliverer, DeliveryError};
+use gorge_webhook::delivery::{Deliverer, DeliveryCounters, DeliveryError};
 use gorge_webhook::policy::{CheckedTarget, OutboundPolicy};
 use gorge_webhook::tls::{ExtraRoots, TlsFailure};
 use phorge_wire::webhook::sign;
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -40,6 +39,17 @@ struct RawReceiver {
     seen: Arc<Mutex<Seen>>,
 }
 
+/// How a receiver that closes every connection after its first answer (without saying
+/// `Connection: close`) does it.
+#[derive(Debug, Clone, Copy)]
+enum Closing {
+    /// Close as soon as the answer is written.
+    RightAway,
+    /// Close when the next request arrives, unanswered: the client's reuse of the
+    /// connection always loses the race.
+    OnNextRequest,
+}
+
 /// An answer that never comes (the sender's timeout ends the request).
 const HOLD: &[u8] = b"HOLD";
 
@@ -53,17 +63,29 @@ fn redirect(status: u16, location: &str) -> Vec<u8> {
 
 impl RawReceiver {
     async fn start(answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static) -> Self {
-        Self::start_inner(Arc::new(answer), None).await
+        Self::start_inner(Arc::new(answer), None, None).await
     }
 
     async fn start_tls(
         tls: tokio_rustls::TlsAcceptor,
         answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        Self::start_inner(Arc::new(answer), Some(tls)).await
+        Self::start_inner(Arc::new(answer), Some(tls), None).await
     }
 
-    async fn start_inner(answer: Answer, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
+    /// A receiver that answers one request per connection, then closes it as `closing` says.
+    async fn start_closing(
+        closing: Closing,
+        answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_inner(Arc::new(answer), None, Some(closing)).await
+    }
+
+    async fn start_inner(
+        answer: Answer,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        closing: Option<Closing>,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -77,10 +99,10 @@ impl RawReceiver {
                 let (seen, answer, tls) = (seen.clone(), answer.clone(), tls.clone());
                 tokio::spawn(async move {
                     match tls {
-                        None => serve(stream, seen, answer).await,
+                        None => serve(stream, seen, answer, closing).await,
                         Some(tls) => {
                             if let Ok(stream) = tls.accept(stream).await {
-                                serve(stream, seen, answer).await;
+                                serve(stream, seen, answer, closing).await;
                             }
                         }
                     }
@@ -107,16 +129,21 @@ impl RawReceiver {
     }
 }
 
-/// Serves keep-alive requests on one connection until the peer closes or an answer is
-/// empty (hang up without a reply).
+/// Serves keep-alive requests on one connection until the peer closes, an answer is
+/// empty (hang up without a reply) or `closing` ends it after the first answer.
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     seen: Arc<Mutex<Seen>>,
     answer: Answer,
+    closing: Option<Closing>,
 ) {
     let mut buf = Vec::new();
+    let mut answered = false;
     loop {
         let head_end = loop {
+            if answered && matches!(closing, Some(Closing::OnNextRequest)) && !buf.is_empty() {
+                return; // the next request has begun: close without answering
+            }
             if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;
             }
@@ -159,6 +186,10 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
         let _ = stream.flush().await;
+        answered = true;
+        if matches!(closing, Some(Closing::RightAway)) {
+            return;
+        }
     }
 }
 
@@ -170,7 +201,7 @@ fn deliverer(options: &ConnectionOptions) -> Deliverer {
     Deliverer::with_options(
         open_policy(),
         Duration::from_secs(5),
-        Counter::default(),
+        DeliveryCounters::default(),
         options,
     )
 }
@@ -243,7 +274,7 @@ async fn the_connector_never_dials_a_blocked_address() {
     let strict = Deliverer::new(
         Arc::new(OutboundPolicy::parse("127.0.0.0/8").unwrap()),
         Duration::from_secs(5),
-        Counter::default(),
+        DeliveryCounters::default(),
     );
     let result = strict.deliver(forged, BODY, &sign(KEY, BODY)).await;
     assert_eq!(result, Err(DeliveryError::BlockedRedirect));
@@ -561,7 +592,7 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
         let d = Deliverer::with_options(
             open_policy(),
             Duration::from_secs(2),
-            Counter::default(),
+            DeliveryCounters::default(),
             &ConnectionOptions::default(),
         );
         let result = d.deliver(target(&uri), &body, &signature).await;
@@ -633,4 +664,76 @@ async fn a_reset_connection_is_curl_56_every_time() {
         codes.push(result.unwrap_err().curl_code());
     }
     assert!(codes.iter().all(|c| *c == Some(56)), "{codes:?}");
+}
+
+/// Delivers `n` times in a row (each one waits for the previous) and returns the failures.
+async fn failures_in(d: &Deliverer, uri: &str, n: usize) -> Vec<DeliveryError> {
+    let mut failures = Vec::new();
+    for _ in 0..n {
+        if let Err(err) = post(d, uri).await {
+            failures.push(err);
+        }
+    }
+    failures
+}
+
+#[tokio::test]
+async fn a_receiver_that_closes_after_answering_loses_no_delivery() {
+    // HTTP/1.1 answers without `Connection: close`, then the connection closes: the next
+    // request on it fails before any response byte, and is sent again on a new connection,
+    // as cURL (Phorge's worker) does. Directly and after a redirect (whose next hop reuses
+    // the connection the 302 came on).
+    let mut failed = Vec::new();
+    for closing in [Closing::RightAway, Closing::OnNextRequest] {
+        let receiver = RawReceiver::start_closing(closing, |_, head| {
+            match head.split(' ').nth(1).unwrap_or("") {
+                "/start" => redirect(302, "/done"),
+                _ => ok(),
+            }
+        })
+        .await;
+        let counters = DeliveryCounters::default();
+        let d = Deliverer::with_options(
+            open_policy(),
+            Duration::from_secs(5),
+            counters.clone(),
+            &ConnectionOptions::default(),
+        );
+        for path in ["/hook", "/start"] {
+            let retries_before = counters.connection_retries.get();
+            let failures = failures_in(&d, &receiver.url("http", path), 1000).await;
+            failed.push(format!(
+                "{closing:?} {path}: {} of 1000 failed (first: {:?})",
+                failures.len(),
+                failures.first()
+            ));
+            let retries = counters.connection_retries.get() - retries_before;
+            if matches!(closing, Closing::OnNextRequest) {
+                // The reuse always loses the race here, so the retries did the work.
+                assert!(retries >= 400, "{path}: {retries} retries");
+            }
+        }
+        // The copy sent on the new connection is the same request, byte for byte.
+        let heads = receiver.heads();
+        let first_hook = heads.iter().find(|h| h.starts_with("POST /hook ")).unwrap();
+        assert!(heads
+            .iter()
+            .filter(|h| h.starts_with("POST /hook "))
+            .all(|h| h == first_hook));
+    }
+    assert!(
+        failed.iter().all(|line| line.contains(": 0 of 1000")),
+        "{failed:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_redirect_loop_on_closing_connections_ends_with_curls_47() {
+    for closing in [Closing::RightAway, Closing::OnNextRequest] {
+        let receiver = RawReceiver::start_closing(closing, |_, _| redirect(302, "/loop")).await;
+        let d = deliverer(&ConnectionOptions::default());
+        let result = post(&d, &receiver.url("http", "/loop")).await;
+        assert_eq!(result, Err(DeliveryError::TooManyRedirects), "{closing:?}");
+        assert_eq!(result.unwrap_err().curl_code(), Some(47));
+    }
 }
