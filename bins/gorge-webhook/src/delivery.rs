@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::connector::{self, ConnectError, ConnectionOptions, Connections};
-use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
+use crate::policy::{self, CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
 /// Redirects followed before giving up with cURL's 47 (`CURLE_TOO_MANY_REDIRECTS`).
@@ -182,6 +182,8 @@ pub struct DeliveryCounters {
     pub bodies_truncated: Counter,
     /// Requests sent again on a new connection after a reused one closed unanswered.
     pub connection_retries: Counter,
+    /// Resolved addresses beyond [`policy::MAX_DIALLED_ADDRS`]: checked, never dialled.
+    pub addresses_not_dialled: Counter,
 }
 
 /// Sends signed webhook bodies.
@@ -191,6 +193,7 @@ pub struct Deliverer {
     timeout: Duration,
     user_agent: HeaderValue,
     bodies_truncated: Counter,
+    addresses_not_dialled: Counter,
     connections: Connections,
 }
 
@@ -229,16 +232,22 @@ impl Deliverer {
                 env!("CARGO_PKG_VERSION")
             )),
             bodies_truncated: counters.bodies_truncated,
+            addresses_not_dialled: counters.addresses_not_dialled,
             connections,
         }
     }
 
-    pub fn policy(&self) -> &OutboundPolicy {
-        &self.policy
+    /// Checks a hook URI against the outbound policy, resolving it within the delivery
+    /// timeout (docs/webhook.md, "Outbound policy and redirects").
+    pub async fn check(&self, uri: &str) -> Result<CheckedTarget, PolicyError> {
+        let uri = policy::parse_uri(uri)?;
+        self.check_url(uri, self.timeout).await
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
+    async fn check_url(&self, uri: Url, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
+        let target = self.policy.check_url(uri, timeout).await?;
+        self.addresses_not_dialled.inc_by(target.not_dialled as u64);
+        Ok(target)
     }
 
     /// TCP connections opened so far (each TLS one is also a handshake).
@@ -298,8 +307,7 @@ impl Deliverer {
             let next = next_hop(&target.uri, &location)?;
             let remaining = deadline.saturating_duration_since(Instant::now());
             target = self
-                .policy
-                .check_async(next, remaining)
+                .check_url(next, remaining)
                 .await
                 .map_err(DeliveryError::from_policy)?;
         }

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub exclusions_capped: Counter,
     pub response_bodies_truncated: Counter,
     pub connection_retries: Counter,
+    pub addresses_not_dialled: Counter,
     pub breaker_open_hooks: Gauge,
     invalid_rows: Family<Labels1, Counter>,
     pub rows_unaddressable: Counter,
@@ -73,6 +74,7 @@ impl Metrics {
             exclusions_capped: Counter::default(),
             response_bodies_truncated: Counter::default(),
             connection_retries: Counter::default(),
+            addresses_not_dialled: Counter::default(),
             breaker_open_hooks: Gauge::default(),
             invalid_rows: Family::default(),
             rows_unaddressable: Counter::default(),
@@ -189,6 +191,11 @@ impl Metrics {
             metrics.connection_retries.clone(),
         );
         r.register(
+            "addresses_not_dialled",
+            "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every one was checked against the blacklist)",
+            metrics.addresses_not_dialled.clone(),
+        );
+        r.register(
             "breaker_open_hooks",
             "Hooks whose circuit breaker is open",
             metrics.breaker_open_hooks.clone(),
@@ -266,6 +273,7 @@ impl Metrics {
         DeliveryCounters {
             bodies_truncated: self.response_bodies_truncated.clone(),
             connection_retries: self.connection_retries.clone(),
+            addresses_not_dialled: self.addresses_not_dialled.clone(),
         }
     }
 

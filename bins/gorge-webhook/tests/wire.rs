@@ -5,14 +5,15 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixture_headers;
 use gorge_webhook::connector::ConnectionOptions;
 use gorge_webhook::delivery::{Deliverer, DeliveryCounters, DeliveryError};
-use gorge_webhook::policy::{CheckedTarget, OutboundPolicy};
+use gorge_webhook::policy::{CheckedTarget, OutboundPolicy, Resolver};
 use gorge_webhook::tls::{ExtraRoots, TlsFailure};
 use phorge_wire::webhook::sign;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -63,14 +64,21 @@ fn redirect(status: u16, location: &str) -> Vec<u8> {
 
 impl RawReceiver {
     async fn start(answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static) -> Self {
-        Self::start_inner(Arc::new(answer), None, None).await
+        Self::start_on("127.0.0.1:0", answer).await
+    }
+
+    async fn start_on(
+        bind: &str,
+        answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_inner(bind, Arc::new(answer), None, None).await
     }
 
     async fn start_tls(
         tls: tokio_rustls::TlsAcceptor,
         answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        Self::start_inner(Arc::new(answer), Some(tls), None).await
+        Self::start_inner("127.0.0.1:0", Arc::new(answer), Some(tls), None).await
     }
 
     /// A receiver that answers one request per connection, then closes it as `closing` says.
@@ -78,15 +86,16 @@ impl RawReceiver {
         closing: Closing,
         answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        Self::start_inner(Arc::new(answer), None, Some(closing)).await
+        Self::start_inner("127.0.0.1:0", Arc::new(answer), None, Some(closing)).await
     }
 
     async fn start_inner(
+        bind: &str,
         answer: Answer,
         tls: Option<tokio_rustls::TlsAcceptor>,
         closing: Option<Closing>,
     ) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind(bind).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let receiver = RawReceiver {
@@ -206,13 +215,16 @@ fn deliverer(options: &ConnectionOptions) -> Deliverer {
     )
 }
 
-fn target(uri: &str) -> CheckedTarget {
-    open_policy().check(uri, Duration::from_secs(2)).unwrap()
+async fn target(uri: &str) -> CheckedTarget {
+    open_policy()
+        .check(uri, Duration::from_secs(2))
+        .await
+        .unwrap()
 }
 
 async fn post(deliverer: &Deliverer, uri: &str) -> Result<u16, DeliveryError> {
     let signature = sign(KEY, BODY);
-    deliverer.deliver(target(uri), BODY, &signature).await
+    deliverer.deliver(target(uri).await, BODY, &signature).await
 }
 
 #[tokio::test]
@@ -270,7 +282,7 @@ async fn the_connector_never_dials_a_blocked_address() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
     // A target that claims to be checked but whose address the policy blocks: the
     // connector itself refuses it, so neither a stale target nor a pooled key gets through.
-    let forged = target(&receiver.url("http", "/hook"));
+    let forged = target(&receiver.url("http", "/hook")).await;
     let strict = Deliverer::new(
         Arc::new(OutboundPolicy::parse("127.0.0.0/8").unwrap()),
         Duration::from_secs(5),
@@ -513,7 +525,7 @@ async fn a_certificate_for_another_host_is_curl_60() {
     let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
     let trusted = trusting(&ca);
     // The checked address is the receiver's, the name is one the certificate lacks.
-    let mut wrong = target(&receiver.url("https", "/hook"));
+    let mut wrong = target(&receiver.url("https", "/hook")).await;
     wrong.uri =
         url::Url::parse(&format!("https://wrong.test:{}/hook", receiver.addr.port())).unwrap();
     let result = trusted.deliver(wrong, BODY, &sign(KEY, BODY)).await;
@@ -595,7 +607,7 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
             DeliveryCounters::default(),
             &ConnectionOptions::default(),
         );
-        let result = d.deliver(target(&uri), &body, &signature).await;
+        let result = d.deliver(target(&uri).await, &body, &signature).await;
 
         let heads = receiver.heads();
         assert_eq!(heads.len(), requests.len(), "{scenario}");
@@ -736,4 +748,78 @@ async fn a_redirect_loop_on_closing_connections_ends_with_curls_47() {
         assert_eq!(result, Err(DeliveryError::TooManyRedirects), "{closing:?}");
         assert_eq!(result.unwrap_err().curl_code(), Some(47));
     }
+}
+
+/// A policy without a blacklist that resolves `name` to `ips` only.
+fn resolving(name: &str, ips: Vec<IpAddr>) -> Arc<OutboundPolicy> {
+    let table = HashMap::from([(name.to_string(), ips)]);
+    Arc::new(
+        OutboundPolicy::parse("")
+            .unwrap()
+            .with_resolver(Resolver::Fixed(Arc::new(table))),
+    )
+}
+
+#[tokio::test]
+async fn every_resolved_address_is_tried_until_one_answers() {
+    // A host with 20 addresses of which only the 20th listens, as cURL tries them all: the
+    // receiver is on 127.0.0.20, and 127.0.0.1–19 on its port are sockets held bound but
+    // never listening, so connecting to them is refused.
+    let receiver = RawReceiver::start_on("127.0.0.20:0", |_, head| {
+        match head.split(' ').nth(1).unwrap_or("") {
+            "/moved" => redirect(302, "/hook"),
+            _ => ok(),
+        }
+    })
+    .await;
+    let port = receiver.addr.port();
+    let mut ips = Vec::new();
+    let mut held = Vec::new();
+    for last in 1..=19u8 {
+        let ip = IpAddr::from([127, 0, 0, last]);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(ip, port))
+            .unwrap_or_else(|err| panic!("hold {ip}:{port}: {err}"));
+        held.push(socket);
+        ips.push(ip);
+    }
+    ips.push(receiver.addr.ip());
+    let d = Deliverer::new(
+        resolving("many.test", ips),
+        Duration::from_secs(5),
+        DeliveryCounters::default(),
+    );
+    let uri = format!("http://many.test:{port}/hook");
+    let target = d.check(&uri).await.unwrap();
+    assert_eq!(target.addrs.len(), 20);
+    assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
+    assert_eq!(d.connections_opened(), 1, "only the 20th address connected");
+    assert!(receiver.heads()[0].contains(&format!("\r\nHost: many.test:{port}\r\n")));
+
+    // A redirect hop to such a host is resolved and tried the same way.
+    let first =
+        RawReceiver::start(move |_, _| redirect(302, &format!("http://many.test:{port}/hook")))
+            .await;
+    let target = d.check(&first.url("http", "/start")).await.unwrap();
+    assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
+    assert_eq!(receiver.heads().len(), 2);
+    drop(held);
+}
+
+#[tokio::test]
+async fn addresses_past_the_bound_are_checked_and_counted_not_dialled() {
+    let bound = gorge_webhook::policy::MAX_DIALLED_ADDRS;
+    let ips: Vec<IpAddr> = (0..bound + 10)
+        .map(|i| IpAddr::from([8, 8, (i / 256) as u8, (i % 256) as u8]))
+        .collect();
+    let counters = DeliveryCounters::default();
+    let d = Deliverer::new(
+        resolving("many.test", ips),
+        Duration::from_secs(5),
+        counters.clone(),
+    );
+    let target = d.check("http://many.test/").await.unwrap();
+    assert_eq!(target.addrs.len(), bound);
+    assert_eq!(counters.addresses_not_dialled.get(), 10);
 }
