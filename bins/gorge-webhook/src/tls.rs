@@ -1,14 +1,19 @@
 //! Which certificate authorities webhook receivers are checked against: the bundled Mozilla
 //! roots, the system store and the operator's `GORGE_WEBHOOK_CA_FILE` (docs/webhook.md, "TLS
-//! and connections"), and
-//! how a TLS failure is reduced to cURL's numbers (35 handshake, 60 peer certificate).
+//! and connections"); a receiver whose own self-signed certificate is in that file, trusted
+//! as cURL trusts it; and how a TLS failure is reduced to cURL's numbers (35 handshake, 60
+//! peer certificate).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-use rustls::{CertificateError, ClientConfig, RootCertStore};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 /// The certificates of a CA file, read and checked at startup.
 #[derive(Debug, Clone, Default)]
@@ -59,7 +64,8 @@ fn base_roots() -> &'static RootCertStore {
     })
 }
 
-/// The client configuration for receivers: ring provider, TLS 1.2/1.3, HTTP/1.1 only.
+/// The client configuration for receivers: ring provider, TLS 1.2/1.3, HTTP/1.1 only,
+/// certificates checked by [`ReceiverVerifier`].
 pub fn client_config(extra: &ExtraRoots) -> Arc<ClientConfig> {
     let mut roots = base_roots().clone();
     for cert in &extra.0 {
@@ -67,13 +73,100 @@ pub fn client_config(extra: &ExtraRoots) -> Arc<ClientConfig> {
         let _ = roots.add(cert.clone());
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .expect("the bundled roots are not empty");
+    let verifier = ReceiverVerifier {
+        webpki,
+        ca_file: extra.0.clone(),
+    };
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(config)
+}
+
+/// webpki's verification (chain to a trusted root, dates, host name), plus what cURL's
+/// OpenSSL does with a certificate found in its CA file: trust it as it is. webpki refuses a
+/// `CA:TRUE` certificate as a server's own (`openssl req -x509` makes exactly that); when the
+/// receiver's certificate is, byte for byte, one of the CA file's, it is accepted once its
+/// host name matches. Its dates were checked already: webpki checks them before it looks
+/// at `CA:TRUE` (`a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it`
+/// holds that order). The handshake signature is still checked against its key.
+#[derive(Debug)]
+struct ReceiverVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    /// `GORGE_WEBHOOK_CA_FILE`'s certificates.
+    ca_file: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for ReceiverVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(err) if is_ca_used_as_end_entity(&err) => {}
+            verified => return verified,
+        }
+        if !self.ca_file.iter().any(|cert| cert == end_entity) {
+            // A CA's certificate presented as the receiver's own, not in the CA file: not
+            // trusted (cURL: "self-signed certificate").
+            return Err(CertificateError::UnknownIssuer.into());
+        }
+        webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| CertificateError::BadEncoding)?
+            .verify_is_valid_for_subject_name(server_name)
+            .map_err(|_| CertificateError::NotValidForName)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// Whether webpki refused the server's certificate for being a CA's.
+fn is_ca_used_as_end_entity(err: &rustls::Error) -> bool {
+    match err {
+        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => matches!(
+            other.0.downcast_ref::<webpki::Error>(),
+            Some(webpki::Error::CaUsedAsEndEntity)
+        ),
+        _ => false,
+    }
 }
 
 /// A TLS failure, in cURL's two numbers, with the readable reason for logs and labels.

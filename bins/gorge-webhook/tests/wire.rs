@@ -450,13 +450,103 @@ struct PrivateCa {
 
 /// A keep-alive deliverer that trusts `ca` as an operator's CA file would make it.
 fn trusting(ca: &PrivateCa) -> Deliverer {
+    trusting_pem(&ca.ca_pem)
+}
+
+/// A keep-alive deliverer whose CA file holds `pem`.
+fn trusting_pem(pem: &str) -> Deliverer {
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+    std::fs::write(&ca_file, pem).unwrap();
     deliverer(&ConnectionOptions {
         extra_roots: ExtraRoots::load(&ca_file).unwrap(),
         keep_alive: true,
     })
+}
+
+/// A receiver certificate as `openssl req -x509 -addext subjectAltName=…` makes it:
+/// self-signed, `CA:TRUE` (critical), for localhost and 127.0.0.1, valid over `dates`
+/// (`None`: rcgen's default, 1975 to 4096).
+fn self_signed(dates: Option<(Ymd, Ymd)>) -> (String, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    if let Some(((y0, m0, d0), (y1, m1, d1))) = dates {
+        params.not_before = rcgen::date_time_ymd(y0, m0, d0);
+        params.not_after = rcgen::date_time_ymd(y1, m1, d1);
+    }
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    (
+        cert.pem(),
+        tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+    )
+}
+
+/// A date as (year, month, day).
+type Ymd = (i32, u8, u8);
+
+#[tokio::test]
+async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
+    // cURL trusts a certificate found in its CA file even when it is the receiver's own
+    // (CA:TRUE) certificate; the host name and the dates are still checked.
+    let (pem, acceptor) = self_signed(None);
+    let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+    let uri = receiver.url("https", "/hook");
+
+    let untrusted = post(&deliverer(&ConnectionOptions::default()), &uri).await;
+    assert_eq!(
+        untrusted,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate))
+    );
+    let (other_pem, _) = self_signed(None);
+    assert_eq!(
+        post(&trusting_pem(&other_pem), &uri).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
+        "another self-signed certificate for the same names is not this one"
+    );
+    assert!(receiver.heads().is_empty());
+
+    let trusted = trusting_pem(&pem);
+    assert_eq!(post(&trusted, &uri).await, Ok(200));
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(post(&trusted, &by_name).await, Ok(200));
+    assert_eq!(receiver.heads().len(), 2);
+
+    // A host name the certificate does not carry is still 60.
+    let mut wrong = target(&uri).await;
+    wrong.uri =
+        url::Url::parse(&format!("https://wrong.test:{}/hook", receiver.addr.port())).unwrap();
+    let result = trusted.deliver(wrong, BODY, &sign(KEY, BODY)).await;
+    assert_eq!(result, Err(DeliveryError::Tls(TlsFailure::WrongHost)));
+    assert_eq!(result.unwrap_err().curl_code(), Some(60));
+
+    // So are dates: expired, and not valid yet.
+    for dates in [((2020, 1, 1), (2021, 1, 1)), ((2998, 1, 1), (2999, 1, 1))] {
+        let (pem, acceptor) = self_signed(Some(dates));
+        let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+        let result = post(&trusting_pem(&pem), &receiver.url("https", "/hook")).await;
+        assert_eq!(
+            result,
+            Err(DeliveryError::Tls(TlsFailure::CertificateDates)),
+            "{dates:?}"
+        );
+        assert_eq!(result.unwrap_err().curl_code(), Some(60));
+    }
 }
 
 fn private_ca() -> PrivateCa {
