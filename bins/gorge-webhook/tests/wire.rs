@@ -830,6 +830,25 @@ async fn a_receiver_that_closes_after_answering_loses_no_delivery() {
 }
 
 #[tokio::test]
+async fn a_tls_receiver_that_closes_after_answering_loses_no_delivery() {
+    let ca = private_ca();
+    let receiver = RawReceiver::start_inner(
+        "127.0.0.1:0",
+        Arc::new(|_, _: &str| ok()),
+        Some(ca.acceptor.clone()),
+        Some(Closing::OnNextRequest),
+    )
+    .await;
+    let d = trusting(&ca);
+    let failures = failures_in(&d, &receiver.url("https", "/hook"), 200).await;
+    assert_eq!(failures, [], "{} of 200 failed", failures.len());
+    assert!(
+        d.tls_handshakes() > 100,
+        "the reused connections were closed"
+    );
+}
+
+#[tokio::test]
 async fn a_redirect_loop_on_closing_connections_ends_with_curls_47() {
     for closing in [Closing::RightAway, Closing::OnNextRequest] {
         let receiver = RawReceiver::start_closing(closing, |_, _| redirect(302, "/loop")).await;
