@@ -128,21 +128,42 @@ pub fn build(
     }
 }
 
+/// cURL's `CONN_MAX_RETRIES`: fresh-connect retries one transfer may make — one delivery,
+/// all its redirect hops included. Past it cURL gives up with 55 ("Connection died, tried 5
+/// times before giving up"), and so does a delivery here.
+pub const MAX_FRESH_RETRIES: u32 = 5;
+
+/// Why [`Connections::send`] got no answer.
+#[derive(Debug)]
+pub enum SendError {
+    /// The request failed (on a new connection, or after any byte of its answer).
+    Failed(ClientError),
+    /// It failed on a reused connection before any byte of its answer, and the delivery
+    /// has no retry left.
+    RetriesExhausted(ClientError),
+}
+
 impl Connections {
     /// Sends `request`. When it fails on a reused connection before any byte of the answer
     /// arrived, it is sent once more, on a new connection, as cURL does on a "fresh
     /// connect" (the receiver closed an idle connection as it was reused, so it did not
-    /// answer the first copy). Any other failure is returned as is.
+    /// answer the first copy), if `retries_left` allows; the retry's own failure stands.
     pub async fn send(
         &self,
         request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, ClientError> {
+        retries_left: &mut u32,
+    ) -> Result<Response<Incoming>, SendError> {
         match self.pooled.request(request.clone()).await {
+            Ok(response) => Ok(response),
             Err(err) if died_unanswered_on_reuse(&err) => {
+                if *retries_left == 0 {
+                    return Err(SendError::RetriesExhausted(err));
+                }
+                *retries_left -= 1;
                 self.retries.inc();
-                self.fresh.request(request).await
+                self.fresh.request(request).await.map_err(SendError::Failed)
             }
-            other => other,
+            Err(err) => Err(SendError::Failed(err)),
         }
     }
 

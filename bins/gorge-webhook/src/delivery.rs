@@ -21,7 +21,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::connector::{self, ConnectError, ConnectionOptions, Connections};
+use crate::connector::{
+    self, ConnectError, ConnectionOptions, Connections, SendError, MAX_FRESH_RETRIES,
+};
 use crate::policy::{self, CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
@@ -47,7 +49,8 @@ pub enum DeliveryError {
     Tls(TlsFailure),
     /// The connection closed before any response (52).
     EmptyReply,
-    /// Writing the request failed for a reason other than a reset (55).
+    /// Writing the request failed for a reason other than a reset, or reused connections
+    /// kept dying after cURL's five fresh-connect retries (55).
     Send,
     /// The peer reset the connection (56), while we wrote or read.
     Reset,
@@ -287,13 +290,16 @@ impl Deliverer {
         // cURL with CURLOPT_CUSTOMREQUEST "POST": 301/302/303 continue as a POST without a
         // body (and stay bodiless after); 307/308 repeat the body.
         let mut with_body = true;
+        let mut retries_left = MAX_FRESH_RETRIES;
         for hop in 0..=MAX_REDIRECTS {
             let sent = if with_body {
                 body.clone()
             } else {
                 Bytes::new()
             };
-            let answer = self.send_hop(&target, sent, with_body, &signature).await?;
+            let answer = self
+                .send_hop(&target, sent, with_body, &signature, &mut retries_left)
+                .await?;
             let Some(location) = answer.location else {
                 return Ok(answer.status);
             };
@@ -321,13 +327,16 @@ impl Deliverer {
         body: Bytes,
         with_body: bool,
         signature: &HeaderValue,
+        retries_left: &mut u32,
     ) -> Result<Hop, DeliveryError> {
         let mut last = DeliveryError::Connection;
         for addr in &target.addrs {
             let request = self.request(target, *addr, body.clone(), with_body, signature)?;
-            match self.connections.send(request).await {
+            match self.connections.send(request, retries_left).await {
                 Ok(response) => return Ok(self.finish(response).await),
-                Err(err) => {
+                // cURL: "Connection died, tried 5 times before giving up" (55).
+                Err(SendError::RetriesExhausted(_)) => return Err(DeliveryError::Send),
+                Err(SendError::Failed(err)) => {
                     let err = DeliveryError::from_client(&err);
                     if !err.is_connect_failure() {
                         return Err(err);
