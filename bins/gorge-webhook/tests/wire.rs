@@ -464,13 +464,17 @@ fn trusting_pem(pem: &str) -> Deliverer {
     })
 }
 
-/// A receiver certificate as `openssl req -x509 -addext subjectAltName=…` makes it:
-/// self-signed, `CA:TRUE` (critical), for localhost and 127.0.0.1, valid over `dates`
-/// (`None`: rcgen's default, 1975 to 4096).
-fn self_signed(dates: Option<(Ymd, Ymd)>) -> (String, tokio_rustls::TlsAcceptor) {
+/// A receiver certificate as `openssl req -x509 -subj /CN=localhost -addext
+/// subjectAltName=…` makes it: self-signed, `CA:TRUE` (critical), with `alt_names` (none:
+/// no subjectAltName, as without `-addext`), valid over `dates` (`None`: rcgen's default,
+/// 1975 to 4096).
+fn self_signed(
+    alt_names: &[&str],
+    dates: Option<(Ymd, Ymd)>,
+) -> (String, tokio_rustls::TlsAcceptor) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let mut params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let names: Vec<String> = alt_names.iter().map(|n| n.to_string()).collect();
+    let mut params = CertificateParams::new(names).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params
         .distinguished_name
@@ -481,6 +485,11 @@ fn self_signed(dates: Option<(Ymd, Ymd)>) -> (String, tokio_rustls::TlsAcceptor)
     }
     let key = KeyPair::generate().unwrap();
     let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), acceptor(&cert, &key))
+}
+
+/// A TLS server configuration presenting `cert`.
+fn acceptor(cert: &rcgen::Certificate, key: &rcgen::KeyPair) -> tokio_rustls::TlsAcceptor {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -491,10 +500,7 @@ fn self_signed(dates: Option<(Ymd, Ymd)>) -> (String, tokio_rustls::TlsAcceptor)
             rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
         )
         .unwrap();
-    (
-        cert.pem(),
-        tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-    )
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 /// A date as (year, month, day).
@@ -504,7 +510,7 @@ type Ymd = (i32, u8, u8);
 async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
     // cURL trusts a certificate found in its CA file even when it is the receiver's own
     // (CA:TRUE) certificate; the host name and the dates are still checked.
-    let (pem, acceptor) = self_signed(None);
+    let (pem, acceptor) = self_signed(LOCAL_NAMES, None);
     let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
     let uri = receiver.url("https", "/hook");
 
@@ -513,7 +519,7 @@ async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
         untrusted,
         Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate))
     );
-    let (other_pem, _) = self_signed(None);
+    let (other_pem, _) = self_signed(LOCAL_NAMES, None);
     assert_eq!(
         post(&trusting_pem(&other_pem), &uri).await,
         Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
@@ -537,7 +543,7 @@ async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
 
     // So are dates: expired, and not valid yet.
     for dates in [((2020, 1, 1), (2021, 1, 1)), ((2998, 1, 1), (2999, 1, 1))] {
-        let (pem, acceptor) = self_signed(Some(dates));
+        let (pem, acceptor) = self_signed(LOCAL_NAMES, Some(dates));
         let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
         let result = post(&trusting_pem(&pem), &receiver.url("https", "/hook")).await;
         assert_eq!(
@@ -549,7 +555,15 @@ async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
     }
 }
 
+/// The names the test certificates are for.
+const LOCAL_NAMES: &[&str] = &["localhost", "127.0.0.1"];
+
 fn private_ca() -> PrivateCa {
+    private_ca_for(LOCAL_NAMES)
+}
+
+/// A private CA and a certificate it signed with `alt_names` and the common name localhost.
+fn private_ca_for(alt_names: &[&str]) -> PrivateCa {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -558,23 +572,17 @@ fn private_ca() -> PrivateCa {
         .push(DnType::CommonName, "gorge test CA");
     let ca_key = KeyPair::generate().unwrap();
     let ca = ca_params.self_signed(&ca_key).unwrap();
-    let leaf_params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let mut leaf_params =
+        CertificateParams::new(alt_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
     let leaf_key = KeyPair::generate().unwrap();
     let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-        )
-        .unwrap();
     PrivateCa {
         ca_pem: ca.pem(),
-        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        acceptor: acceptor(&leaf, &leaf_key),
     }
 }
 
@@ -949,4 +957,45 @@ async fn addresses_past_the_bound_are_checked_and_counted_not_dialled() {
     let target = d.check("http://many.test/").await.unwrap();
     assert_eq!(target.addrs.len(), bound);
     assert_eq!(counters.addresses_not_dialled.get(), 10);
+}
+
+#[tokio::test]
+async fn a_certificate_without_alt_names_is_matched_by_its_common_name_as_curl_does() {
+    // `openssl req -x509 -subj /CN=localhost` (no -addext) makes a certificate that names
+    // its host only in the common name; cURL then compares that name with the host (an
+    // address too, as text), but never when subjectAltName has a DNS or IP entry.
+    let (pem, acceptor) = self_signed(&[], None);
+    let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+    let port = receiver.addr.port();
+    let trusted = trusting_pem(&pem);
+    let by_name = format!("https://localhost:{port}/hook");
+    assert_eq!(post(&trusted, &by_name).await, Ok(200));
+    assert_eq!(
+        post(&trusted, &receiver.url("https", "/hook")).await,
+        Err(DeliveryError::Tls(TlsFailure::WrongHost))
+    );
+    assert_eq!(
+        post(&deliverer(&ConnectionOptions::default()), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate))
+    );
+
+    // The same for a certificate a private CA signed.
+    let ca = private_ca_for(&[]);
+    let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(post(&trusting(&ca), &by_name).await, Ok(200));
+    assert_eq!(
+        post(&deliverer(&ConnectionOptions::default()), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
+        "a matching common name does not make an untrusted chain trusted"
+    );
+
+    // A subjectAltName for another host: the common name is not looked at.
+    let ca = private_ca_for(&["other.test"]);
+    let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(
+        post(&trusting(&ca), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::WrongHost))
+    );
 }
