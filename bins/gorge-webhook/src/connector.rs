@@ -140,7 +140,7 @@ pub enum SendError {
     Failed(ClientError),
     /// It failed on a reused connection before any byte of its answer, and the delivery
     /// has no retry left.
-    RetriesExhausted(ClientError),
+    RetriesExhausted,
 }
 
 impl Connections {
@@ -157,7 +157,7 @@ impl Connections {
             Ok(response) => Ok(response),
             Err(err) if died_unanswered_on_reuse(&err) => {
                 if *retries_left == 0 {
-                    return Err(SendError::RetriesExhausted(err));
+                    return Err(SendError::RetriesExhausted);
                 }
                 *retries_left -= 1;
                 self.retries.inc();

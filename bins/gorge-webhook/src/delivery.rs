@@ -335,7 +335,7 @@ impl Deliverer {
             match self.connections.send(request, retries_left).await {
                 Ok(response) => return Ok(self.finish(response).await),
                 // cURL: "Connection died, tried 5 times before giving up" (55).
-                Err(SendError::RetriesExhausted(_)) => return Err(DeliveryError::Send),
+                Err(SendError::RetriesExhausted) => return Err(DeliveryError::Send),
                 Err(SendError::Failed(err)) => {
                     let err = DeliveryError::from_client(&err);
                     if !err.is_connect_failure() {

@@ -32,7 +32,8 @@ pub const NO_BLACKLIST: &str = "none";
 /// all). Every resolved address is checked against the blacklist whatever their number;
 /// beyond this many the rest are not dialled ([`CheckedTarget::not_dialled`], counted).
 /// The bound keeps what one hook's DNS answer can make a delivery do finite: a UDP answer
-/// holds at most ~250 A records, so only an answer that needed TCP can reach it.
+/// of 4 096 bytes (the largest EDNS size in common use) holds at most ~250 A records of 16
+/// bytes, so only an answer that came over TCP can reach it.
 pub const MAX_DIALLED_ADDRS: usize = 256;
 
 /// A list of networks never to connect to, and the resolver that finds the addresses to
