@@ -207,12 +207,19 @@ fn open_policy() -> Arc<OutboundPolicy> {
 }
 
 fn deliverer(options: &ConnectionOptions) -> Deliverer {
-    Deliverer::with_options(
+    counting_deliverer(options).0
+}
+
+/// [`deliverer`], and the counters it increments.
+fn counting_deliverer(options: &ConnectionOptions) -> (Deliverer, DeliveryCounters) {
+    let counters = DeliveryCounters::default();
+    let d = Deliverer::with_options(
         open_policy(),
         Duration::from_secs(5),
-        DeliveryCounters::default(),
+        counters.clone(),
         options,
-    )
+    );
+    (d, counters)
 }
 
 async fn target(uri: &str) -> CheckedTarget {
@@ -802,13 +809,7 @@ async fn a_receiver_that_closes_after_answering_loses_no_delivery() {
             }
         })
         .await;
-        let counters = DeliveryCounters::default();
-        let d = Deliverer::with_options(
-            open_policy(),
-            Duration::from_secs(5),
-            counters.clone(),
-            &ConnectionOptions::default(),
-        );
+        let (d, counters) = counting_deliverer(&ConnectionOptions::default());
         for path in ["/hook", "/start"] {
             let retries_before = counters.connection_retries.get();
             let failures = failures_in(&d, &receiver.url("http", path), 1000).await;
@@ -872,13 +873,7 @@ async fn a_redirect_loop_on_closing_connections_ends_as_curls_does() {
     // 55); so does a delivery.
     let receiver =
         RawReceiver::start_closing(Closing::OnNextRequest, |_, _| redirect(302, "/loop")).await;
-    let counters = DeliveryCounters::default();
-    let d = Deliverer::with_options(
-        open_policy(),
-        Duration::from_secs(5),
-        counters.clone(),
-        &ConnectionOptions::default(),
-    );
+    let (d, counters) = counting_deliverer(&ConnectionOptions::default());
     let result = post(&d, &receiver.url("http", "/loop")).await;
     assert_eq!(result, Err(DeliveryError::Send));
     assert_eq!(result.unwrap_err().curl_code(), Some(55));
