@@ -391,6 +391,8 @@ mod tests {
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",
             "gorge_webhook_exclusions_capped_total 0",
+            "gorge_webhook_connection_retries_total 0",
+            "gorge_webhook_addresses_not_dialled_total 0",
             "gorge_webhook_db_up 0",
             "gorge_webhook_skipped_total{reason=\"in-flight\"} 0",
             "gorge_webhook_deliveries_total{outcome=\"retry\",class=\"5xx\"} 0",
