@@ -3,10 +3,9 @@
 //! deadline, and every failure reduced to the cURL error number Phorge writes into
 //! `errorCode` (docs/webhook.md, "Error codes").
 //!
-//! Async on the tokio runtime; the connections come from the pooled client in `client.rs`.
+//! Async on the tokio runtime; the connections come from the pooled client in `connector.rs`.
 
 use std::error::Error as _;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +21,10 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::client::{self, ClientOptions, ConnectCounts, ConnectError, HttpClient};
-use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
+use crate::connector::{
+    self, ConnectError, ConnectionOptions, Connections, SendError, MAX_FRESH_RETRIES,
+};
+use crate::policy::{self, CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
 /// Redirects followed before giving up with cURL's 47 (`CURLE_TOO_MANY_REDIRECTS`).
@@ -48,7 +49,8 @@ pub enum DeliveryError {
     Tls(TlsFailure),
     /// The connection closed before any response (52).
     EmptyReply,
-    /// Writing the request failed for a reason other than a reset (55).
+    /// Writing the request failed for a reason other than a reset, or reused connections
+    /// kept dying after cURL's five fresh-connect retries (55).
     Send,
     /// The peer reset the connection (56), while we wrote or read.
     Reset,
@@ -64,15 +66,6 @@ pub enum DeliveryError {
 }
 
 impl DeliveryError {
-    /// Phorge's `errorType`: `timeout` for timeouts, `hook` for a blocked hop, else `http`.
-    pub fn error_type(self) -> &'static str {
-        match self {
-            DeliveryError::Timeout => "timeout",
-            DeliveryError::BlockedRedirect => "hook",
-            _ => "http",
-        }
-    }
-
     /// The cURL error number Phorge's worker would record; `None` for a blocked hop.
     pub fn curl_code(self) -> Option<u16> {
         Some(match self {
@@ -185,16 +178,26 @@ impl DeliveryError {
     }
 }
 
+/// What a [`Deliverer`] counts: handles to the service's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryCounters {
+    /// Responses whose body was longer than [`MAX_RESPONSE_BODY`] (the rest is not read).
+    pub bodies_truncated: Counter,
+    /// Requests sent again on a new connection after a reused one closed unanswered.
+    pub connection_retries: Counter,
+    /// Resolved addresses beyond [`policy::MAX_DIALLED_ADDRS`]: checked, never dialled.
+    pub addresses_not_dialled: Counter,
+}
+
 /// Sends signed webhook bodies.
 #[derive(Clone)]
 pub struct Deliverer {
     policy: Arc<OutboundPolicy>,
     timeout: Duration,
     user_agent: HeaderValue,
-    /// Responses whose body was longer than [`MAX_RESPONSE_BODY`] (the rest is not read).
     bodies_truncated: Counter,
-    client: HttpClient,
-    counts: Arc<ConnectCounts>,
+    addresses_not_dialled: Counter,
+    connections: Connections,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -213,17 +216,17 @@ struct Hop {
 
 impl Deliverer {
     /// A deliverer trusting the bundled roots and the system store, with keep-alive.
-    pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, bodies_truncated: Counter) -> Self {
-        Self::with_options(policy, timeout, bodies_truncated, &ClientOptions::default())
+    pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, counters: DeliveryCounters) -> Self {
+        Self::with_options(policy, timeout, counters, &ConnectionOptions::default())
     }
 
     pub fn with_options(
         policy: Arc<OutboundPolicy>,
         timeout: Duration,
-        bodies_truncated: Counter,
-        options: &ClientOptions,
+        counters: DeliveryCounters,
+        options: &ConnectionOptions,
     ) -> Self {
-        let (client, counts) = client::build(policy.clone(), options);
+        let connections = connector::build(policy.clone(), options, counters.connection_retries);
         Self {
             policy,
             timeout,
@@ -231,28 +234,33 @@ impl Deliverer {
                 "gorge-webhook/",
                 env!("CARGO_PKG_VERSION")
             )),
-            bodies_truncated,
-            client,
-            counts,
+            bodies_truncated: counters.bodies_truncated,
+            addresses_not_dialled: counters.addresses_not_dialled,
+            connections,
         }
     }
 
-    pub fn policy(&self) -> &OutboundPolicy {
-        &self.policy
+    /// Checks a hook URI against the outbound policy, resolving it within the delivery
+    /// timeout (docs/webhook.md, "Outbound policy and redirects").
+    pub async fn check(&self, uri: &str) -> Result<CheckedTarget, PolicyError> {
+        let uri = policy::parse_uri(uri)?;
+        self.check_url(uri, self.timeout).await
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
+    async fn check_url(&self, uri: Url, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
+        let target = self.policy.check_url(uri, timeout).await?;
+        self.addresses_not_dialled.inc_by(target.not_dialled as u64);
+        Ok(target)
     }
 
     /// TCP connections opened so far (each TLS one is also a handshake).
     pub fn connections_opened(&self) -> u64 {
-        self.counts.tcp.load(Ordering::Relaxed)
+        self.connections.tcp_opened()
     }
 
     /// TLS handshakes started so far.
     pub fn tls_handshakes(&self) -> u64 {
-        self.counts.tls.load(Ordering::Relaxed)
+        self.connections.tls_started()
     }
 
     /// POSTs `body` to an already checked target and returns the final HTTP status.
@@ -282,13 +290,16 @@ impl Deliverer {
         // cURL with CURLOPT_CUSTOMREQUEST "POST": 301/302/303 continue as a POST without a
         // body (and stay bodiless after); 307/308 repeat the body.
         let mut with_body = true;
+        let mut retries_left = MAX_FRESH_RETRIES;
         for hop in 0..=MAX_REDIRECTS {
             let sent = if with_body {
                 body.clone()
             } else {
                 Bytes::new()
             };
-            let answer = self.send_hop(&target, sent, with_body, &signature).await?;
+            let answer = self
+                .send_hop(&target, sent, with_body, &signature, &mut retries_left)
+                .await?;
             let Some(location) = answer.location else {
                 return Ok(answer.status);
             };
@@ -302,8 +313,7 @@ impl Deliverer {
             let next = next_hop(&target.uri, &location)?;
             let remaining = deadline.saturating_duration_since(Instant::now());
             target = self
-                .policy
-                .check_async(next, remaining)
+                .check_url(next, remaining)
                 .await
                 .map_err(DeliveryError::from_policy)?;
         }
@@ -317,13 +327,16 @@ impl Deliverer {
         body: Bytes,
         with_body: bool,
         signature: &HeaderValue,
+        retries_left: &mut u32,
     ) -> Result<Hop, DeliveryError> {
         let mut last = DeliveryError::Connection;
         for addr in &target.addrs {
             let request = self.request(target, *addr, body.clone(), with_body, signature)?;
-            match self.client.request(request).await {
+            match self.connections.send(request, retries_left).await {
                 Ok(response) => return Ok(self.finish(response).await),
-                Err(err) => {
+                // cURL: "Connection died, tried 5 times before giving up" (55).
+                Err(SendError::RetriesExhausted) => return Err(DeliveryError::Send),
+                Err(SendError::Failed(err)) => {
                     let err = DeliveryError::from_client(&err);
                     if !err.is_connect_failure() {
                         return Err(err);
@@ -358,7 +371,7 @@ impl Deliverer {
             path.push_str(query);
         }
         let name = host.trim_start_matches('[').trim_end_matches(']');
-        let pool_uri = client::pool_uri(uri.scheme() == "https", name, addr, &path)
+        let pool_uri = connector::pool_uri(uri.scheme() == "https", name, addr, &path)
             .ok_or(DeliveryError::BadRedirect)?;
         let mut builder = Request::builder()
             .method(Method::POST)
@@ -481,8 +494,6 @@ mod tests {
                 (None, "blocked-redirect"),
             ]
         );
-        assert_eq!(DeliveryError::Timeout.error_type(), "timeout");
-        assert_eq!(DeliveryError::Reset.error_type(), "http");
     }
 
     #[test]

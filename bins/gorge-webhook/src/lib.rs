@@ -10,7 +10,8 @@
 //! - [`config`]: settings from defaults, file and environment, validated at startup;
 //! - [`policy`]: the outbound blacklist and the checked (pinned) addresses;
 //! - [`delivery`]: one signed POST with redirects and a whole-request timeout;
-//! - [`client`]: the pooled hyper client and the connector that dials checked addresses;
+//! - [`connector`]: connections to receivers: the pooled hyper client and the connector that
+//!   dials only checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing results;
 //! - [`handover`]: whether Phorge hands requests over at all (readiness, one log line);
@@ -21,9 +22,9 @@
 //! - [`clock`]: injectable time.
 
 pub mod api;
-pub mod client;
 pub mod clock;
 pub mod config;
+pub mod connector;
 pub mod delivery;
 pub mod dispatcher;
 pub mod handover;

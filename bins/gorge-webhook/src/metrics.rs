@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::delivery::DeliveryCounters;
 use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 
 type Labels1 = [(&'static str, &'static str); 1];
@@ -29,6 +30,8 @@ pub struct Metrics {
     pub full_batches: Counter,
     pub exclusions_capped: Counter,
     pub response_bodies_truncated: Counter,
+    pub connection_retries: Counter,
+    pub addresses_not_dialled: Counter,
     pub breaker_open_hooks: Gauge,
     invalid_rows: Family<Labels1, Counter>,
     pub rows_unaddressable: Counter,
@@ -70,6 +73,8 @@ impl Metrics {
             full_batches: Counter::default(),
             exclusions_capped: Counter::default(),
             response_bodies_truncated: Counter::default(),
+            connection_retries: Counter::default(),
+            addresses_not_dialled: Counter::default(),
             breaker_open_hooks: Gauge::default(),
             invalid_rows: Family::default(),
             rows_unaddressable: Counter::default(),
@@ -181,6 +186,16 @@ impl Metrics {
             metrics.response_bodies_truncated.clone(),
         );
         r.register(
+            "connection_retries",
+            "Requests sent again on a new connection because the reused keep-alive connection closed before answering (cURL does the same)",
+            metrics.connection_retries.clone(),
+        );
+        r.register(
+            "addresses_not_dialled",
+            "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every one was checked against the blacklist)",
+            metrics.addresses_not_dialled.clone(),
+        );
+        r.register(
             "breaker_open_hooks",
             "Hooks whose circuit breaker is open",
             metrics.breaker_open_hooks.clone(),
@@ -251,6 +266,15 @@ impl Metrics {
     /// Metrics registered nowhere (tests of single components).
     pub fn unregistered() -> Metrics {
         Metrics::register(&mut Registry::default())
+    }
+
+    /// The counters the deliverer increments.
+    pub fn delivery_counters(&self) -> DeliveryCounters {
+        DeliveryCounters {
+            bodies_truncated: self.response_bodies_truncated.clone(),
+            connection_retries: self.connection_retries.clone(),
+            addresses_not_dialled: self.addresses_not_dialled.clone(),
+        }
     }
 
     pub fn claim_won(&self) {
@@ -367,6 +391,8 @@ mod tests {
             "gorge_webhook_policy_blocks_total 0",
             "gorge_webhook_results_taken_over_total 0",
             "gorge_webhook_exclusions_capped_total 0",
+            "gorge_webhook_connection_retries_total 0",
+            "gorge_webhook_addresses_not_dialled_total 0",
             "gorge_webhook_db_up 0",
             "gorge_webhook_skipped_total{reason=\"in-flight\"} 0",
             "gorge_webhook_deliveries_total{outcome=\"retry\",class=\"5xx\"} 0",

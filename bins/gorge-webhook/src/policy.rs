@@ -3,12 +3,16 @@
 //! Mirrors Phorge's `security.outbound-blacklist` check (`requireValidRemoteURIForFetch`):
 //! only `http`/`https`, the host is resolved once, and *every* resolved address must be outside
 //! the blacklist. The checked addresses travel with the URI in a [`CheckedTarget`]; the
-//! connector (`client.rs`) dials only those and refuses any blacklisted address itself, so no
+//! connector (`connector.rs`) dials only those and refuses any blacklisted address itself, so no
 //! second DNS lookup (DNS rebinding) and no pooled connection can get past the policy.
+//!
+//! One resolver serves the hook URI and every redirect hop: [`Resolver`], the system's
+//! (getaddrinfo on tokio's bounded blocking pool, abandoned after the time left).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::mpsc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -24,13 +28,61 @@ pub const PHORGE_DEFAULT_BLACKLIST: &str = "0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 1
 /// The value that configures an empty blacklist.
 pub const NO_BLACKLIST: &str = "none";
 
-/// Addresses kept from one lookup: each is tried in turn when connecting fails.
-pub const MAX_PINNED_ADDRS: usize = 16;
+/// Addresses of one lookup that are dialled, in order, until one connects (cURL tries them
+/// all). Every resolved address is checked against the blacklist whatever their number;
+/// beyond this many the rest are not dialled ([`CheckedTarget::not_dialled`], counted).
+/// The bound keeps what one hook's DNS answer can make a delivery do finite: a UDP answer
+/// of 4 096 bytes (the largest EDNS size in common use) holds at most ~250 A records of 16
+/// bytes, so only an answer that came over TCP can reach it.
+pub const MAX_DIALLED_ADDRS: usize = 256;
 
-/// A list of networks never to connect to.
+/// A list of networks never to connect to, and the resolver that finds the addresses to
+/// check.
 #[derive(Debug, Clone)]
 pub struct OutboundPolicy {
     blacklist: Vec<IpNet>,
+    resolver: Resolver,
+}
+
+/// Where host names are looked up.
+#[derive(Debug, Clone, Default)]
+pub enum Resolver {
+    /// The system resolver (getaddrinfo: `/etc/hosts`, DNS).
+    #[default]
+    System,
+    /// A fixed table of names and their addresses, in order (cURL's `--resolve`); a name not
+    /// in it does not resolve. Lets tests give a name more addresses than loopback DNS can.
+    Fixed(Arc<HashMap<String, Vec<IpAddr>>>),
+}
+
+impl Resolver {
+    /// The addresses of `host`, within `timeout`.
+    async fn lookup(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<Vec<SocketAddr>, PolicyError> {
+        let addrs: Vec<SocketAddr> = match self {
+            Resolver::System => {
+                let lookup = tokio::net::lookup_host((host, port));
+                match tokio::time::timeout(timeout, lookup).await {
+                    Ok(Ok(addrs)) => addrs.collect(),
+                    _ => return Err(PolicyError::Unresolvable),
+                }
+            }
+            Resolver::Fixed(table) => table
+                .get(host)
+                .into_iter()
+                .flatten()
+                .map(|ip| SocketAddr::new(*ip, port))
+                .collect(),
+        };
+        if addrs.is_empty() {
+            return Err(PolicyError::Unresolvable);
+        }
+        Ok(addrs)
+    }
 }
 
 /// Why a URI may not be fetched. Every variant except [`PolicyError::Unresolvable`] maps to
@@ -57,11 +109,14 @@ impl fmt::Display for PolicyError {
     }
 }
 
-/// A URI that passed the policy, with the exact addresses that were checked.
+/// A URI that passed the policy, with the exact addresses that were checked and may be
+/// dialled.
 #[derive(Debug, Clone)]
 pub struct CheckedTarget {
     pub uri: Url,
     pub addrs: Vec<SocketAddr>,
+    /// Resolved (and checked) addresses beyond [`MAX_DIALLED_ADDRS`], not kept.
+    pub not_dialled: usize,
 }
 
 impl OutboundPolicy {
@@ -71,7 +126,10 @@ impl OutboundPolicy {
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut blacklist = Vec::new();
         if list.trim().eq_ignore_ascii_case(NO_BLACKLIST) {
-            return Ok(Self { blacklist });
+            return Ok(Self {
+                blacklist,
+                resolver: Resolver::default(),
+            });
         }
         for entry in list
             .split(|c: char| c == ',' || c.is_whitespace())
@@ -83,7 +141,15 @@ impl OutboundPolicy {
                 .map_err(|_| entry.to_string())?;
             blacklist.push(net);
         }
-        Ok(Self { blacklist })
+        Ok(Self {
+            blacklist,
+            resolver: Resolver::default(),
+        })
+    }
+
+    /// The same list, looking names up with `resolver`.
+    pub fn with_resolver(self, resolver: Resolver) -> Self {
+        Self { resolver, ..self }
     }
 
     /// Phorge's default blacklist.
@@ -114,47 +180,32 @@ impl OutboundPolicy {
     }
 
     /// Checks a URI: scheme and port, then resolves the host once (bounded by `timeout`) and
-    /// checks every address. Blocking: call it off the async runtime (or use
-    /// [`OutboundPolicy::check_async`]).
-    pub fn check(&self, uri: &str, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
-        let uri = parse_uri(uri)?;
-        let (host, port) = host_and_port(&uri).ok_or(PolicyError::InvalidUri)?;
-        let addrs = match literal_addr(&uri, port) {
-            Some(addr) => vec![addr],
-            None => resolve(&host, port, timeout)?,
-        };
-        self.checked(uri, addrs)
+    /// checks every address.
+    pub async fn check(&self, uri: &str, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
+        self.check_url(parse_uri(uri)?, timeout).await
     }
 
-    /// [`OutboundPolicy::check`] for an already parsed URI on the async runtime (redirect
-    /// hops): the lookup runs on tokio's blocking pool and is abandoned after `timeout`.
-    pub async fn check_async(
+    /// [`OutboundPolicy::check`] for an already parsed URI (a redirect hop).
+    pub async fn check_url(
         &self,
         uri: Url,
         timeout: Duration,
     ) -> Result<CheckedTarget, PolicyError> {
         let (host, port) = host_and_port(&uri).ok_or(PolicyError::InvalidUri)?;
-        let addrs = match literal_addr(&uri, port) {
+        let mut addrs = match literal_addr(&uri, port) {
             Some(addr) => vec![addr],
-            None => {
-                let lookup = tokio::net::lookup_host((host, port));
-                match tokio::time::timeout(timeout, lookup).await {
-                    Ok(Ok(addrs)) => addrs.take(MAX_PINNED_ADDRS).collect(),
-                    _ => return Err(PolicyError::Unresolvable),
-                }
-            }
+            None => self.resolver.lookup(&host, port, timeout).await?,
         };
-        if addrs.is_empty() {
-            return Err(PolicyError::Unresolvable);
-        }
-        self.checked(uri, addrs)
-    }
-
-    fn checked(&self, uri: Url, addrs: Vec<SocketAddr>) -> Result<CheckedTarget, PolicyError> {
         if let Some(bad) = addrs.iter().find(|a| self.is_blocked(a.ip())) {
             return Err(PolicyError::Blocked(bad.ip()));
         }
-        Ok(CheckedTarget { uri, addrs })
+        let not_dialled = addrs.len().saturating_sub(MAX_DIALLED_ADDRS);
+        addrs.truncate(MAX_DIALLED_ADDRS);
+        Ok(CheckedTarget {
+            uri,
+            addrs,
+            not_dialled,
+        })
     }
 }
 
@@ -188,26 +239,6 @@ fn literal_addr(uri: &Url, port: u16) -> Option<SocketAddr> {
         Host::Ipv4(ip) => Some(SocketAddr::new(IpAddr::V4(ip), port)),
         Host::Ipv6(ip) => Some(SocketAddr::new(IpAddr::V6(ip), port)),
         Host::Domain(_) => None,
-    }
-}
-
-/// Resolves on a helper thread so a hanging resolver cannot outlive the delivery timeout.
-fn resolve(host: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>, PolicyError> {
-    let target = (host.to_string(), port);
-    let (tx, rx) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name("webhook-resolve".into())
-        .spawn(move || {
-            let _ = tx.send(
-                target
-                    .to_socket_addrs()
-                    .map(|it| it.take(MAX_PINNED_ADDRS).collect::<Vec<_>>()),
-            );
-        })
-        .map_err(|_| PolicyError::Unresolvable)?;
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
-        _ => Err(PolicyError::Unresolvable),
     }
 }
 
@@ -280,48 +311,56 @@ mod tests {
         );
     }
 
-    #[test]
-    fn check_rejects_other_schemes_and_blocked_addresses() {
+    #[tokio::test]
+    async fn check_rejects_other_schemes_and_blocked_addresses() {
         let policy = OutboundPolicy::phorge_default();
         let t = Duration::from_secs(2);
         assert_eq!(
-            policy.check("ftp://example.com/", t).unwrap_err(),
+            policy.check("ftp://example.com/", t).await.unwrap_err(),
             PolicyError::InvalidUri
         );
         assert_eq!(
-            policy.check("not a uri", t).unwrap_err(),
+            policy.check("not a uri", t).await.unwrap_err(),
             PolicyError::InvalidUri
         );
         assert_eq!(
-            policy.check("http://127.0.0.1:9/hook", t).unwrap_err(),
+            policy
+                .check("http://127.0.0.1:9/hook", t)
+                .await
+                .unwrap_err(),
             PolicyError::Blocked(ip("127.0.0.1"))
         );
         assert_eq!(
-            policy.check("http://[::ffff:192.168.0.1]/", t).unwrap_err(),
+            policy
+                .check("http://[::ffff:192.168.0.1]/", t)
+                .await
+                .unwrap_err(),
             PolicyError::Blocked(ip("::ffff:192.168.0.1"))
         );
         // `localhost` resolves (possibly to several addresses); every one is loopback.
         assert!(matches!(
-            policy.check("https://localhost/", t).unwrap_err(),
+            policy.check("https://localhost/", t).await.unwrap_err(),
             PolicyError::Blocked(_)
         ));
     }
 
-    #[test]
-    fn check_pins_the_checked_addresses() {
+    #[tokio::test]
+    async fn check_pins_the_checked_addresses() {
         let policy = OutboundPolicy::parse("").unwrap();
         let target = policy
             .check("http://127.0.0.1:8080/x", Duration::from_secs(2))
+            .await
             .unwrap();
         assert_eq!(target.addrs, vec!["127.0.0.1:8080".parse().unwrap()]);
         let target = policy
             .check("https://[::1]/x", Duration::from_secs(2))
+            .await
             .unwrap();
         assert_eq!(target.addrs, vec!["[::1]:443".parse().unwrap()]);
     }
 
-    #[test]
-    fn invalid_ports_are_invalid_uris() {
+    #[tokio::test]
+    async fn invalid_ports_are_invalid_uris() {
         // Out-of-range ports are invalid URIs, not "no port" (which would deliver to port 80).
         let policy = OutboundPolicy::parse("").unwrap();
         let t = Duration::from_secs(2);
@@ -333,32 +372,73 @@ mod tests {
             "http://127.0.0.1:8o/",
         ] {
             assert_eq!(
-                policy.check(uri, t).unwrap_err(),
+                policy.check(uri, t).await.unwrap_err(),
                 PolicyError::InvalidUri,
                 "{uri}"
             );
         }
         assert_eq!(
-            policy.check("http://127.0.0.1:65535/", t).unwrap().addrs,
+            policy
+                .check("http://127.0.0.1:65535/", t)
+                .await
+                .unwrap()
+                .addrs,
             vec!["127.0.0.1:65535".parse().unwrap()]
         );
     }
 
     #[tokio::test]
-    async fn async_check_resolves_and_blocks_like_the_blocking_one() {
-        let policy = OutboundPolicy::phorge_default();
+    async fn the_system_resolver_finds_localhost() {
         let t = Duration::from_secs(2);
-        let uri = parse_uri("http://localhost:9/").unwrap();
-        assert!(matches!(
-            policy.check_async(uri, t).await.unwrap_err(),
-            PolicyError::Blocked(_)
-        ));
-        let open = OutboundPolicy::parse("").unwrap();
-        let uri = parse_uri("http://localhost:9/").unwrap();
-        let target = open.check_async(uri, t).await.unwrap();
+        let target = OutboundPolicy::parse("")
+            .unwrap()
+            .check("http://localhost:9/", t)
+            .await
+            .unwrap();
         assert!(target
             .addrs
             .iter()
             .all(|a| a.ip().is_loopback() && a.port() == 9));
+        assert_eq!(
+            OutboundPolicy::parse("")
+                .unwrap()
+                .check("http://no-such-host.invalid/", t)
+                .await
+                .unwrap_err(),
+            PolicyError::Unresolvable
+        );
+    }
+
+    fn fixed(name: &str, ips: Vec<IpAddr>) -> Resolver {
+        Resolver::Fixed(Arc::new(HashMap::from([(name.to_string(), ips)])))
+    }
+
+    #[tokio::test]
+    async fn every_address_is_checked_and_at_most_the_bound_kept() {
+        let t = Duration::from_secs(2);
+        let many: Vec<IpAddr> = (0..MAX_DIALLED_ADDRS + 44)
+            .map(|i| IpAddr::from([8, 8, (i / 256) as u8, (i % 256) as u8]))
+            .collect();
+        let policy = OutboundPolicy::parse("10.0.0.0/8").unwrap();
+        let target = policy
+            .clone()
+            .with_resolver(fixed("many.test", many.clone()))
+            .check("http://many.test/", t)
+            .await
+            .unwrap();
+        assert_eq!(target.addrs.len(), MAX_DIALLED_ADDRS);
+        assert_eq!(target.addrs[0], SocketAddr::new(many[0], 80));
+        assert_eq!(target.not_dialled, 44);
+        // A blocked address past the bound still blocks the URI.
+        let mut last_blocked = many;
+        last_blocked.push(ip("10.1.2.3"));
+        assert_eq!(
+            policy
+                .with_resolver(fixed("many.test", last_blocked))
+                .check("http://many.test/", t)
+                .await
+                .unwrap_err(),
+            PolicyError::Blocked(ip("10.1.2.3"))
+        );
     }
 }

@@ -18,9 +18,9 @@ use slog::{error, info, warn, Logger};
 use tokio::task::JoinHandle;
 
 use crate::api::Api;
-use crate::client::ClientOptions;
 use crate::clock::SystemClock;
 use crate::config::Settings;
+use crate::connector::ConnectionOptions;
 use crate::delivery::Deliverer;
 use crate::dispatcher::{Dispatcher, DispatcherConfig};
 use crate::handover::HandoverWatch;
@@ -170,8 +170,8 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let deliverer = Deliverer::with_options(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
-        metrics.response_bodies_truncated.clone(),
-        &ClientOptions {
+        metrics.delivery_counters(),
+        &ConnectionOptions {
             extra_roots: settings.extra_roots.clone(),
             keep_alive: true,
         },

@@ -5,17 +5,17 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixture_headers;
-use gorge_webhook::client::ClientOptions;
-use gorge_webhook::delivery::{Deliverer, DeliveryError};
-use gorge_webhook::policy::{CheckedTarget, OutboundPolicy};
+use gorge_webhook::connector::ConnectionOptions;
+use gorge_webhook::delivery::{Deliverer, DeliveryCounters, DeliveryError};
+use gorge_webhook::policy::{CheckedTarget, OutboundPolicy, Resolver};
 use gorge_webhook::tls::{ExtraRoots, TlsFailure};
 use phorge_wire::webhook::sign;
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -40,6 +40,17 @@ struct RawReceiver {
     seen: Arc<Mutex<Seen>>,
 }
 
+/// How a receiver that closes every connection after its first answer (without saying
+/// `Connection: close`) does it.
+#[derive(Debug, Clone, Copy)]
+enum Closing {
+    /// Close as soon as the answer is written.
+    RightAway,
+    /// Close when the next request arrives, unanswered: the client's reuse of the
+    /// connection always loses the race.
+    OnNextRequest,
+}
+
 /// An answer that never comes (the sender's timeout ends the request).
 const HOLD: &[u8] = b"HOLD";
 
@@ -53,18 +64,38 @@ fn redirect(status: u16, location: &str) -> Vec<u8> {
 
 impl RawReceiver {
     async fn start(answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static) -> Self {
-        Self::start_inner(Arc::new(answer), None).await
+        Self::start_on("127.0.0.1:0", answer).await
+    }
+
+    async fn start_on(
+        bind: &str,
+        answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_inner(bind, Arc::new(answer), None, None).await
     }
 
     async fn start_tls(
         tls: tokio_rustls::TlsAcceptor,
         answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        Self::start_inner(Arc::new(answer), Some(tls)).await
+        Self::start_inner("127.0.0.1:0", Arc::new(answer), Some(tls), None).await
     }
 
-    async fn start_inner(answer: Answer, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    /// A receiver that answers one request per connection, then closes it as `closing` says.
+    async fn start_closing(
+        closing: Closing,
+        answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_inner("127.0.0.1:0", Arc::new(answer), None, Some(closing)).await
+    }
+
+    async fn start_inner(
+        bind: &str,
+        answer: Answer,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        closing: Option<Closing>,
+    ) -> Self {
+        let listener = TcpListener::bind(bind).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let receiver = RawReceiver {
@@ -77,10 +108,10 @@ impl RawReceiver {
                 let (seen, answer, tls) = (seen.clone(), answer.clone(), tls.clone());
                 tokio::spawn(async move {
                     match tls {
-                        None => serve(stream, seen, answer).await,
+                        None => serve(stream, seen, answer, closing).await,
                         Some(tls) => {
                             if let Ok(stream) = tls.accept(stream).await {
-                                serve(stream, seen, answer).await;
+                                serve(stream, seen, answer, closing).await;
                             }
                         }
                     }
@@ -107,16 +138,21 @@ impl RawReceiver {
     }
 }
 
-/// Serves keep-alive requests on one connection until the peer closes or an answer is
-/// empty (hang up without a reply).
+/// Serves keep-alive requests on one connection until the peer closes, an answer is
+/// empty (hang up without a reply) or `closing` ends it after the first answer.
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     seen: Arc<Mutex<Seen>>,
     answer: Answer,
+    closing: Option<Closing>,
 ) {
     let mut buf = Vec::new();
+    let mut answered = false;
     loop {
         let head_end = loop {
+            if answered && matches!(closing, Some(Closing::OnNextRequest)) && !buf.is_empty() {
+                return; // the next request has begun: close without answering
+            }
             if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;
             }
@@ -159,6 +195,10 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
         let _ = stream.flush().await;
+        answered = true;
+        if matches!(closing, Some(Closing::RightAway)) {
+            return;
+        }
     }
 }
 
@@ -166,28 +206,38 @@ fn open_policy() -> Arc<OutboundPolicy> {
     Arc::new(OutboundPolicy::parse("").unwrap())
 }
 
-fn deliverer(options: &ClientOptions) -> Deliverer {
-    Deliverer::with_options(
-        open_policy(),
-        Duration::from_secs(5),
-        Counter::default(),
-        options,
-    )
+fn deliverer(options: &ConnectionOptions) -> Deliverer {
+    counting_deliverer(options).0
 }
 
-fn target(uri: &str) -> CheckedTarget {
-    open_policy().check(uri, Duration::from_secs(2)).unwrap()
+/// [`deliverer`], and the counters it increments.
+fn counting_deliverer(options: &ConnectionOptions) -> (Deliverer, DeliveryCounters) {
+    let counters = DeliveryCounters::default();
+    let d = Deliverer::with_options(
+        open_policy(),
+        Duration::from_secs(5),
+        counters.clone(),
+        options,
+    );
+    (d, counters)
+}
+
+async fn target(uri: &str) -> CheckedTarget {
+    open_policy()
+        .check(uri, Duration::from_secs(2))
+        .await
+        .unwrap()
 }
 
 async fn post(deliverer: &Deliverer, uri: &str) -> Result<u16, DeliveryError> {
     let signature = sign(KEY, BODY);
-    deliverer.deliver(target(uri), BODY, &signature).await
+    deliverer.deliver(target(uri).await, BODY, &signature).await
 }
 
 #[tokio::test]
 async fn header_names_are_title_cased_exactly_as_phorges_curl_sends_them() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(post(&d, &receiver.url("http", "/hook?x=1")).await, Ok(200));
     let heads = receiver.heads();
     let expected = format!(
@@ -211,7 +261,7 @@ async fn header_names_are_title_cased_exactly_as_phorges_curl_sends_them() {
 #[tokio::test]
 async fn two_deliveries_to_one_receiver_reuse_one_connection() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let uri = receiver.url("http", "/hook");
     assert_eq!(post(&d, &uri).await, Ok(200));
     assert_eq!(post(&d, &uri).await, Ok(200));
@@ -219,9 +269,9 @@ async fn two_deliveries_to_one_receiver_reuse_one_connection() {
     assert_eq!(receiver.connections(), 1, "keep-alive: one TCP connection");
     assert_eq!(d.connections_opened(), 1);
 
-    let without = deliverer(&ClientOptions {
+    let without = deliverer(&ConnectionOptions {
         keep_alive: false,
-        ..ClientOptions::default()
+        ..ConnectionOptions::default()
     });
     let other = RawReceiver::start(|_, _| ok()).await;
     let uri = other.url("http", "/hook");
@@ -239,11 +289,11 @@ async fn the_connector_never_dials_a_blocked_address() {
     let receiver = RawReceiver::start(|_, _| ok()).await;
     // A target that claims to be checked but whose address the policy blocks: the
     // connector itself refuses it, so neither a stale target nor a pooled key gets through.
-    let forged = target(&receiver.url("http", "/hook"));
+    let forged = target(&receiver.url("http", "/hook")).await;
     let strict = Deliverer::new(
         Arc::new(OutboundPolicy::parse("127.0.0.0/8").unwrap()),
         Duration::from_secs(5),
-        Counter::default(),
+        DeliveryCounters::default(),
     );
     let result = strict.deliver(forged, BODY, &sign(KEY, BODY)).await;
     assert_eq!(result, Err(DeliveryError::BlockedRedirect));
@@ -268,7 +318,7 @@ async fn a_302_continues_as_a_post_without_a_body_keeping_type_and_signature() {
         }
     })
     .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(
         post(&d, &receiver.url("http", "/redirect302/redirect302")).await,
         Ok(200)
@@ -303,7 +353,7 @@ fn redirect_chain(_: usize, head: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_307_and_308_repeat_the_body_and_after_a_303_it_stays_bodiless() {
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let receiver = RawReceiver::start(redirect_chain).await;
     assert_eq!(post(&d, &receiver.url("http", "/307")).await, Ok(200));
     assert_eq!(
@@ -324,7 +374,7 @@ async fn locations_with_query_or_fragment_join_like_a_browser() {
         _ => ok(),
     })
     .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(
         post(&d, &receiver.url("http", "/a/start?x=1")).await,
         Ok(200)
@@ -348,7 +398,7 @@ async fn locations_with_query_or_fragment_join_like_a_browser() {
 async fn a_redirect_to_a_file_url_is_not_followed() {
     // Issue 9 W7: it used to become `GET /file:///etc/passwd` on the same host.
     let receiver = RawReceiver::start(|_, _| redirect(302, "file:///etc/passwd")).await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let result = post(&d, &receiver.url("http", "/hook")).await;
     assert_eq!(result, Err(DeliveryError::BadRedirect));
     assert_eq!(result.unwrap_err().curl_code(), Some(1));
@@ -361,13 +411,13 @@ async fn a_3xx_without_location_is_the_final_status() {
     let receiver =
         RawReceiver::start(|_, _| b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n".to_vec())
             .await;
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     assert_eq!(post(&d, &receiver.url("http", "/hook")).await, Ok(302));
 }
 
 #[tokio::test]
 async fn transport_failures_are_curl_numbers() {
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     // Hang up after reading the request: Phorge's `hangup` row has errorCode 52.
     let hangup = RawReceiver::start(|_, _| Vec::new()).await;
     let result = post(&d, &hangup.url("http", "/hangup")).await;
@@ -407,16 +457,120 @@ struct PrivateCa {
 
 /// A keep-alive deliverer that trusts `ca` as an operator's CA file would make it.
 fn trusting(ca: &PrivateCa) -> Deliverer {
+    trusting_pem(&ca.ca_pem)
+}
+
+/// A keep-alive deliverer whose CA file holds `pem`.
+fn trusting_pem(pem: &str) -> Deliverer {
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
-    deliverer(&ClientOptions {
+    std::fs::write(&ca_file, pem).unwrap();
+    deliverer(&ConnectionOptions {
         extra_roots: ExtraRoots::load(&ca_file).unwrap(),
         keep_alive: true,
     })
 }
 
+/// A receiver certificate as `openssl req -x509 -subj /CN=localhost -addext
+/// subjectAltName=…` makes it: self-signed, `CA:TRUE` (critical), with `alt_names` (none:
+/// no subjectAltName, as without `-addext`), valid over `dates` (`None`: rcgen's default,
+/// 1975 to 4096).
+fn self_signed(
+    alt_names: &[&str],
+    dates: Option<(Ymd, Ymd)>,
+) -> (String, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let names: Vec<String> = alt_names.iter().map(|n| n.to_string()).collect();
+    let mut params = CertificateParams::new(names).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    if let Some(((y0, m0, d0), (y1, m1, d1))) = dates {
+        params.not_before = rcgen::date_time_ymd(y0, m0, d0);
+        params.not_after = rcgen::date_time_ymd(y1, m1, d1);
+    }
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), acceptor(&cert, &key))
+}
+
+/// A TLS server configuration presenting `cert`.
+fn acceptor(cert: &rcgen::Certificate, key: &rcgen::KeyPair) -> tokio_rustls::TlsAcceptor {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// A date as (year, month, day).
+type Ymd = (i32, u8, u8);
+
+#[tokio::test]
+async fn a_self_signed_receiver_in_the_ca_file_is_trusted_as_curl_trusts_it() {
+    // cURL trusts a certificate found in its CA file even when it is the receiver's own
+    // (CA:TRUE) certificate; the host name and the dates are still checked.
+    let (pem, acceptor) = self_signed(LOCAL_NAMES, None);
+    let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+    let uri = receiver.url("https", "/hook");
+
+    let untrusted = post(&deliverer(&ConnectionOptions::default()), &uri).await;
+    assert_eq!(
+        untrusted,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate))
+    );
+    let (other_pem, _) = self_signed(LOCAL_NAMES, None);
+    assert_eq!(
+        post(&trusting_pem(&other_pem), &uri).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
+        "another self-signed certificate for the same names is not this one"
+    );
+    assert!(receiver.heads().is_empty());
+
+    let trusted = trusting_pem(&pem);
+    assert_eq!(post(&trusted, &uri).await, Ok(200));
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(post(&trusted, &by_name).await, Ok(200));
+    assert_eq!(receiver.heads().len(), 2);
+
+    // A host name the certificate does not carry is still 60.
+    let mut wrong = target(&uri).await;
+    wrong.uri =
+        url::Url::parse(&format!("https://wrong.test:{}/hook", receiver.addr.port())).unwrap();
+    let result = trusted.deliver(wrong, BODY, &sign(KEY, BODY)).await;
+    assert_eq!(result, Err(DeliveryError::Tls(TlsFailure::WrongHost)));
+    assert_eq!(result.unwrap_err().curl_code(), Some(60));
+
+    // So are dates: expired, and not valid yet.
+    for dates in [((2020, 1, 1), (2021, 1, 1)), ((2998, 1, 1), (2999, 1, 1))] {
+        let (pem, acceptor) = self_signed(LOCAL_NAMES, Some(dates));
+        let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+        let result = post(&trusting_pem(&pem), &receiver.url("https", "/hook")).await;
+        assert_eq!(
+            result,
+            Err(DeliveryError::Tls(TlsFailure::CertificateDates)),
+            "{dates:?}"
+        );
+        assert_eq!(result.unwrap_err().curl_code(), Some(60));
+    }
+}
+
+/// The names the test certificates are for.
+const LOCAL_NAMES: &[&str] = &["localhost", "127.0.0.1"];
+
 fn private_ca() -> PrivateCa {
+    private_ca_for(LOCAL_NAMES)
+}
+
+/// A private CA and a certificate it signed with `alt_names` and the common name localhost.
+fn private_ca_for(alt_names: &[&str]) -> PrivateCa {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -425,23 +579,17 @@ fn private_ca() -> PrivateCa {
         .push(DnType::CommonName, "gorge test CA");
     let ca_key = KeyPair::generate().unwrap();
     let ca = ca_params.self_signed(&ca_key).unwrap();
-    let leaf_params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let mut leaf_params =
+        CertificateParams::new(alt_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
     let leaf_key = KeyPair::generate().unwrap();
     let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-        )
-        .unwrap();
     PrivateCa {
         ca_pem: ca.pem(),
-        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        acceptor: acceptor(&leaf, &leaf_key),
     }
 }
 
@@ -451,7 +599,7 @@ async fn a_private_ca_is_untrusted_until_it_is_in_the_ca_file() {
     let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
     let uri = receiver.url("https", "/hook");
 
-    let default_trust = deliverer(&ClientOptions::default());
+    let default_trust = deliverer(&ConnectionOptions::default());
     let result = post(&default_trust, &uri).await;
     assert_eq!(
         result,
@@ -482,7 +630,7 @@ async fn a_certificate_for_another_host_is_curl_60() {
     let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
     let trusted = trusting(&ca);
     // The checked address is the receiver's, the name is one the certificate lacks.
-    let mut wrong = target(&receiver.url("https", "/hook"));
+    let mut wrong = target(&receiver.url("https", "/hook")).await;
     wrong.uri =
         url::Url::parse(&format!("https://wrong.test:{}/hook", receiver.addr.port())).unwrap();
     let result = trusted.deliver(wrong, BODY, &sign(KEY, BODY)).await;
@@ -561,10 +709,10 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
         let d = Deliverer::with_options(
             open_policy(),
             Duration::from_secs(2),
-            Counter::default(),
-            &ClientOptions::default(),
+            DeliveryCounters::default(),
+            &ConnectionOptions::default(),
         );
-        let result = d.deliver(target(&uri), &body, &signature).await;
+        let result = d.deliver(target(&uri).await, &body, &signature).await;
 
         let heads = receiver.heads();
         assert_eq!(heads.len(), requests.len(), "{scenario}");
@@ -626,11 +774,223 @@ async fn a_reset_connection_is_curl_56_every_time() {
             drop(stream);
         }
     });
-    let d = deliverer(&ClientOptions::default());
+    let d = deliverer(&ConnectionOptions::default());
     let mut codes = Vec::new();
     for _ in 0..20 {
         let result = post(&d, &format!("http://{addr}/reset")).await;
         codes.push(result.unwrap_err().curl_code());
     }
     assert!(codes.iter().all(|c| *c == Some(56)), "{codes:?}");
+}
+
+/// Delivers `n` times in a row (each one waits for the previous) and returns the failures.
+async fn failures_in(d: &Deliverer, uri: &str, n: usize) -> Vec<DeliveryError> {
+    let mut failures = Vec::new();
+    for _ in 0..n {
+        if let Err(err) = post(d, uri).await {
+            failures.push(err);
+        }
+    }
+    failures
+}
+
+#[tokio::test]
+async fn a_receiver_that_closes_after_answering_loses_no_delivery() {
+    // HTTP/1.1 answers without `Connection: close`, then the connection closes: the next
+    // request on it fails before any response byte, and is sent again on a new connection,
+    // as cURL (Phorge's worker) does. Directly and after a redirect (whose next hop reuses
+    // the connection the 302 came on).
+    let mut failed = Vec::new();
+    for closing in [Closing::RightAway, Closing::OnNextRequest] {
+        let receiver = RawReceiver::start_closing(closing, |_, head| {
+            match head.split(' ').nth(1).unwrap_or("") {
+                "/start" => redirect(302, "/done"),
+                _ => ok(),
+            }
+        })
+        .await;
+        let (d, counters) = counting_deliverer(&ConnectionOptions::default());
+        for path in ["/hook", "/start"] {
+            let retries_before = counters.connection_retries.get();
+            let failures = failures_in(&d, &receiver.url("http", path), 1000).await;
+            failed.push(format!(
+                "{closing:?} {path}: {} of 1000 failed (first: {:?})",
+                failures.len(),
+                failures.first()
+            ));
+            let retries = counters.connection_retries.get() - retries_before;
+            if matches!(closing, Closing::OnNextRequest) {
+                // The reuse always loses the race here, so the retries did the work.
+                assert!(retries >= 400, "{path}: {retries} retries");
+            }
+        }
+        // The copy sent on the new connection is the same request, byte for byte.
+        let heads = receiver.heads();
+        let first_hook = heads.iter().find(|h| h.starts_with("POST /hook ")).unwrap();
+        assert!(heads
+            .iter()
+            .filter(|h| h.starts_with("POST /hook "))
+            .all(|h| h == first_hook));
+    }
+    assert!(
+        failed.iter().all(|line| line.contains(": 0 of 1000")),
+        "{failed:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tls_receiver_that_closes_after_answering_loses_no_delivery() {
+    let ca = private_ca();
+    let receiver = RawReceiver::start_inner(
+        "127.0.0.1:0",
+        Arc::new(|_, _: &str| ok()),
+        Some(ca.acceptor.clone()),
+        Some(Closing::OnNextRequest),
+    )
+    .await;
+    let d = trusting(&ca);
+    let failures = failures_in(&d, &receiver.url("https", "/hook"), 200).await;
+    assert_eq!(failures, [], "{} of 200 failed", failures.len());
+    assert!(
+        d.tls_handshakes() > 100,
+        "the reused connections were closed"
+    );
+}
+
+#[tokio::test]
+async fn a_redirect_loop_on_closing_connections_ends_as_curls_does() {
+    // A receiver that closes each connection after its answer: a redirect loop ends with
+    // 47 (too many redirects), as with cURL, not with the reused connection's 52/56.
+    let receiver =
+        RawReceiver::start_closing(Closing::RightAway, |_, _| redirect(302, "/loop")).await;
+    let d = deliverer(&ConnectionOptions::default());
+    let result = post(&d, &receiver.url("http", "/loop")).await;
+    assert_eq!(result, Err(DeliveryError::TooManyRedirects));
+    assert_eq!(result.unwrap_err().curl_code(), Some(47));
+    // One whose reuse always loses the race: cURL 7.88 retries on a fresh connect at most
+    // five times per transfer, redirects included, then gives up with 55 ("Connection died,
+    // tried 5 times before giving up"; `curl -L` against this receiver: 6 redirects, exit
+    // 55); so does a delivery.
+    let receiver =
+        RawReceiver::start_closing(Closing::OnNextRequest, |_, _| redirect(302, "/loop")).await;
+    let (d, counters) = counting_deliverer(&ConnectionOptions::default());
+    let result = post(&d, &receiver.url("http", "/loop")).await;
+    assert_eq!(result, Err(DeliveryError::Send));
+    assert_eq!(result.unwrap_err().curl_code(), Some(55));
+    assert_eq!(counters.connection_retries.get(), 5);
+}
+
+/// A policy without a blacklist that resolves `name` to `ips` only.
+fn resolving(name: &str, ips: Vec<IpAddr>) -> Arc<OutboundPolicy> {
+    let table = HashMap::from([(name.to_string(), ips)]);
+    Arc::new(
+        OutboundPolicy::parse("")
+            .unwrap()
+            .with_resolver(Resolver::Fixed(Arc::new(table))),
+    )
+}
+
+#[tokio::test]
+async fn every_resolved_address_is_tried_until_one_answers() {
+    // A host with 20 addresses of which only the 20th listens, as cURL tries them all: the
+    // receiver is on 127.0.0.20, and 127.0.0.1–19 on its port are sockets held bound but
+    // never listening, so connecting to them is refused.
+    let receiver = RawReceiver::start_on("127.0.0.20:0", |_, head| {
+        match head.split(' ').nth(1).unwrap_or("") {
+            "/moved" => redirect(302, "/hook"),
+            _ => ok(),
+        }
+    })
+    .await;
+    let port = receiver.addr.port();
+    let mut ips = Vec::new();
+    let mut held = Vec::new();
+    for last in 1..=19u8 {
+        let ip = IpAddr::from([127, 0, 0, last]);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(ip, port))
+            .unwrap_or_else(|err| panic!("hold {ip}:{port}: {err}"));
+        held.push(socket);
+        ips.push(ip);
+    }
+    ips.push(receiver.addr.ip());
+    let d = Deliverer::new(
+        resolving("many.test", ips),
+        Duration::from_secs(5),
+        DeliveryCounters::default(),
+    );
+    let uri = format!("http://many.test:{port}/hook");
+    let target = d.check(&uri).await.unwrap();
+    assert_eq!(target.addrs.len(), 20);
+    assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
+    assert_eq!(d.connections_opened(), 1, "only the 20th address connected");
+    assert!(receiver.heads()[0].contains(&format!("\r\nHost: many.test:{port}\r\n")));
+
+    // A redirect hop to such a host is resolved and tried the same way.
+    let first =
+        RawReceiver::start(move |_, _| redirect(302, &format!("http://many.test:{port}/hook")))
+            .await;
+    let target = d.check(&first.url("http", "/start")).await.unwrap();
+    assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
+    assert_eq!(receiver.heads().len(), 2);
+    drop(held);
+}
+
+#[tokio::test]
+async fn addresses_past_the_bound_are_checked_and_counted_not_dialled() {
+    let bound = gorge_webhook::policy::MAX_DIALLED_ADDRS;
+    let ips: Vec<IpAddr> = (0..bound + 10)
+        .map(|i| IpAddr::from([8, 8, (i / 256) as u8, (i % 256) as u8]))
+        .collect();
+    let counters = DeliveryCounters::default();
+    let d = Deliverer::new(
+        resolving("many.test", ips),
+        Duration::from_secs(5),
+        counters.clone(),
+    );
+    let target = d.check("http://many.test/").await.unwrap();
+    assert_eq!(target.addrs.len(), bound);
+    assert_eq!(counters.addresses_not_dialled.get(), 10);
+}
+
+#[tokio::test]
+async fn a_certificate_without_alt_names_is_matched_by_its_common_name_as_curl_does() {
+    // `openssl req -x509 -subj /CN=localhost` (no -addext) makes a certificate that names
+    // its host only in the common name; cURL then compares that name with the host (an
+    // address too, as text), but never when subjectAltName has a DNS or IP entry.
+    let (pem, acceptor) = self_signed(&[], None);
+    let receiver = RawReceiver::start_tls(acceptor, |_, _| ok()).await;
+    let port = receiver.addr.port();
+    let trusted = trusting_pem(&pem);
+    let by_name = format!("https://localhost:{port}/hook");
+    assert_eq!(post(&trusted, &by_name).await, Ok(200));
+    assert_eq!(
+        post(&trusted, &receiver.url("https", "/hook")).await,
+        Err(DeliveryError::Tls(TlsFailure::WrongHost))
+    );
+    assert_eq!(
+        post(&deliverer(&ConnectionOptions::default()), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate))
+    );
+
+    // The same for a certificate a private CA signed.
+    let ca = private_ca_for(&[]);
+    let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(post(&trusting(&ca), &by_name).await, Ok(200));
+    assert_eq!(
+        post(&deliverer(&ConnectionOptions::default()), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::UntrustedCertificate)),
+        "a matching common name does not make an untrusted chain trusted"
+    );
+
+    // A subjectAltName for another host: the common name is not looked at.
+    let ca = private_ca_for(&["other.test"]);
+    let receiver = RawReceiver::start_tls(ca.acceptor.clone(), |_, _| ok()).await;
+    let by_name = format!("https://localhost:{}/hook", receiver.addr.port());
+    assert_eq!(
+        post(&trusting(&ca), &by_name).await,
+        Err(DeliveryError::Tls(TlsFailure::WrongHost))
+    );
 }

@@ -23,7 +23,7 @@ use super::Dispatcher;
 use crate::delivery::DeliveryError;
 use crate::outcome;
 use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
-use crate::policy::{CheckedTarget, PolicyError};
+use crate::policy::PolicyError;
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
 /// Failures age out of the window one by one, so checking more often gains little.
@@ -161,7 +161,7 @@ impl Dispatcher {
             return Ok(RowEnd::Skipped(SkipReason::BreakerOpen));
         }
         // 5. Outbound policy: resolve once, check every address, keep them for the connect.
-        let target = match self.check_policy(hook).await {
+        let target = match self.deliverer.check(&hook.uri).await {
             Ok(target) => Ok(target),
             Err(PolicyError::Unresolvable) => Err(DeliveryError::Dns),
             Err(err) => {
@@ -237,15 +237,6 @@ impl Dispatcher {
             }
         }
         Ok(RowEnd::Done)
-    }
-
-    /// Resolves and checks the hook URI on a blocking thread.
-    async fn check_policy(&self, hook: &Hook) -> Result<CheckedTarget, PolicyError> {
-        let deliverer = self.deliverer.clone();
-        let uri = hook.uri.clone();
-        tokio::task::spawn_blocking(move || deliverer.policy().check(&uri, deliverer.timeout()))
-            .await
-            .unwrap_or(Err(PolicyError::Unresolvable))
     }
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).

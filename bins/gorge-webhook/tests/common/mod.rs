@@ -205,7 +205,7 @@ impl Harness {
             Deliverer::new(
                 Arc::new(self.policy),
                 self.timeout,
-                metrics.response_bodies_truncated.clone(),
+                metrics.delivery_counters(),
             ),
             metrics.clone(),
             DispatcherConfig {
