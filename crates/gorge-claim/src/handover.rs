@@ -18,9 +18,14 @@
 //! than two windows of [`CandidateWindow::size`] queued ids: the oldest ones (oldest
 //! first, as Phorge's queue), and a second window at a cursor that sweeps the rest of the
 //! queue one window per poll, so rows behind a long head that is not ours, or not ready,
-//! are still found. The window bounds come from the index alone ([`WINDOW_BOUNDS_SQL`]).
+//! are still found. The window bounds come from the index alone ([`WINDOW_BOUNDS_SQL`]),
+//! reading `2 × size` index entries; while batches come back full (a backlog draining) the
+//! bounds of the last poll are used again within the same second, so a drain does not pay
+//! for them on every poll. Stale bounds only shift the windows: rows only leave the queue
+//! below them and new rows get higher ids, so they hold at most `size` queued ids each, plus,
+//! when the sweep window reaches the end of the queue, the rows inserted within that second.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// The `properties` key the kit writes into a row it hands over.
 pub const HANDOVER_KEY: &str = "handedOverTo";
@@ -91,10 +96,19 @@ pub(crate) struct WindowRanges {
     pub sweep_end: u64,
 }
 
-/// The sweep cursor of one process (its replicas sweep on their own).
+/// The sweep cursor of one process (its replicas sweep on their own), and the last ranges
+/// while they may be used again. The lock is held only to read or replace them, never
+/// across a query.
 #[derive(Debug, Default)]
 pub(crate) struct CandidateWindow {
-    cursor: AtomicU64,
+    state: Mutex<WindowState>,
+}
+
+#[derive(Debug, Default)]
+struct WindowState {
+    cursor: u64,
+    /// The ranges of a poll whose batch was full, and that poll's `now`.
+    reusable: Option<(WindowRanges, u64)>,
 }
 
 impl CandidateWindow {
@@ -103,9 +117,26 @@ impl CandidateWindow {
         (limit as u64).max(MIN_WINDOW)
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, WindowState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Where the sweep window starts this poll.
     pub fn cursor(&self) -> u64 {
-        self.cursor.load(Ordering::Relaxed)
+        self.state().cursor
+    }
+
+    /// The last poll's ranges, if its batch was full and it ran in the same second.
+    pub fn reuse(&self, now: u64) -> Option<WindowRanges> {
+        match self.state().reusable {
+            Some((ranges, at)) if at == now => Some(ranges),
+            _ => None,
+        }
+    }
+
+    /// Records whether a poll at `now` over `ranges` filled its batch.
+    pub fn finished(&self, ranges: WindowRanges, now: u64, full: bool) {
+        self.state().reusable = full.then_some((ranges, now));
     }
 
     /// The ranges for bounds read at [`CandidateWindow::cursor`], and the cursor moved on
@@ -117,16 +148,16 @@ impl CandidateWindow {
         head_end: Option<u64>,
         sweep_end: Option<u64>,
     ) -> WindowRanges {
+        let mut state = self.state();
         let Some(head_end) = head_end else {
-            self.cursor.store(0, Ordering::Relaxed);
+            state.cursor = 0;
             return WindowRanges {
                 head_end: u64::MAX,
                 sweep_start: 0,
                 sweep_end: 0,
             };
         };
-        let next = sweep_end.unwrap_or(head_end);
-        self.cursor.store(next, Ordering::Relaxed);
+        state.cursor = sweep_end.unwrap_or(head_end);
         WindowRanges {
             head_end,
             sweep_start: cursor.max(head_end),
@@ -170,6 +201,17 @@ mod tests {
             php.contains(&format!("const HANDOVER_VALUE = '{HANDOVER_VALUE}';")),
             "GorgeWebhookDelegation::HANDOVER_VALUE differs"
         );
+    }
+
+    #[test]
+    fn ranges_are_reused_only_after_a_full_batch_in_the_same_second() {
+        let window = CandidateWindow::default();
+        let ranges = window.ranges(0, Some(1000), Some(2000));
+        window.finished(ranges, 7, true);
+        assert_eq!(window.reuse(7), Some(ranges));
+        assert_eq!(window.reuse(8), None);
+        window.finished(ranges, 7, false);
+        assert_eq!(window.reuse(7), None);
     }
 
     #[test]

@@ -544,18 +544,24 @@ impl ClaimStore {
     ) -> Result<Batch, ClaimError> {
         let backoff_cutoff = now.saturating_sub(timing.retry_backoff_sec);
         let lease_cutoff = now.saturating_sub(timing.lease_sec);
-        let size = CandidateWindow::size(limit);
-        let cursor = self.window.cursor();
         let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<(Option<u64>, Option<u64>), _, _>(
-                WINDOW_BOUNDS_SQL,
-                (size - 1, cursor, size - 1),
-            ))
-            .await;
-        let (mut conn, bounds) = self.settle(conn, out, "candidate window")?;
-        let (head_end, sweep_end) = bounds.unwrap_or((None, None));
-        let ranges = self.window.ranges(cursor, head_end, sweep_end);
+        let ranges = match self.window.reuse(now) {
+            Some(ranges) => ranges,
+            None => {
+                let size = CandidateWindow::size(limit);
+                let cursor = self.window.cursor();
+                let out = self
+                    .timed(conn.exec_first::<(Option<u64>, Option<u64>), _, _>(
+                        WINDOW_BOUNDS_SQL,
+                        (size - 1, cursor, size - 1),
+                    ))
+                    .await;
+                let (bounded, bounds) = self.settle(conn, out, "candidate window")?;
+                conn = bounded;
+                let (head_end, sweep_end) = bounds.unwrap_or((None, None));
+                self.window.ranges(cursor, head_end, sweep_end)
+            }
+        };
         let excluded = &exclude_hooks[..exclude_hooks.len().min(MAX_EXCLUDED_HOOKS)];
         let placeholders = if excluded.is_empty() {
             0
@@ -577,6 +583,7 @@ impl ClaimStore {
             .timed(conn.exec::<Row, _, _>(candidates_sql(placeholders), params))
             .await;
         let (_conn, rows) = self.settle(conn, out, "candidate query")?;
+        self.window.finished(ranges, now, rows.len() >= limit);
         let mut batch = Batch {
             fetched: rows.len(),
             ..Batch::default()
