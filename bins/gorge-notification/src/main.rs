@@ -45,7 +45,10 @@ fn main() {
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
     if cli.common.check_config {
         let lines = config::check_lines(&config);
-        print!("{}", check_config_text(&lines, &config.warnings));
+        print!(
+            "{}",
+            check_config_text(&lines, &config::check_warnings(&config))
+        );
         return;
     }
     if cli.common.print_config {

@@ -1,7 +1,9 @@
 //! The service mechanism both gorge binaries share, and nothing domain-specific.
 //!
 //! - [`cli`]: the shared command line and the runtime `main` ends in;
-//! - [`config`]: figment layering helpers, one-line validation errors, exit code 2, secrets;
+//! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
+//! - [`settings`]: the one declaration of a service's settings and everything made from it;
+//! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
 //! - [`metrics`]: the prefixed service registry with `build_info`, and `process_*` metrics;
@@ -16,12 +18,14 @@
 
 pub mod cli;
 pub mod config;
+pub mod docs;
 pub mod healthcheck;
 pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod probes;
 pub mod server;
+pub mod settings;
 pub mod shutdown;
 
 pub use config::{ConfigError, Secret};
