@@ -73,7 +73,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         );
     }
     if app.probes.is_draining() {
-        app.metrics.reject_socket("draining");
+        app.metrics.sockets_rejected.with(["draining"]).inc();
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
     }
     let instance = instance_from_path(request.uri().path()).to_string();
@@ -91,13 +91,13 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
                 }
                 ConnectError::InstanceNameTooLong => (StatusCode::BAD_REQUEST, "instance_name"),
             };
-            app.metrics.reject_socket(reason);
+            app.metrics.sockets_rejected.with([reason]).inc();
             return error_response(status, &err.to_string());
         }
     };
     let class = instance_class(&instance);
-    app.metrics.sockets.get_or_create(&class).inc();
-    app.metrics.sockets_open.get_or_create(&class).inc();
+    app.metrics.sockets.with([class]).inc();
+    app.metrics.sockets_open.with([class]).inc();
     let registration = Registration::new(app.clone(), handle, class);
     debug!(app.log, "NOTIFY_CLIENT_CONNECTED"; "instance" => &instance);
 

@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{PeerConfig, PeerUrl};
 use discovery::KnownPeer;
-use metrics::PeerMetrics;
+pub use metrics::PeerMetrics;
 use worker::{PeerLink, RelayJob};
 
 /// Peers beyond this many (static and discovered together) are refused and counted: every
@@ -235,7 +235,7 @@ impl Shared {
             return false;
         }
         if set.peers.len() >= MAX_PEERS {
-            self.metrics.refused.inc();
+            self.metrics.peer_discovery_refused.inc();
             warn!(self.log, "NOTIFY_PEER_REFUSED"; "peer" => &address, "max_peers" => MAX_PEERS);
             return false;
         }
@@ -260,7 +260,7 @@ impl Shared {
             from_dns,
             queue,
         });
-        self.metrics.known.set(set.peers.len() as i64);
+        self.metrics.peers_known.set(set.peers.len() as i64);
         true
     }
 
@@ -286,7 +286,9 @@ impl Shared {
             }
         }
         if plan.refused > 0 {
-            self.metrics.refused.inc_by(plan.refused as u64);
+            self.metrics
+                .peer_discovery_refused
+                .inc_by(plan.refused as u64);
         }
         if added > 0 || !plan.remove.is_empty() {
             info!(self.log, "NOTIFY_PEERS_CHANGED";
@@ -305,7 +307,7 @@ impl Shared {
     fn take_peer(&self, set: &mut PeerSet, index: usize) -> PeerHandle {
         let peer = set.peers.swap_remove(index);
         self.metrics.forget_peer(&peer.link.address);
-        self.metrics.known.set(set.peers.len() as i64);
+        self.metrics.peers_known.set(set.peers.len() as i64);
         peer
     }
 

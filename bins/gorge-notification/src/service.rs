@@ -53,7 +53,7 @@ impl Server {
         let fingerprint =
             phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
         let mut registry = gorge_service::metrics::service_registry(
-            "gorge_notification",
+            crate::metrics::PREFIX,
             env!("CARGO_PKG_VERSION"),
         );
         let metrics = Metrics::register(&mut registry);

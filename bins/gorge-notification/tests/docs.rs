@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use gorge_notification::config::Settings;
-use gorge_service::{docs, settings};
+use gorge_notification::metrics::{Metrics, PREFIX};
+use gorge_notification::peers::PeerMetrics;
+use gorge_service::{docs, metrics, settings};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/notification.md")
@@ -14,4 +16,11 @@ fn page() -> PathBuf {
 #[test]
 fn the_settings_table_is_the_declaration() {
     docs::check_table(&page(), &settings::docs_table::<Settings>());
+}
+
+#[test]
+fn the_metrics_table_is_the_declaration() {
+    let mut families = Metrics::families();
+    families.extend(PeerMetrics::families());
+    docs::check_table(&page(), &metrics::docs_table(PREFIX, &families));
 }

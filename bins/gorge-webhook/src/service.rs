@@ -121,7 +121,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     }
 
     let mut registry =
-        gorge_service::metrics::service_registry("gorge_webhook", env!("CARGO_PKG_VERSION"));
+        gorge_service::metrics::service_registry(crate::metrics::PREFIX, env!("CARGO_PKG_VERSION"));
     let metrics = Metrics::register(&mut registry);
     let store = ClaimStore::with_options(
         settings.mysql_opts(),

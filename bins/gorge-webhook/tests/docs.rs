@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
-use gorge_service::{docs, settings};
+use gorge_service::{docs, metrics, settings};
 use gorge_webhook::config::RawSettings;
+use gorge_webhook::metrics::{Metrics, PREFIX};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/webhook.md")
@@ -14,4 +15,9 @@ fn page() -> PathBuf {
 #[test]
 fn the_settings_table_is_the_declaration() {
     docs::check_table(&page(), &settings::docs_table::<RawSettings>());
+}
+
+#[test]
+fn the_metrics_table_is_the_declaration() {
+    docs::check_table(&page(), &metrics::docs_table(PREFIX, &Metrics::families()));
 }

@@ -4,6 +4,7 @@
 //! table in place instead, so a change to a declaration is one edit plus one command.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 /// The variable that makes [`check_table`] rewrite the docs instead of failing.
 pub const BLESS_VAR: &str = "GORGE_BLESS_DOCS";
@@ -26,6 +27,11 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 /// header, which must occur once); panics naming the first row that differs. With
 /// [`BLESS_VAR`] set, writes `table` in place of the old one instead.
 pub fn check_table(path: &Path, table: &str) {
+    // Tests of one binary check (and bless) several tables of one file in parallel.
+    static FILES: Mutex<()> = Mutex::new(());
+    let _guard = FILES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let header = table.lines().next().unwrap_or_default();
     let starts: Vec<usize> = text

@@ -6,7 +6,8 @@
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
-//! - [`metrics`]: the prefixed service registry with `build_info`, and `process_*` metrics;
+//! - [`metrics`]: one declaration per metric family, the prefixed service registry with
+//!   `build_info`, and the `process_*` metrics;
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
 //! - [`server`]: bind every listener first, then serve them all;
 //! - [`shutdown`]: the shutdown signal and [`shutdown::run`], the coordinated graceful stop;
@@ -31,5 +32,7 @@ pub mod shutdown;
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};
 pub use probes::{Probes, ReadinessCheck};
+#[doc(hidden)]
+pub use prometheus_client as __prometheus_client;
 pub use server::{bind_all, BindError, BoundListener, Handler, ListenerSpec};
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};

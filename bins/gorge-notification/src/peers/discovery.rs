@@ -103,7 +103,7 @@ pub(super) async fn run(
                 shared.apply_dns(&resolved);
             }
             other => {
-                shared.metrics.dns_failures.inc();
+                shared.metrics.peer_dns_failures.inc();
                 if !failing {
                     let reason = other.err().unwrap_or_else(|| "no addresses".to_owned());
                     warn!(shared.log, "NOTIFY_PEER_DNS_FAILED"; "host" => &host, "reason" => reason);

@@ -214,7 +214,7 @@ impl Dispatcher {
                 let started = std::time::Instant::now();
                 let result = self.deliverer.deliver(target, &body, &signature).await;
                 self.metrics
-                    .attempt_seconds
+                    .attempt_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
                 result
             }
