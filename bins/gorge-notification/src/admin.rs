@@ -16,9 +16,11 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
+use crate::events;
 use crate::fanout::Job;
 use crate::state::ServerState;
 use crate::wire;
+use gorge_service::emit;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
@@ -140,7 +142,7 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
     }
     app.hub.count_message_in();
     app.metrics.messages_in.inc();
-    slog::debug!(app.log, "NOTIFY_MESSAGE_ACCEPTED";
+    emit!(app.log, events::NOTIFY_MESSAGE_ACCEPTED;
         "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
     app.relay
         .relay(&instance, wire::payload(&frame), &message.touched);

@@ -18,12 +18,13 @@ use hyper::header::{
     SEC_WEBSOCKET_VERSION, UPGRADE,
 };
 use hyper::{Method, Request, StatusCode};
-use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
+use crate::events;
 use crate::metrics::instance_class;
 use crate::session::{self, Registration};
 use crate::state::ServerState;
+use gorge_service::emit;
 
 /// Aphlict's answer to any request that is not a WebSocket upgrade.
 pub const NOT_WEBSOCKET_BODY: &[u8] = b"HTTP/501 Use Websockets\n";
@@ -99,7 +100,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     app.metrics.sockets.with([class]).inc();
     app.metrics.sockets_open.with([class]).inc();
     let registration = Registration::new(app.clone(), handle, class);
-    debug!(app.log, "NOTIFY_CLIENT_CONNECTED"; "instance" => &instance);
+    emit!(app.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
 
     let key = request
         .headers()

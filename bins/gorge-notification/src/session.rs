@@ -18,13 +18,14 @@ use gorge_hub::{CloseReason, Flush, Outbound, Push, Sink, SocketHandle};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
-use slog::{debug, info, warn};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
+use gorge_service::emit;
 
 /// How long a closing socket may take to take its last frames and answer our close.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
@@ -134,7 +135,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => parts,
         Err(_) => {
-            warn!(app.log, "NOTIFY_UPGRADE_UNSUPPORTED"; "reason" => "not a TCP stream");
+            emit!(app.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
             return;
         }
     };
@@ -149,14 +150,14 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     app.metrics.sockets_closed.with([end.label()]).inc();
     match &end {
         End::Hub(CloseReason::SlowConsumer) => {
-            info!(app.log, "NOTIFY_SLOW_CONSUMER"; "instance" => registration.handle.instance());
+            emit!(app.log, events::NOTIFY_SLOW_CONSUMER; "instance" => registration.handle.instance());
         }
         End::Violation(Violation::TooLarge) => {
             app.metrics.oversized_frames.inc();
         }
         _ => {}
     }
-    debug!(app.log, "NOTIFY_CLIENT_DISCONNECTED";
+    emit!(app.log, events::NOTIFY_CLIENT_DISCONNECTED;
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
         // Bounded: a client that reads nothing never takes its close frame.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use gorge_notification::config::Settings;
 use gorge_notification::metrics::{Metrics, PREFIX};
 use gorge_notification::peers::PeerMetrics;
-use gorge_service::{docs, metrics, settings};
+use gorge_service::{docs, events, metrics, settings};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/notification.md")
@@ -23,4 +23,12 @@ fn the_metrics_table_is_the_declaration() {
     let mut families = Metrics::families();
     families.extend(PeerMetrics::families());
     docs::check_table(&page(), &metrics::docs_table(PREFIX, &families));
+}
+
+#[test]
+fn the_events_table_is_the_declaration() {
+    docs::check_table(
+        &page(),
+        &events::docs_table(gorge_notification::events::ALL),
+    );
 }

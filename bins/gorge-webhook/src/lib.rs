@@ -25,6 +25,7 @@ pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod dispatcher;
+pub mod events;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;

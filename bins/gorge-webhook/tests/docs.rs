@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gorge_service::{docs, metrics, settings};
+use gorge_service::{docs, events, metrics, settings};
 use gorge_webhook::config::RawSettings;
 use gorge_webhook::metrics::{Metrics, PREFIX};
 
@@ -20,4 +20,9 @@ fn the_settings_table_is_the_declaration() {
 #[test]
 fn the_metrics_table_is_the_declaration() {
     docs::check_table(&page(), &metrics::docs_table(PREFIX, &Metrics::families()));
+}
+
+#[test]
+fn the_events_table_is_the_declaration() {
+    docs::check_table(&page(), &events::docs_table(gorge_webhook::events::ALL));
 }

@@ -4,6 +4,7 @@
 //! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
+//! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
 //! - [`metrics`]: one declaration per metric family, the prefixed service registry with
@@ -20,6 +21,7 @@
 pub mod cli;
 pub mod config;
 pub mod docs;
+pub mod events;
 pub mod healthcheck;
 pub mod http;
 pub mod logging;
@@ -36,3 +38,5 @@ pub use probes::{Probes, ReadinessCheck};
 pub use prometheus_client as __prometheus_client;
 pub use server::{bind_all, BindError, BoundListener, Handler, ListenerSpec};
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
+#[doc(hidden)]
+pub use slog as __slog;
