@@ -41,6 +41,15 @@ fn checked(stdout: &[u8], name: &str) -> (String, String) {
         .unwrap_or_else(|| panic!("{name} not in\n{text}"))
 }
 
+/// The `warning: …` lines of `--check-config`.
+fn warnings(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .map(str::to_string)
+        .collect()
+}
+
 fn value_of(stdout: &[u8], name: &str) -> String {
     checked(stdout, name).0
 }
@@ -167,12 +176,8 @@ fn the_aphlict_file_is_layered_under_the_environment() {
     );
     // Ignored Aphlict keys are warnings, not settings.
     let text = String::from_utf8_lossy(out);
-    let warnings: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .collect();
     assert_eq!(
-        warnings,
+        warnings(out),
         [
             format!("warning: logs (in {path}) is ignored: logs go to stdout"),
             format!("warning: pidfile (in {path}) is ignored: no pidfile is written; the supervisor tracks the process"),
@@ -424,13 +429,8 @@ fn unknown_variables_with_our_prefix_are_warned_about_with_a_suggestion() {
         ],
     );
     assert_ok(&output);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let warnings: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("warning:"))
-        .collect();
     assert_eq!(
-        warnings,
+        warnings(&output.stdout),
         ["warning: GORGE_NOTIFICATION_CLIENT_PROT is not a setting (did you mean GORGE_NOTIFICATION_CLIENT_PORT?); ignored"]
     );
     let server = Server::start(&[("GORGE_NOTIFICATION_CLIENT_PROT", "22280")]);
@@ -496,13 +496,8 @@ fn config_option_wins_over_the_variable_and_says_so() {
         (option.to_string(), "option --config".to_string())
     );
     assert_eq!(value_of(out, "GORGE_NOTIFICATION_DRAIN_SECONDS"), "3");
-    let text = String::from_utf8_lossy(out);
-    let warnings: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .collect();
     assert_eq!(
-        warnings,
+        warnings(out),
         [format!(
             "warning: --config {option} is read, not GORGE_NOTIFICATION_CONFIG_FILE={variable}"
         )]

@@ -101,46 +101,36 @@ gorge_service::settings! {
     }
 }
 
-/// Validated, effective settings.
+/// Validated, effective settings. Derefs to the declared values ([`RawSettings`]:
+/// `settings.mysql_host`); its own fields are what validation derived from them — durations,
+/// parsed addresses and lists, effective limits — and take precedence by name.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub mysql_host: String,
-    pub mysql_port: u16,
-    pub mysql_user: String,
-    pub mysql_pass: Secret,
-    /// A Unix socket to connect through instead of host and port; empty: TCP only.
-    pub mysql_socket: String,
-    /// Query pool bound (polls, claims, result writes, the API).
-    pub mysql_max_connections: usize,
-    /// Lock pool bound: connections holding a per-hook lock across a POST.
-    pub mysql_max_lock_connections: usize,
     pub mysql_query_timeout: Duration,
-    pub namespace: String,
     pub poll_interval: Duration,
     /// Effective: at most one delivery per lock connection.
     pub max_concurrent: usize,
-    pub configured_max_concurrent: usize,
     pub delivery_timeout: Duration,
-    /// As configured; see [`Settings::claim_lease_sec`] for the effective value.
-    pub configured_claim_lease_sec: u64,
     /// Effective lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
     pub claim_lease_sec: u64,
-    pub retry_backoff_sec: u64,
-    pub error_backoff_sec: u64,
-    pub error_threshold: u64,
     pub outbound_policy: OutboundPolicy,
-    /// Whether the blacklist is Phorge's default (for `--check-config`).
-    pub outbound_blacklist_is_default: bool,
     /// `GORGE_WEBHOOK_CA_FILE`, if set, and the CAs read from it at startup.
     pub ca_file: Option<std::path::PathBuf>,
     pub extra_roots: ExtraRoots,
     pub listen_addr: SocketAddr,
-    pub service_token: Secret,
     /// The values as layered, with their sources (for `--check-config` and `--print-config`).
     layered: Layered<RawSettings>,
     log: Layered<LogVars>,
     /// Unknown `GORGE_WEBHOOK_*` and `GORGE_LOG_*` variables, found when loading.
     environment_warnings: Vec<String>,
+}
+
+impl std::ops::Deref for Settings {
+    type Target = RawSettings;
+
+    fn deref(&self) -> &RawSettings {
+        &self.layered.values
+    }
 }
 
 /// The formats `--config` reads, by extension.
@@ -179,7 +169,7 @@ impl Settings {
     }
 
     fn validate(layered: Layered<RawSettings>) -> Result<Settings, ConfigError> {
-        let raw = layered.values.clone();
+        let raw = &layered.values;
         let var = RawSettings::env_var;
         // The namespace becomes part of a database name in every query.
         if raw.namespace.is_empty()
@@ -228,34 +218,18 @@ impl Settings {
             })?,
             None => ExtraRoots::default(),
         };
-        let claim_lease_sec = raw
-            .claim_lease_sec
-            .max(raw.delivery_timeout + LEASE_MARGIN_SEC);
         Ok(Settings {
-            mysql_host: raw.mysql_host,
-            mysql_port: raw.mysql_port,
-            mysql_user: raw.mysql_user,
-            mysql_pass: raw.mysql_pass,
-            mysql_socket: raw.mysql_socket,
-            mysql_max_connections: raw.mysql_max_connections,
-            mysql_max_lock_connections: raw.mysql_max_lock_connections,
             mysql_query_timeout: Duration::from_secs(raw.mysql_query_timeout_sec),
-            configured_max_concurrent: raw.max_concurrent,
-            outbound_blacklist_is_default: raw.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST,
-            namespace: raw.namespace,
             poll_interval: Duration::from_millis(raw.poll_interval_ms),
             max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections),
             delivery_timeout: Duration::from_secs(raw.delivery_timeout),
-            configured_claim_lease_sec: raw.claim_lease_sec,
-            claim_lease_sec,
-            retry_backoff_sec: raw.retry_backoff_sec,
-            error_backoff_sec: raw.error_backoff_sec,
-            error_threshold: raw.error_threshold,
+            claim_lease_sec: raw
+                .claim_lease_sec
+                .max(raw.delivery_timeout + LEASE_MARGIN_SEC),
             outbound_policy,
             ca_file,
             extra_roots,
             listen_addr,
-            service_token: raw.service_token,
             layered,
             log: Layered::default(),
             environment_warnings: Vec::new(),
@@ -303,18 +277,18 @@ impl Settings {
     /// effective, why)`; logged once at startup.
     pub fn adjustments(&self) -> Vec<(&'static str, u64, u64, &'static str)> {
         let mut out = Vec::new();
-        if self.max_concurrent != self.configured_max_concurrent {
+        if self.max_concurrent != self.layered.values.max_concurrent {
             out.push((
                 "GORGE_WEBHOOK_MAX_CONCURRENT",
-                self.configured_max_concurrent as u64,
+                self.layered.values.max_concurrent as u64,
                 self.max_concurrent as u64,
                 "lowered to GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS: each delivery holds one lock connection",
             ));
         }
-        if self.claim_lease_sec != self.configured_claim_lease_sec {
+        if self.claim_lease_sec != self.layered.values.claim_lease_sec {
             out.push((
                 "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-                self.configured_claim_lease_sec,
+                self.layered.values.claim_lease_sec,
                 self.claim_lease_sec,
                 "raised to the delivery timeout + 5 s so a running POST is never re-claimed",
             ));
@@ -362,10 +336,10 @@ impl Settings {
     fn annotated(&self, key: &str) -> Option<String> {
         Some(match key {
             "namespace" => format!("{} (database {})", self.namespace, self.database()),
-            "claim_lease_sec" if self.claim_lease_sec != self.configured_claim_lease_sec => {
+            "claim_lease_sec" if self.claim_lease_sec != self.layered.values.claim_lease_sec => {
                 format!(
                     "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                    self.claim_lease_sec, self.configured_claim_lease_sec
+                    self.claim_lease_sec, self.layered.values.claim_lease_sec
                 )
             }
             "mysql_socket" if self.mysql_socket.is_empty() => {
@@ -376,14 +350,16 @@ impl Settings {
                 self.mysql_max_lock_connections,
                 self.connection_budget()
             ),
-            "max_concurrent" if self.max_concurrent != self.configured_max_concurrent => format!(
-                "{} (configured {}, limited by the lock connections)",
-                self.max_concurrent, self.configured_max_concurrent
-            ),
+            "max_concurrent" if self.max_concurrent != self.layered.values.max_concurrent => {
+                format!(
+                    "{} (configured {}, limited by the lock connections)",
+                    self.max_concurrent, self.layered.values.max_concurrent
+                )
+            }
             "outbound_blacklist" => format!(
                 "{} networks{}",
                 self.outbound_policy.len(),
-                if self.outbound_blacklist_is_default {
+                if self.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST {
                     " (Phorge's default)"
                 } else {
                     ""
@@ -467,12 +443,14 @@ mod tests {
         assert_eq!(s.poll_interval, Duration::from_millis(1000));
         assert_eq!(s.max_concurrent, 8);
         assert_eq!(s.delivery_timeout, Duration::from_secs(15));
-        assert_eq!((s.configured_claim_lease_sec, s.claim_lease_sec), (30, 30));
+        assert_eq!(
+            (s.layered.values.claim_lease_sec, s.claim_lease_sec),
+            (30, 30)
+        );
         assert_eq!(s.retry_backoff_sec, 60);
         assert_eq!((s.error_backoff_sec, s.error_threshold), (300, 10));
         assert_eq!(s.listen_addr, "0.0.0.0:8160".parse().unwrap());
         assert_eq!(s.outbound_policy.len(), 29);
-        assert!(s.outbound_blacklist_is_default);
         assert!(s.adjustments().is_empty());
         assert!(s.warnings().is_empty());
     }

@@ -61,7 +61,11 @@ pub fn check_table(path: &Path, table: &str) {
     }
     let differs = table
         .lines()
-        .zip(found.lines().chain(std::iter::repeat("(nothing)")))
+        .zip(
+            found
+                .lines()
+                .chain(std::iter::repeat("(the table ends here)")),
+        )
         .find(|(want, have)| want != have)
         .map(|(want, have)| format!("the code says\n  {want}\nthe docs say\n  {have}"))
         .unwrap_or_else(|| "the docs have rows the code does not declare".to_string());

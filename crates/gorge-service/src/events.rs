@@ -196,28 +196,14 @@ pub fn docs_table(events: &[Event]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logging::tests::Capture;
     use crate::logging::{build, LogFormat};
-    use std::io;
-    use std::sync::{Arc, Mutex};
 
     crate::events! {
         const DEMO = [
             DEMO_STARTED: Info ["addr", "n"] "Started";
             DEMO_PEER_CHATTY: Debug @ "peers" ["peer"] "Chatty";
         ];
-    }
-
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
     }
 
     #[test]

@@ -291,13 +291,14 @@ fn timestamp() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Secret;
     use std::sync::{Arc, Mutex};
 
+    /// A writer the tests read back (also used by the events tests).
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(pub(crate) Arc<Mutex<Vec<u8>>>);
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

@@ -30,12 +30,21 @@ pub trait Kind {
     const SECRET: bool = false;
     /// From an environment variable; `None` when the text is not valid.
     fn parse(text: &str) -> Option<Self::Value>;
-    /// From a file, where numbers must be numbers and text must be strings; `Err(reason)`.
-    fn from_file(value: &Value) -> Result<Self::Value, String>;
     /// As `--check-config` prints it (secrets masked).
     fn show(value: &Self::Value) -> String;
+    /// From a file, where numbers must be numbers and text must be strings; `Err(reason)`.
+    fn from_file(value: &Value) -> Result<Self::Value, String> {
+        match value {
+            Value::String(text) => {
+                Self::parse(text).ok_or_else(|| format!("expected {}", Self::VALID))
+            }
+            _ => Err("expected a string".to_string()),
+        }
+    }
     /// As `--print-config` writes it into a file (secrets empty).
-    fn to_file(value: &Self::Value) -> Value;
+    fn to_file(value: &Self::Value) -> Value {
+        Value::from(Self::show(value))
+    }
 }
 
 /// The reason for a file value that is not valid for a kind whose values are numbers.
@@ -118,13 +127,6 @@ number_kind!(
     Millis: u64, 1..=86400000, "a whole number of milliseconds from 1 to 86400000, e.g. 250"
 );
 
-fn text_from_file(value: &Value) -> Result<String, String> {
-    match value {
-        Value::String(s) => Ok(s.clone()),
-        _ => Err("expected a string".to_string()),
-    }
-}
-
 /// Free text, validated where it is used (addresses, URLs, names).
 #[derive(Debug)]
 pub struct Text;
@@ -135,14 +137,8 @@ impl Kind for Text {
     fn parse(text: &str) -> Option<String> {
         Some(text.to_string())
     }
-    fn from_file(value: &Value) -> Result<String, String> {
-        text_from_file(value)
-    }
     fn show(value: &String) -> String {
         value.clone()
-    }
-    fn to_file(value: &String) -> Value {
-        Value::from(value.as_str())
     }
 }
 
@@ -156,9 +152,6 @@ impl Kind for SecretText {
     const SECRET: bool = true;
     fn parse(text: &str) -> Option<Secret> {
         Some(Secret::new(text))
-    }
-    fn from_file(value: &Value) -> Result<Secret, String> {
-        text_from_file(value).map(Secret::new)
     }
     fn show(value: &Secret) -> String {
         value.to_string()
@@ -206,19 +199,12 @@ impl Kind for LogLevel {
     fn parse(text: &str) -> Option<LevelSpec> {
         parse_level_spec(Some(text)).ok()
     }
-    fn from_file(value: &Value) -> Result<LevelSpec, String> {
-        let text = text_from_file(value)?;
-        Self::parse(&text).ok_or_else(|| format!("expected {}", Self::VALID))
-    }
     fn show(value: &LevelSpec) -> String {
         let mut text = level_name(value.default).to_string();
         for (component, level) in &value.components {
             text.push_str(&format!(",{component}={}", level_name(*level)));
         }
         text
-    }
-    fn to_file(value: &LevelSpec) -> Value {
-        Value::from(Self::show(value))
     }
 }
 
@@ -232,19 +218,8 @@ impl Kind for LogFormatKind {
     fn parse(text: &str) -> Option<LogFormat> {
         parse_format(Some(text)).ok()
     }
-    fn from_file(value: &Value) -> Result<LogFormat, String> {
-        let text = text_from_file(value)?;
-        Self::parse(&text).ok_or_else(|| format!("expected {}", Self::VALID))
-    }
     fn show(value: &LogFormat) -> String {
-        match value {
-            LogFormat::Json => "json",
-            LogFormat::Text => "text",
-        }
-        .to_string()
-    }
-    fn to_file(value: &LogFormat) -> Value {
-        Value::from(Self::show(value))
+        format!("{value:?}").to_lowercase()
     }
 }
 
@@ -257,8 +232,6 @@ pub struct SettingInfo {
     pub key: &'static str,
     /// What it does, as the docs table says it.
     pub help: &'static str,
-    /// What is valid, from the kind.
-    pub valid: &'static str,
     /// Never printed.
     pub secret: bool,
     /// Only from the environment, not a file key.
@@ -269,16 +242,10 @@ pub struct SettingInfo {
 
 impl SettingInfo {
     /// A setting named `key`.
-    pub const fn new(
-        key: &'static str,
-        help: &'static str,
-        valid: &'static str,
-        secret: bool,
-    ) -> Self {
+    pub const fn new(key: &'static str, help: &'static str, secret: bool) -> Self {
         SettingInfo {
             key,
             help,
-            valid,
             secret,
             env_only: false,
             env: None,
@@ -314,10 +281,13 @@ impl SettingInfo {
 
     /// The environment variable, given the service's prefix.
     pub fn env_var(&self, prefix: &str) -> String {
-        match self.env {
-            Some(name) => name.to_string(),
-            None => format!("{prefix}{}", self.key.to_uppercase()),
-        }
+        self.env
+            .map_or_else(|| self.prefixed_var(prefix), str::to_string)
+    }
+
+    /// The prefix + the key in upper case, which is the variable unless `#[env]` says otherwise.
+    fn prefixed_var(&self, prefix: &str) -> String {
+        format!("{prefix}{}", self.key.to_uppercase())
     }
 }
 
@@ -398,7 +368,6 @@ macro_rules! settings {
                 $( $crate::settings::SettingInfo::new(
                     stringify!($field),
                     $help,
-                    <$kind as $crate::settings::Kind>::VALID,
                     <$kind as $crate::settings::Kind>::SECRET,
                 ) $( .$attr( $($($arg),*)? ) )* , )*
             ];
@@ -509,34 +478,24 @@ impl<S: Declared> Layered<S> {
         env: &dyn Fn(&str) -> Option<String>,
         skip: &[&str],
     ) -> Result<(), ConfigError> {
-        for info in S::SETTINGS.iter().filter(|s| !skip.contains(&s.key)) {
-            let var = info.env_var(S::PREFIX);
-            let prefixed = format!("{}{}", S::PREFIX, info.key.to_uppercase());
-            if prefixed != var {
-                if let Some(text) = env(&prefixed) {
-                    let shown = if info.secret {
-                        Secret::new(text).to_string()
-                    } else {
-                        text
-                    };
-                    return Err(ConfigError::new(
-                        prefixed,
-                        shown,
-                        format!("not read: this setting's variable is {var}"),
-                    ));
-                }
+        for (i, info) in S::SETTINGS.iter().enumerate() {
+            let (var, prefixed) = (info.env_var(S::PREFIX), info.prefixed_var(S::PREFIX));
+            let shown = |text: &str| match info.secret {
+                true => Secret::new(text).to_string(),
+                false => text.to_string(),
+            };
+            if skip.contains(&info.key) {
+                continue;
+            }
+            if let Some(text) = env(&prefixed).filter(|_| prefixed != var) {
+                let reason = format!("not read: this setting's variable is {var}");
+                return Err(ConfigError::new(prefixed, shown(&text), reason));
             }
             let Some(text) = env(&var) else { continue };
             refuse_service_link(&var, &text)?;
             self.values.set_text(info.key, &text).map_err(|valid| {
-                let shown = if info.secret {
-                    Secret::new(text.as_str()).to_string()
-                } else {
-                    text.clone()
-                };
-                ConfigError::new(&var, shown, format!("expected {valid}"))
+                ConfigError::new(&var, shown(&text), format!("expected {valid}"))
             })?;
-            let i = Self::index(info.key).unwrap_or_default();
             self.sources[i] = Source::Env(var);
         }
         Ok(())
@@ -578,7 +537,7 @@ pub fn unknown_env_warnings<S: Declared>(
     let known: Vec<String> = S::SETTINGS.iter().map(|s| s.env_var(S::PREFIX)).collect();
     let prefixed: Vec<String> = S::SETTINGS
         .iter()
-        .map(|s| format!("{}{}", S::PREFIX, s.key.to_uppercase()))
+        .map(|s| s.prefixed_var(S::PREFIX))
         .collect();
     let mut vars: Vec<(String, String)> = vars
         .into_iter()
