@@ -26,6 +26,7 @@ pub mod config;
 pub mod connector;
 pub mod delivery;
 pub mod dispatcher;
+pub mod events;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;
