@@ -16,9 +16,11 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
 
+use crate::events;
 use crate::fanout::Job;
 use crate::state::ServerState;
 use crate::wire;
+use gorge_service::emit;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
@@ -93,7 +95,7 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
     let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
-            app.metrics.reject_admin("too_large");
+            app.metrics.admin_rejected.with(["too_large"]).inc();
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "message body too large");
         }
         Err(BodyError::Read) => {
@@ -114,12 +116,12 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
                 AdminMessageError::InvalidJson(_) => "bad_json",
                 AdminMessageError::NotAnObject => "not_object",
             };
-            app.metrics.reject_admin(reason);
+            app.metrics.admin_rejected.with([reason]).inc();
             return error_response(StatusCode::BAD_REQUEST, &err.to_string());
         }
     };
     if !app.hub.instance_name_ok(&instance) {
-        app.metrics.reject_admin("instance_name");
+        app.metrics.admin_rejected.with(["instance_name"]).inc();
         return error_response(StatusCode::BAD_REQUEST, "instance name too long");
     }
     // Encoded once: every recipient, the history and the peers share these bytes.
@@ -135,12 +137,12 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
     };
     let instance = job.instance.clone();
     if app.fanout.submit(job).is_err() {
-        app.metrics.reject_admin("fanout_full");
+        app.metrics.admin_rejected.with(["fanout_full"]).inc();
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is overloaded");
     }
     app.hub.count_message_in();
     app.metrics.messages_in.inc();
-    slog::debug!(app.log, "NOTIFY_MESSAGE_ACCEPTED";
+    emit!(app.log, events::NOTIFY_MESSAGE_ACCEPTED;
         "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
     app.relay
         .relay(&instance, wire::payload(&frame), &message.touched);

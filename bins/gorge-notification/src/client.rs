@@ -18,12 +18,13 @@ use hyper::header::{
     SEC_WEBSOCKET_VERSION, UPGRADE,
 };
 use hyper::{Method, Request, StatusCode};
-use slog::debug;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
+use crate::events;
 use crate::metrics::instance_class;
 use crate::session::{self, Registration};
 use crate::state::ServerState;
+use gorge_service::emit;
 
 /// Aphlict's answer to any request that is not a WebSocket upgrade.
 pub const NOT_WEBSOCKET_BODY: &[u8] = b"HTTP/501 Use Websockets\n";
@@ -73,7 +74,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         );
     }
     if app.probes.is_draining() {
-        app.metrics.reject_socket("draining");
+        app.metrics.sockets_rejected.with(["draining"]).inc();
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
     }
     let instance = instance_from_path(request.uri().path()).to_string();
@@ -91,15 +92,15 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
                 }
                 ConnectError::InstanceNameTooLong => (StatusCode::BAD_REQUEST, "instance_name"),
             };
-            app.metrics.reject_socket(reason);
+            app.metrics.sockets_rejected.with([reason]).inc();
             return error_response(status, &err.to_string());
         }
     };
     let class = instance_class(&instance);
-    app.metrics.sockets.get_or_create(&class).inc();
-    app.metrics.sockets_open.get_or_create(&class).inc();
+    app.metrics.sockets.with([class]).inc();
+    app.metrics.sockets_open.with([class]).inc();
     let registration = Registration::new(app.clone(), handle, class);
-    debug!(app.log, "NOTIFY_CLIENT_CONNECTED"; "instance" => &instance);
+    emit!(app.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
 
     let key = request
         .headers()

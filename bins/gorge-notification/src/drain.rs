@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use rand::Rng;
-use slog::info;
 use tokio::time::Instant;
 
 use gorge_hub::CloseReason;
 
+use crate::events;
 use crate::state::ServerState;
+use gorge_service::emit;
 
 /// When each of `count` sockets is closed, as offsets into `window`: one slot per socket,
 /// a uniformly random point inside each slot, in increasing order.
@@ -35,7 +36,7 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
     let started = Instant::now();
     app.metrics.draining.set(1);
     let mut sockets = app.hub.outbounds();
-    info!(app.log, "NOTIFY_DRAIN_STARTED";
+    emit!(app.log, events::NOTIFY_DRAIN_STARTED;
         "sockets" => sockets.len(), "window_ms" => window.as_millis() as u64);
     let offsets = {
         let mut rng = rand::rng();
@@ -65,7 +66,7 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
         }
     }
     let _ = peers.await;
-    info!(app.log, "NOTIFY_DRAIN_DONE";
+    emit!(app.log, events::NOTIFY_DRAIN_DONE;
         "open_sockets" => app.hub.open_sockets(),
         "elapsed_ms" => started.elapsed().as_millis() as u64);
 }

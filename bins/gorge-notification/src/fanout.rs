@@ -19,10 +19,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use gorge_hub::{Hub, Publication, MAX_BATCH};
-use slog::{debug, Logger};
+use slog::Logger;
 use tokio::sync::watch;
 
+use crate::events;
 use crate::metrics::Metrics;
+use gorge_service::emit;
 
 /// Messages waiting for the fan-out thread, at most.
 pub const HANDOFF_MESSAGES: usize = 4096;
@@ -165,7 +167,7 @@ fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
         m.slow_consumer_disconnects
             .inc_by(outcome.slow_consumers as u64);
         history = Some((outcome.history_entries, outcome.history_bytes));
-        debug!(log, "NOTIFY_MESSAGE_DELIVERED";
+        emit!(log, events::NOTIFY_MESSAGE_DELIVERED;
             "instance" => &job.instance, "subscribers" => job.subscribers.len(),
             "queued" => outcome.queued, "slow_consumers" => outcome.slow_consumers,
             "batch" => batch.len());

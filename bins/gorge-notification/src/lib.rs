@@ -21,6 +21,7 @@ pub mod admin;
 pub mod client;
 pub mod config;
 pub mod drain;
+pub mod events;
 pub mod fanout;
 pub mod fdlimit;
 pub mod metrics;

@@ -7,13 +7,14 @@
 use clap::Parser;
 use gorge_hub::MonotonicClock;
 use gorge_notification::config;
+use gorge_notification::events;
 use gorge_notification::fdlimit;
 use gorge_notification::service::Server;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::{check_config_text, exit_config_error};
+use gorge_service::emit;
 use gorge_service::logging::init_logging;
 use gorge_service::{ConfigError, Shutdown};
-use slog::{error, info, warn};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -45,7 +46,10 @@ fn main() {
     let config = config::load(config_path).unwrap_or_else(|e| exit_config_error(&e));
     if cli.common.check_config {
         let lines = config::check_lines(&config);
-        print!("{}", check_config_text(&lines, &config.warnings));
+        print!(
+            "{}",
+            check_config_text(&lines, &config::check_warnings(&config))
+        );
         return;
     }
     if cli.common.print_config {
@@ -62,16 +66,16 @@ fn main() {
 async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
     let (limit, raise_error) = fdlimit::raise_to_hard();
     let show = |n: Option<u64>| n.map_or("unlimited".to_string(), |n| n.to_string());
-    info!(log, "NOTIFY_FILE_LIMIT";
+    emit!(log, events::NOTIFY_FILE_LIMIT;
         "soft_before" => show(limit.soft_before), "soft" => show(limit.soft),
         "hard" => show(limit.hard));
     if let Some(err) = raise_error {
-        warn!(log, "NOTIFY_FILE_LIMIT_NOT_RAISED"; "error" => %err);
+        emit!(log, events::NOTIFY_FILE_LIMIT_NOT_RAISED; "error" => %err);
     }
     let server = match Server::bind(config, MonotonicClock::new(), log).await {
         Ok(server) => server,
         Err(e) => {
-            error!(log, "NOTIFY_BIND_FAILED"; "addr" => %e.addr, "error" => %e);
+            emit!(log, events::NOTIFY_BIND_FAILED; "addr" => %e.addr, "error" => %e);
             eprintln!("{e}");
             return 1;
         }
@@ -79,7 +83,7 @@ async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
     match server.run(Shutdown::new()).await {
         Ok(()) => 0,
         Err(e) => {
-            error!(log, "NOTIFY_STOPPED"; "error" => %e);
+            emit!(log, events::NOTIFY_STOPPED; "error" => %e);
             1
         }
     }

@@ -30,13 +30,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use prometheus_client::registry::Registry;
-use slog::{error, info, warn, Logger};
+use slog::Logger;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::config::{PeerConfig, PeerUrl};
+use crate::events;
 use discovery::KnownPeer;
-use metrics::PeerMetrics;
+use gorge_service::emit;
+pub use metrics::PeerMetrics;
 use worker::{PeerLink, RelayJob};
 
 /// Peers beyond this many (static and discovered together) are refused and counted: every
@@ -123,7 +125,7 @@ impl PeerRelay {
                 let (address, base_url) = static_endpoint(url);
                 shared.add_peer(&mut set, address, base_url, false);
             }
-            info!(shared.log, "NOTIFY_PEERS_CHANGED";
+            emit!(shared.log, events::NOTIFY_PEERS_CHANGED;
                 "peers" => set.peers.len(), "added" => set.peers.len(), "removed" => 0,
                 "dns" => cfg.dns.as_ref().map(|(host, port)| format!("{host}:{port}")));
         }
@@ -183,14 +185,14 @@ impl PeerRelay {
             .await
             .is_ok()
         {
-            info!(self.shared.log, "NOTIFY_PEER_QUEUES_FLUSHED");
+            emit!(self.shared.log, events::NOTIFY_PEER_QUEUES_FLUSHED);
             return;
         }
         let set = self.shared.lock_peers();
         for peer in &set.peers {
             peer.link.discard_remaining();
         }
-        warn!(self.shared.log, "NOTIFY_PEER_QUEUES_DROPPED";
+        emit!(self.shared.log, events::NOTIFY_PEER_QUEUES_DROPPED;
             "pending" => self.shared.pending.load(Ordering::Acquire),
             "deadline_ms" => deadline.as_millis() as u64);
     }
@@ -235,8 +237,8 @@ impl Shared {
             return false;
         }
         if set.peers.len() >= MAX_PEERS {
-            self.metrics.refused.inc();
-            warn!(self.log, "NOTIFY_PEER_REFUSED"; "peer" => &address, "max_peers" => MAX_PEERS);
+            self.metrics.peer_discovery_refused.inc();
+            emit!(self.log, events::NOTIFY_PEER_REFUSED; "peer" => &address, "max_peers" => MAX_PEERS);
             return false;
         }
         let counters = self.metrics.for_peer(&address);
@@ -250,7 +252,7 @@ impl Shared {
                 .spawn(move || worker::run(shared, link, jobs))
         };
         if let Err(err) = worker {
-            error!(self.log, "NOTIFY_PEER_WORKER_FAILED";
+            emit!(self.log, events::NOTIFY_PEER_WORKER_FAILED;
                 "peer" => &link.address, "reason" => err.to_string());
             self.metrics.forget_peer(&link.address);
             return false;
@@ -260,7 +262,7 @@ impl Shared {
             from_dns,
             queue,
         });
-        self.metrics.known.set(set.peers.len() as i64);
+        self.metrics.peers_known.set(set.peers.len() as i64);
         true
     }
 
@@ -286,10 +288,12 @@ impl Shared {
             }
         }
         if plan.refused > 0 {
-            self.metrics.refused.inc_by(plan.refused as u64);
+            self.metrics
+                .peer_discovery_refused
+                .inc_by(plan.refused as u64);
         }
         if added > 0 || !plan.remove.is_empty() {
-            info!(self.log, "NOTIFY_PEERS_CHANGED";
+            emit!(self.log, events::NOTIFY_PEERS_CHANGED;
                 "peers" => set.peers.len(), "added" => added, "removed" => plan.remove.len(),
                 "refused" => plan.refused);
         }
@@ -305,7 +309,7 @@ impl Shared {
     fn take_peer(&self, set: &mut PeerSet, index: usize) -> PeerHandle {
         let peer = set.peers.swap_remove(index);
         self.metrics.forget_peer(&peer.link.address);
-        self.metrics.known.set(set.peers.len() as i64);
+        self.metrics.peers_known.set(set.peers.len() as i64);
         peer
     }
 
@@ -320,7 +324,7 @@ impl Shared {
                 && lock(&peer.link.fingerprint).as_deref() == Some(fingerprint)
         });
         if let Some(twin) = twin {
-            warn!(self.log, "NOTIFY_PEER_LISTED_TWICE";
+            emit!(self.log, events::NOTIFY_PEER_LISTED_TWICE;
                 "peer" => &link.address, "same_as" => &twin.link.address,
                 "fingerprint" => fingerprint);
         }
@@ -340,7 +344,7 @@ impl Shared {
         {
             self.take_peer(&mut set, index);
         }
-        info!(self.log, "NOTIFY_PEER_IS_SELF"; "peer" => &link.address);
+        emit!(self.log, events::NOTIFY_PEER_IS_SELF; "peer" => &link.address);
     }
 }
 

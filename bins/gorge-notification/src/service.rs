@@ -13,15 +13,17 @@ use gorge_service::{
     Shutdown,
 };
 use rand::RngCore;
-use slog::{info, o, warn, Logger};
+use slog::Logger;
 use tokio::sync::Notify;
 
 use crate::config::{Config, ServerKind};
+use crate::events;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client, drain};
+use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
 /// (window + 3 s) the whole drain stays within window + 5 s.
@@ -44,16 +46,16 @@ impl Server {
         log: &Logger,
     ) -> Result<Server, BindError> {
         for ignored in &config.ignored {
-            warn!(log, "NOTIFY_CONFIG_IGNORED_KEY";
+            emit!(log, events::NOTIFY_CONFIG_IGNORED_KEY;
                 "key" => &ignored.key, "reason" => &ignored.reason);
         }
         for warning in &config.warnings {
-            warn!(log, "NOTIFY_CONFIG_WARNING"; "warning" => warning);
+            emit!(log, events::NOTIFY_CONFIG_WARNING; "warning" => warning);
         }
         let fingerprint =
             phorge_wire::aphlict::generate_fingerprint(|buf| rand::rng().fill_bytes(buf));
         let mut registry = gorge_service::metrics::service_registry(
-            "gorge_notification",
+            crate::metrics::PREFIX,
             env!("CARGO_PKG_VERSION"),
         );
         let metrics = Metrics::register(&mut registry);
@@ -61,15 +63,11 @@ impl Server {
             config.peers.clone(),
             fingerprint.clone(),
             &mut registry,
-            log.new(o!("component" => "peers")),
+            log.clone(),
         );
         let probes = Probes::new(registry, Probes::always_ready());
         let hub = Arc::new(Hub::new(config.hub.clone(), clock));
-        let fanout = Fanout::start(
-            hub.clone(),
-            metrics.clone(),
-            log.new(o!("component" => "fanout")),
-        );
+        let fanout = Fanout::start(hub.clone(), metrics.clone(), log.clone());
         let app = Arc::new(ServerState {
             hub,
             fanout,
@@ -88,7 +86,7 @@ impl Server {
             session_ended: Notify::new(),
         });
         for addr in exposed_admin_addrs(&config) {
-            warn!(log, "NOTIFY_ADMIN_NOT_LOOPBACK"; "addr" => %addr,
+            emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
                 "hint" => "the admin port has no authentication: keep it off public networks");
         }
         let specs = config
@@ -149,7 +147,7 @@ impl Server {
             .iter()
             .map(|l| format!("{}={}", l.name(), l.local_addr()))
             .collect();
-        info!(log, "NOTIFY_STARTED";
+        emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
         let options = RunOptions {

@@ -18,14 +18,14 @@ use gorge_hub::{CloseReason, Flush, Outbound, Push, Sink, SocketHandle};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
-use slog::{debug, info, warn};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::metrics::{ClassLabel, ReasonLabel};
+use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
+use gorge_service::emit;
 
 /// How long a closing socket may take to take its last frames and answer our close.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
@@ -42,11 +42,11 @@ const READ_CHUNK: usize = 4096;
 pub struct Registration {
     app: Arc<ServerState>,
     handle: SocketHandle,
-    class: ClassLabel,
+    class: &'static str,
 }
 
 impl Registration {
-    pub fn new(app: Arc<ServerState>, handle: SocketHandle, class: ClassLabel) -> Self {
+    pub fn new(app: Arc<ServerState>, handle: SocketHandle, class: &'static str) -> Self {
         Registration { app, handle, class }
     }
 }
@@ -55,11 +55,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.handle.outbound().detach();
         self.app.hub.disconnect(&self.handle);
-        self.app
-            .metrics
-            .sockets_open
-            .get_or_create(&self.class)
-            .dec();
+        self.app.metrics.sockets_open.with([self.class]).dec();
         self.app.session_ended.notify_waiters();
     }
 }
@@ -139,7 +135,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => parts,
         Err(_) => {
-            warn!(app.log, "NOTIFY_UPGRADE_UNSUPPORTED"; "reason" => "not a TCP stream");
+            emit!(app.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
             return;
         }
     };
@@ -151,22 +147,17 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     let mut reader = wire::Reader::new(parts.read_buf, app.limits.max_frame_bytes);
     let end = serve(&app, &registration.handle, &stream, &mut reader).await;
     // Counted when the decision is made, not after the close handshake below.
-    app.metrics
-        .sockets_closed
-        .get_or_create(&ReasonLabel {
-            reason: end.label(),
-        })
-        .inc();
+    app.metrics.sockets_closed.with([end.label()]).inc();
     match &end {
         End::Hub(CloseReason::SlowConsumer) => {
-            info!(app.log, "NOTIFY_SLOW_CONSUMER"; "instance" => registration.handle.instance());
+            emit!(app.log, events::NOTIFY_SLOW_CONSUMER; "instance" => registration.handle.instance());
         }
         End::Violation(Violation::TooLarge) => {
             app.metrics.oversized_frames.inc();
         }
         _ => {}
     }
-    debug!(app.log, "NOTIFY_CLIENT_DISCONNECTED";
+    emit!(app.log, events::NOTIFY_CLIENT_DISCONNECTED;
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
         // Bounded: a client that reads nothing never takes its close frame.
@@ -388,7 +379,7 @@ fn apply(app: &ServerState, handle: &SocketHandle, command: ClientCommand) -> bo
         ClientCommand::Subscribe(phids) => {
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
-            m.subscriptions_over_total.inc_by(outcome.over_total as u64);
+            m.subscriptions_over_limit.inc_by(outcome.over_total as u64);
         }
         ClientCommand::Unsubscribe(phids) => app.hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {

@@ -41,6 +41,15 @@ fn checked(stdout: &[u8], name: &str) -> (String, String) {
         .unwrap_or_else(|| panic!("{name} not in\n{text}"))
 }
 
+/// The `warning: …` lines of `--check-config`.
+fn warnings(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .map(str::to_string)
+        .collect()
+}
+
 fn value_of(stdout: &[u8], name: &str) -> String {
     checked(stdout, name).0
 }
@@ -165,9 +174,27 @@ fn the_aphlict_file_is_layered_under_the_environment() {
         value_of(out, "peers (cluster[] and PEERS)"),
         "http://peer-a:22281"
     );
-    for key in ["logs", "pidfile", "memory.hint"] {
-        assert!(value_of(out, &format!("{key} (file key)")).starts_with("ignored: "));
-    }
+    // Ignored Aphlict keys are warnings, not settings.
+    let text = String::from_utf8_lossy(out);
+    assert_eq!(
+        warnings(out),
+        [
+            format!("warning: logs (in {path}) is ignored: logs go to stdout"),
+            format!("warning: pidfile (in {path}) is ignored: no pidfile is written; the supervisor tracks the process"),
+            format!("warning: memory.hint (in {path}) is ignored: memory is bounded by the configured limits"),
+        ],
+        "{text}"
+    );
+    assert!(!text.contains("(file key)"), "{text}");
+    // The logging variables are shown too.
+    assert_eq!(
+        checked(out, "GORGE_LOG_LEVEL"),
+        ("info".to_string(), "default".to_string())
+    );
+    assert_eq!(
+        value_of(out, "GORGE_LOG_FORMAT"),
+        "json (stdout is not a terminal)"
+    );
 
     // Started with that file, each ignored key is one warning.
     let server = Server::start(&[
@@ -402,13 +429,8 @@ fn unknown_variables_with_our_prefix_are_warned_about_with_a_suggestion() {
         ],
     );
     assert_ok(&output);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let warnings: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("warning:"))
-        .collect();
     assert_eq!(
-        warnings,
+        warnings(&output.stdout),
         ["warning: GORGE_NOTIFICATION_CLIENT_PROT is not a setting (did you mean GORGE_NOTIFICATION_CLIENT_PORT?); ignored"]
     );
     let server = Server::start(&[("GORGE_NOTIFICATION_CLIENT_PROT", "22280")]);
@@ -453,4 +475,37 @@ fn print_config_writes_an_aphlict_file_that_loads_back() {
         checked(&loaded.stdout, "GORGE_NOTIFICATION_DRAIN_SECONDS").1,
         format!("file {}", path.display())
     );
+}
+
+#[test]
+fn config_option_wins_over_the_variable_and_says_so() {
+    let option = config_file(r#"{"drain_seconds": 3}"#);
+    let variable = config_file(r#"{"drain_seconds": 4}"#);
+    let (option, variable) = (
+        option.path().to_str().unwrap(),
+        variable.path().to_str().unwrap(),
+    );
+    let output = run(
+        &["--check-config", "--config", option],
+        &[("GORGE_NOTIFICATION_CONFIG_FILE", variable)],
+    );
+    assert_ok(&output);
+    let out = &output.stdout;
+    assert_eq!(
+        checked(out, "GORGE_NOTIFICATION_CONFIG_FILE"),
+        (option.to_string(), "option --config".to_string())
+    );
+    assert_eq!(value_of(out, "GORGE_NOTIFICATION_DRAIN_SECONDS"), "3");
+    assert_eq!(
+        warnings(out),
+        [format!(
+            "warning: --config {option} is read, not GORGE_NOTIFICATION_CONFIG_FILE={variable}"
+        )]
+    );
+    // The same file twice is no conflict.
+    let output = run(
+        &["--check-config", "--config", option],
+        &[("GORGE_NOTIFICATION_CONFIG_FILE", option)],
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("warning: "));
 }

@@ -4,13 +4,15 @@
 
 use std::sync::Arc;
 
+use crate::events;
 use gorge_claim::ClaimStore;
+use gorge_service::emit;
 use gorge_service::http::{error_response, internal_error, json_response, method_not_allowed};
 use gorge_service::{Handler, Probes, Response, Secret};
 use hyper::{Method, Request, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
-use slog::{warn, Logger};
+use slog::Logger;
 use subtle::ConstantTimeEq;
 
 /// Header carrying the service token (preferred over `?token=`).
@@ -78,7 +80,7 @@ impl Api {
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(err) => {
                 // Details go to the log only; the body is the fixed 500 envelope.
-                warn!(self.log, "WEBHOOK_API_DB_ERROR"; "path" => path, "error" => %err);
+                emit!(self.log, events::WEBHOOK_API_DB_ERROR; "path" => path, "error" => %err);
                 internal_error()
             }
         }

@@ -1,26 +1,24 @@
 //! Configuration: defaults → optional TOML/JSON file → environment, validated into
-//! [`Settings`] once at startup.
+//! [`Settings`] once at startup. Each setting is declared once, in [`RawSettings`] (see
+//! `gorge_service::settings`): its kind decides how it parses and what an error says is
+//! valid, and its help is the "Meaning" of docs/webhook.md's table (checked by a test).
 //!
 //! Every bad value is a [`ConfigError`] naming the variable and the value (exit code 2):
 //! a webhook service that silently falls back to a default poll interval or blacklist is
 //! worse than one that refuses to start. So is an unknown key in the file (a typo would
 //! otherwise leave the default in place); unknown `GORGE_WEBHOOK_*` variables are only
 //! warned about, because the environment is shared with others (Kubernetes service links).
-//! Environment values are typed by the setting, so `MYSQL_USER=1234` stays a string.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use figment::providers::{Format, Json, Serialized, Toml};
-use figment::value::Value;
-use figment::{Figment, Provider};
-use gorge_service::config::{
-    env_value, extract, mask_secret, refuse_service_link, set_source, unknown_env_warnings,
-    unknown_key_reason, CheckLine, Source, TypedEnv, NOT_A_STRING,
+use gorge_service::config::{env_value, CheckLine};
+use gorge_service::settings::{
+    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, LogVars,
+    Millis, Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 use gorge_service::{ConfigError, Secret};
-use serde::{Deserialize, Serialize};
 
 use crate::policy::{OutboundPolicy, NO_BLACKLIST, PHORGE_DEFAULT_BLACKLIST};
 use crate::tls::ExtraRoots;
@@ -28,392 +26,151 @@ use crate::tls::ExtraRoots;
 /// The status/diagnostic port (the release-matrix check greps for this constant).
 pub const DEFAULT_HEALTH_PORT: u16 = 8160;
 
-/// Prefix of the service's own environment variables.
-pub const ENV_PREFIX: &str = "GORGE_WEBHOOK_";
-/// Shared by both services, hence no service prefix.
-pub const LISTEN_ADDR_VAR: &str = "GORGE_LISTEN_ADDR";
-pub const SERVICE_TOKEN_VAR: &str = "GORGE_SERVICE_TOKEN";
-
 /// A lease shorter than the delivery timeout plus this margin would let another process
 /// claim a row whose POST is still running.
 pub const LEASE_MARGIN_SEC: u64 = 5;
 
-/// Upper bound on `max_concurrent`.
-pub const MAX_CONCURRENT_LIMIT: u64 = 256;
-
-/// Upper bound on either connection pool: MariaDB's default `max_connections` is 151 and
-/// Phorge needs its own.
-pub const MAX_CONNECTIONS_LIMIT: u64 = 128;
-
 /// How long idle database connections are kept (one query connection always stays).
 const POOL_IDLE_TTL: Duration = Duration::from_secs(30);
 
-/// Settings exactly as layered, before validation. Keys are the environment variable names
-/// without the prefix, lower-cased.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct RawSettings {
-    mysql_host: String,
-    mysql_port: u16,
-    mysql_user: String,
-    #[serde(serialize_with = "serialize_secret")]
-    mysql_pass: Secret,
-    mysql_socket: String,
-    mysql_max_connections: u64,
-    mysql_max_lock_connections: u64,
-    mysql_query_timeout_sec: u64,
-    namespace: String,
-    poll_interval_ms: i64,
-    max_concurrent: u64,
-    /// `GORGE_WEBHOOK_DELIVERY_TIMEOUT`, whose name (an operator contract) has no unit.
-    #[serde(rename = "delivery_timeout")]
-    delivery_timeout_sec: u64,
-    claim_lease_sec: u64,
-    retry_backoff_sec: u64,
-    error_backoff_sec: u64,
-    error_threshold: u64,
-    outbound_blacklist: String,
-    /// PEM bundle of extra CAs for receivers; empty = none.
-    ca_file: String,
-    listen_addr: String,
-    #[serde(serialize_with = "serialize_secret")]
-    service_token: Secret,
-}
+gorge_service::number_kind!(
+    /// Either connection pool's bound: MariaDB's default `max_connections` is 151 and Phorge
+    /// needs its own.
+    Connections: usize, 1..=128, "a whole number from 1 to 128, e.g. 4"
+);
+gorge_service::number_kind!(
+    /// Deliveries in flight per process.
+    Concurrency: usize, 1..=256, "a whole number from 1 to 256, e.g. 8"
+);
 
-/// What each setting accepts, in plain words, for errors (figment's own say `u64`).
-fn valid_text(key: &str) -> &'static str {
-    match key {
-        "mysql_port" => "a port number 1-65535",
-        "poll_interval_ms" => "a whole number of milliseconds from 1 to 86400000, e.g. 250",
-        "max_concurrent" => "a whole number from 1 to 256, e.g. 8",
-        "delivery_timeout" => "a whole number of seconds, at least 1, e.g. 15",
-        "claim_lease_sec" | "retry_backoff_sec" | "error_backoff_sec" => {
-            "a whole number of seconds, e.g. 60"
-        }
-        "error_threshold" => "a whole number, at least 1, e.g. 10",
-        _ => "a string",
+gorge_service::settings! {
+    /// Every setting as layered, before validation.
+    pub struct RawSettings, prefix "GORGE_WEBHOOK_" {
+        mysql_host: Text = "127.0.0.1".into(), "MariaDB/MySQL server";
+        mysql_port: Port = 3306, "MariaDB/MySQL port";
+        mysql_user: Text = "phorge".into(),
+            "needs the grants under [Database privileges](#database-privileges-and-connection-budget)";
+        mysql_pass: SecretText = Secret::default(), "never logged or printed";
+        mysql_socket: Text = String::new(),
+            "a Unix socket to connect through instead of host and port. Empty: always TCP to \
+             host:port (the driver's habit of moving onto the server's `@@socket` when that path \
+             exists locally is switched off)";
+        mysql_max_connections: Connections = 4,
+            "query pool bound (polls, claims, result writes, API), 1–128; idle connections \
+             above one are closed after 30 s";
+        mysql_max_lock_connections: Connections = 16,
+            "lock pool bound, 1–128: each delivery in flight holds one connection for its \
+             per-hook lock, so `MAX_CONCURRENT` is lowered to this (logged as \
+             `WEBHOOK_CONFIG_ADJUSTED`); idle ones are closed after 30 s";
+        mysql_query_timeout_sec: Seconds = 10,
+            "bound on every statement and on waiting for a pooled connection; a connection \
+             whose statement timed out is closed, never reused";
+        namespace: Text = "phabricator".into(),
+            "Phorge's `storage.default-namespace`; the database is `{namespace}_herald`";
+        poll_interval_ms: Millis = 1000, "idle poll period (a backlog is polled continuously)";
+        max_concurrent: Concurrency = 8,
+            "deliveries in flight per process (1–256; at most `MYSQL_MAX_LOCK_CONNECTIONS`)";
+        delivery_timeout: Seconds = 15,
+            "seconds for the whole request: DNS, connect, redirects, response (the PHP worker \
+             uses 15)";
+        claim_lease_sec: SecondsOrZero = 30,
+            "how long a claimed row without a result is invisible to other claimants; raised \
+             to at least timeout + 5 s";
+        retry_backoff_sec: SecondsOrZero = 60,
+            "wait before a failed `retry=forever` request is tried again";
+        error_backoff_sec: Seconds = 300,
+            "circuit-breaker window (Phorge's `HeraldWebhook` value)";
+        error_threshold: Count = 10, "failures within the window that open a hook's breaker";
+        #[doc_default("Phorge's default `security.outbound-blacklist`")]
+        outbound_blacklist: Text = PHORGE_DEFAULT_BLACKLIST.into(),
+            "CIDRs never connected to, separated by commas and/or whitespace; `none` for an \
+             empty list. **Must mirror the Phorge setting.**";
+        ca_file: Text = String::new(),
+            "PEM bundle of CA certificates trusted for HTTPS receivers **in addition to** the \
+             bundled Mozilla roots and the system store (Phorge's equivalents: Arcanist's \
+             `resources/ssl/custom.pem`, PHP's `curl.cainfo`). Read once at startup; \
+             unreadable, not PEM, no certificate, or a certificate that is not a usable CA → \
+             exit 2 naming the variable";
+        #[env("GORGE_LISTEN_ADDR")]
+        listen_addr: Text = format!("0.0.0.0:{DEFAULT_HEALTH_PORT}"),
+            "status/diagnostic HTTP listener, `IP:PORT` (file key `listen_addr`; shared name, \
+             no `GORGE_WEBHOOK_` prefix)";
+        #[env("GORGE_SERVICE_TOKEN")]
+        service_token: SecretText = Secret::default(),
+            "token for `/api/webhook/*`; empty disables auth (file key `service_token`)";
     }
 }
 
-/// Upper bound of every seconds setting (a day), so no derived time can overflow.
-const MAX_SECONDS: u64 = 86_400;
-
-// Only ever used to seed figment with defaults, which are empty secrets.
-fn serialize_secret<S: serde::Serializer>(secret: &Secret, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(secret.expose())
-}
-
-/// Refuses a file that does not parse or has a key [`RawSettings`] does not know, naming the
-/// file and the first such key (in sorted order), so that a typo stops startup instead of
-/// leaving the default in place.
-fn check_file_keys(file: &impl Provider, path: &Path) -> Result<(), ConfigError> {
-    let data = file
-        .data()
-        .map_err(|err| ConfigError::new("--config", path.display(), one_line(&err.to_string())))?;
-    for (key, value) in data.values().flatten() {
-        if !SETTING_KEYS.contains(&key.as_str()) {
-            let value = match value {
-                Value::String(_, s) => s.clone(),
-                other => serde_json::to_string(other).unwrap_or_default(),
-            };
-            let reason = unknown_key_reason(key, SETTING_KEYS.iter().copied());
-            return Err(ConfigError::new(
-                format!("{key} (in {})", path.display()),
-                value,
-                reason,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Every setting's key, in the order `--check-config` and `--print-config` show them.
-const SETTING_KEYS: [&str; 20] = [
-    "mysql_host",
-    "mysql_port",
-    "mysql_user",
-    "mysql_pass",
-    "mysql_socket",
-    "mysql_max_connections",
-    "mysql_max_lock_connections",
-    "mysql_query_timeout_sec",
-    "namespace",
-    "poll_interval_ms",
-    "max_concurrent",
-    "delivery_timeout",
-    "claim_lease_sec",
-    "retry_backoff_sec",
-    "error_backoff_sec",
-    "error_threshold",
-    "outbound_blacklist",
-    "ca_file",
-    "listen_addr",
-    "service_token",
-];
-
-/// Where figment found each setting: defaults, the file, or the environment.
-fn sources(figment: &Figment) -> Vec<(&'static str, Source)> {
-    SETTING_KEYS
-        .iter()
-        .map(|key| {
-            let source = match figment.find_metadata(key) {
-                Some(md) if md.name.contains("environment") => {
-                    Source::Env(format!("{ENV_PREFIX}{}", key.to_uppercase()))
-                }
-                Some(md) => match &md.source {
-                    Some(figment::Source::File(path)) => Source::File(path.display().to_string()),
-                    _ => Source::Default,
-                },
-                None => Source::Default,
-            };
-            (*key, source)
-        })
-        .collect()
-}
-
-/// figment's type names (`expected u16`) replaced by what the setting accepts; a string
-/// in the file where a number belongs is said to be one.
-fn plain_words(mut err: ConfigError) -> ConfigError {
-    if !err.reason.starts_with("expected ") {
-        return err;
-    }
-    let key = err
-        .key
-        .split(" (in ")
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches(ENV_PREFIX)
-        .to_ascii_lowercase();
-    let valid = valid_text(&key);
-    err.reason = if err.reason.ends_with(NOT_A_STRING) {
-        format!("expected {valid}: {NOT_A_STRING}")
-    } else {
-        format!("expected {valid}")
-    };
-    err
-}
-
-/// A parser message on one line: source excerpts (`  |` lines) dropped, the rest joined.
-fn one_line(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.contains('|'))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-impl Default for RawSettings {
-    fn default() -> Self {
-        RawSettings {
-            mysql_host: "127.0.0.1".into(),
-            mysql_port: 3306,
-            mysql_user: "phorge".into(),
-            mysql_pass: Secret::default(),
-            mysql_socket: String::new(),
-            mysql_max_connections: 4,
-            mysql_max_lock_connections: 16,
-            mysql_query_timeout_sec: 10,
-            namespace: "phabricator".into(),
-            poll_interval_ms: 1000,
-            max_concurrent: 8,
-            delivery_timeout_sec: 15,
-            claim_lease_sec: 30,
-            retry_backoff_sec: 60,
-            error_backoff_sec: 300,
-            error_threshold: 10,
-            outbound_blacklist: PHORGE_DEFAULT_BLACKLIST.into(),
-            ca_file: String::new(),
-            listen_addr: format!("0.0.0.0:{DEFAULT_HEALTH_PORT}"),
-            service_token: Secret::default(),
-        }
-    }
-}
-
-/// Validated, effective settings.
+/// Validated, effective settings. Derefs to the declared values ([`RawSettings`]:
+/// `settings.mysql_host`); its own fields are what validation derived from them — durations,
+/// parsed addresses and lists, effective limits — and take precedence by name.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub mysql_host: String,
-    pub mysql_port: u16,
-    pub mysql_user: String,
-    pub mysql_pass: Secret,
-    /// A Unix socket to connect through instead of host and port; empty: TCP only.
-    pub mysql_socket: String,
-    /// Query pool bound (polls, claims, result writes, the API).
-    pub mysql_max_connections: usize,
-    /// Lock pool bound: connections holding a per-hook lock across a POST.
-    pub mysql_max_lock_connections: usize,
     pub mysql_query_timeout: Duration,
-    pub namespace: String,
     pub poll_interval: Duration,
     /// Effective: at most one delivery per lock connection.
     pub max_concurrent: usize,
-    pub configured_max_concurrent: usize,
     pub delivery_timeout: Duration,
-    /// As configured; see [`Settings::claim_lease_sec`] for the effective value.
-    pub configured_claim_lease_sec: u64,
     /// Effective lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
     pub claim_lease_sec: u64,
-    pub retry_backoff_sec: u64,
-    pub error_backoff_sec: u64,
-    pub error_threshold: u64,
     pub outbound_policy: OutboundPolicy,
-    /// Whether the blacklist is Phorge's default (for `--check-config`).
-    pub outbound_blacklist_is_default: bool,
     /// `GORGE_WEBHOOK_CA_FILE`, if set, and the CAs read from it at startup.
     pub ca_file: Option<std::path::PathBuf>,
     pub extra_roots: ExtraRoots,
     pub listen_addr: SocketAddr,
-    pub service_token: Secret,
-    /// The values as layered (for `--check-config` and `--print-config`) and their sources.
-    raw: RawSettings,
-    sources: Vec<(&'static str, Source)>,
-    /// Unknown `GORGE_WEBHOOK_*` variables, found when loading.
+    /// The values as layered, with their sources (for `--check-config` and `--print-config`).
+    layered: Layered<RawSettings>,
+    log: Layered<LogVars>,
+    /// Unknown `GORGE_WEBHOOK_*` and `GORGE_LOG_*` variables, found when loading.
     environment_warnings: Vec<String>,
 }
+
+impl std::ops::Deref for Settings {
+    type Target = RawSettings;
+
+    fn deref(&self) -> &RawSettings {
+        &self.layered.values
+    }
+}
+
+/// The formats `--config` reads, by extension.
+const FILE_FORMATS: [FileFormat; 2] = [FileFormat::Toml, FileFormat::Json];
 
 impl Settings {
     /// Layers defaults, the optional file and the environment, then validates (the logging
     /// variables too, so `--check-config` refuses what startup refuses).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        gorge_service::logging::LogSettings::from_env()?;
-        let mut figment = Figment::from(Serialized::defaults(RawSettings::default()));
-        if let Some(path) = file {
-            let ext = path
-                .extension()
-                .map(|e| e.to_string_lossy().to_ascii_lowercase());
-            let is_json = match ext.as_deref() {
-                Some("json") => true,
-                Some("toml") => false,
-                _ => {
-                    return Err(ConfigError::new(
-                        "--config",
-                        path.display(),
-                        "the file must end in .toml or .json (those are the formats read)",
-                    ))
-                }
-            };
-            if !path.is_file() {
-                return Err(ConfigError::new("--config", path.display(), "no such file"));
-            }
-            figment = if is_json {
-                let file = Json::file(path);
-                check_file_keys(&file, path)?;
-                figment.merge(file)
-            } else {
-                let file = Toml::file(path);
-                check_file_keys(&file, path)?;
-                figment.merge(file)
-            };
-        }
-        let env = TypedEnv::new(ENV_PREFIX, &RawSettings::default());
-        for (key, value) in env.values() {
-            if let Some(text) = value.as_str() {
-                refuse_service_link(&format!("{ENV_PREFIX}{}", key.to_uppercase()), text)?;
-            }
-        }
-        figment = figment.merge(env);
-        let mut raw: RawSettings = extract(&figment, ENV_PREFIX).map_err(plain_words)?;
-        let mut sources = sources(&figment);
-        // The two shared variables have no service prefix.
-        if let Some(addr) = env_value(LISTEN_ADDR_VAR) {
-            raw.listen_addr = addr;
-            set_source(
-                &mut sources,
-                "listen_addr",
-                Source::Env(LISTEN_ADDR_VAR.into()),
-            );
-        }
-        if let Some(token) = env_value(SERVICE_TOKEN_VAR) {
-            raw.service_token = Secret::new(token);
-            set_source(
-                &mut sources,
-                "service_token",
-                Source::Env(SERVICE_TOKEN_VAR.into()),
-            );
-        }
-        let mut settings = Settings::validate(raw)?;
-        settings.sources = sources;
-        settings.environment_warnings = unknown_env_warnings(ENV_PREFIX, &SETTING_KEYS);
+        let log = Layered::<LogVars>::from_env()?;
+        let mut settings = Settings::load_from(file, &|var| env_value(var))?;
+        settings.log = log;
+        settings.environment_warnings = unknown_env_warnings::<RawSettings>(std::env::vars());
+        let log_warnings = unknown_env_warnings::<LogVars>(std::env::vars());
+        settings.environment_warnings.extend(log_warnings);
         Ok(settings)
     }
 
-    fn validate(raw: RawSettings) -> Result<Settings, ConfigError> {
-        let var = |key: &str| format!("{ENV_PREFIX}{}", key.to_uppercase());
-        if raw.mysql_port == 0 {
-            return Err(ConfigError::new(
-                var("mysql_port"),
-                raw.mysql_port,
-                "expected a port number 1-65535",
-            ));
-        }
-        for (key, value) in [
-            ("delivery_timeout", raw.delivery_timeout_sec),
-            ("claim_lease_sec", raw.claim_lease_sec),
-            ("retry_backoff_sec", raw.retry_backoff_sec),
-            ("error_backoff_sec", raw.error_backoff_sec),
-        ] {
-            if value > MAX_SECONDS {
-                return Err(ConfigError::new(
-                    var(key),
-                    value,
-                    format!("expected at most {MAX_SECONDS} seconds (a day)"),
-                ));
+    /// [`Settings::load`] with the environment as `env` reads it.
+    fn load_from(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        let mut layered = Layered::<RawSettings>::default();
+        if let Some(path) = file {
+            let entries = settings::read_file(path, "--config", &FILE_FORMATS)?;
+            let mut unknown = layered.apply_file(path, &entries)?;
+            // The first in sorted order, whatever order the file has.
+            unknown.sort_by(|a, b| a.0.cmp(&b.0));
+            if let Some((key, value)) = unknown.first() {
+                return Err(unknown_file_key(path, key, value, RawSettings::file_keys()));
             }
         }
-        if raw.poll_interval_ms <= 0 || raw.poll_interval_ms as u64 > MAX_SECONDS * 1000 {
-            return Err(ConfigError::new(
-                var("poll_interval_ms"),
-                raw.poll_interval_ms,
-                "expected a whole number of milliseconds from 1 to 86400000, e.g. 250",
-            ));
-        }
-        if raw.max_concurrent == 0 || raw.max_concurrent > MAX_CONCURRENT_LIMIT {
-            return Err(ConfigError::new(
-                var("max_concurrent"),
-                raw.max_concurrent,
-                format!("must be between 1 and {MAX_CONCURRENT_LIMIT}"),
-            ));
-        }
-        for (key, value) in [
-            ("mysql_max_connections", raw.mysql_max_connections),
-            ("mysql_max_lock_connections", raw.mysql_max_lock_connections),
-        ] {
-            if value == 0 || value > MAX_CONNECTIONS_LIMIT {
-                return Err(ConfigError::new(
-                    var(key),
-                    value,
-                    format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}"),
-                ));
-            }
-        }
-        if raw.mysql_query_timeout_sec == 0 {
-            return Err(ConfigError::new(
-                var("mysql_query_timeout_sec"),
-                raw.mysql_query_timeout_sec,
-                "must be at least 1 second",
-            ));
-        }
-        if raw.delivery_timeout_sec == 0 {
-            return Err(ConfigError::new(
-                var("delivery_timeout"),
-                raw.delivery_timeout_sec,
-                "must be at least 1 second",
-            ));
-        }
-        if raw.error_threshold == 0 {
-            return Err(ConfigError::new(
-                var("error_threshold"),
-                raw.error_threshold,
-                "must be at least 1",
-            ));
-        }
-        if raw.error_backoff_sec == 0 {
-            return Err(ConfigError::new(
-                var("error_backoff_sec"),
-                raw.error_backoff_sec,
-                "must be at least 1 second",
-            ));
-        }
+        layered.apply_env(env, &[])?;
+        Settings::validate(layered)
+    }
+
+    fn validate(layered: Layered<RawSettings>) -> Result<Settings, ConfigError> {
+        let raw = &layered.values;
+        let var = RawSettings::env_var;
         // The namespace becomes part of a database name in every query.
         if raw.namespace.is_empty()
             || !raw
@@ -443,7 +200,7 @@ impl Settings {
         })?;
         let listen_addr: SocketAddr = raw.listen_addr.parse().map_err(|_| {
             ConfigError::new(
-                LISTEN_ADDR_VAR,
+                var("listen_addr"),
                 &raw.listen_addr,
                 "expected IP:PORT, e.g. 0.0.0.0:8160",
             )
@@ -461,38 +218,21 @@ impl Settings {
             })?,
             None => ExtraRoots::default(),
         };
-        let claim_lease_sec = raw
-            .claim_lease_sec
-            .max(raw.delivery_timeout_sec + LEASE_MARGIN_SEC);
-        let raw_copy = raw.clone();
         Ok(Settings {
-            raw: raw_copy,
-            sources: SETTING_KEYS.iter().map(|k| (*k, Source::Default)).collect(),
-            environment_warnings: Vec::new(),
-            mysql_host: raw.mysql_host,
-            mysql_port: raw.mysql_port,
-            mysql_user: raw.mysql_user,
-            mysql_pass: raw.mysql_pass,
-            mysql_socket: raw.mysql_socket,
-            mysql_max_connections: raw.mysql_max_connections as usize,
-            mysql_max_lock_connections: raw.mysql_max_lock_connections as usize,
             mysql_query_timeout: Duration::from_secs(raw.mysql_query_timeout_sec),
-            configured_max_concurrent: raw.max_concurrent as usize,
-            outbound_blacklist_is_default: raw.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST,
-            namespace: raw.namespace,
-            poll_interval: Duration::from_millis(raw.poll_interval_ms as u64),
-            max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections) as usize,
-            delivery_timeout: Duration::from_secs(raw.delivery_timeout_sec),
-            configured_claim_lease_sec: raw.claim_lease_sec,
-            claim_lease_sec,
-            retry_backoff_sec: raw.retry_backoff_sec,
-            error_backoff_sec: raw.error_backoff_sec,
-            error_threshold: raw.error_threshold,
+            poll_interval: Duration::from_millis(raw.poll_interval_ms),
+            max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections),
+            delivery_timeout: Duration::from_secs(raw.delivery_timeout),
+            claim_lease_sec: raw
+                .claim_lease_sec
+                .max(raw.delivery_timeout + LEASE_MARGIN_SEC),
             outbound_policy,
             ca_file,
             extra_roots,
             listen_addr,
-            service_token: raw.service_token,
+            layered,
+            log: Layered::default(),
+            environment_warnings: Vec::new(),
         })
     }
 
@@ -537,18 +277,18 @@ impl Settings {
     /// effective, why)`; logged once at startup.
     pub fn adjustments(&self) -> Vec<(&'static str, u64, u64, &'static str)> {
         let mut out = Vec::new();
-        if self.max_concurrent != self.configured_max_concurrent {
+        if self.max_concurrent != self.layered.values.max_concurrent {
             out.push((
                 "GORGE_WEBHOOK_MAX_CONCURRENT",
-                self.configured_max_concurrent as u64,
+                self.layered.values.max_concurrent as u64,
                 self.max_concurrent as u64,
                 "lowered to GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS: each delivery holds one lock connection",
             ));
         }
-        if self.claim_lease_sec != self.configured_claim_lease_sec {
+        if self.claim_lease_sec != self.layered.values.claim_lease_sec {
             out.push((
                 "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-                self.configured_claim_lease_sec,
+                self.layered.values.claim_lease_sec,
                 self.claim_lease_sec,
                 "raised to the delivery timeout + 5 s so a running POST is never re-claimed",
             ));
@@ -584,69 +324,42 @@ impl Settings {
         out
     }
 
-    /// The `--check-config` lines, secrets masked, each with its source.
+    /// The `--check-config` lines, secrets masked, each with its source; the logging
+    /// variables last.
     pub fn check_lines(&self) -> Vec<CheckLine> {
-        SETTING_KEYS
-            .iter()
-            .map(|key| {
-                let name = match *key {
-                    "listen_addr" => LISTEN_ADDR_VAR.to_string(),
-                    "service_token" => SERVICE_TOKEN_VAR.to_string(),
-                    _ => format!("{ENV_PREFIX}{}", key.to_uppercase()),
-                };
-                let source = self
-                    .sources
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map_or(Source::Default, |(_, s)| s.clone());
-                CheckLine {
-                    name,
-                    value: self.shown(key),
-                    source,
-                }
-            })
-            .collect()
+        let mut lines = self.layered.check_lines(|key| self.annotated(key));
+        lines.extend(self.log.log_check_lines());
+        lines
     }
 
-    fn shown(&self, key: &str) -> String {
-        match key {
-            "mysql_host" => self.mysql_host.clone(),
-            "mysql_port" => self.mysql_port.to_string(),
-            "mysql_user" => self.mysql_user.clone(),
-            "mysql_pass" => mask_secret(self.mysql_pass.expose()).to_string(),
+    /// What `--check-config` says about `key` beyond its value, where context matters.
+    fn annotated(&self, key: &str) -> Option<String> {
+        Some(match key {
             "namespace" => format!("{} (database {})", self.namespace, self.database()),
-            "poll_interval_ms" => self.poll_interval.as_millis().to_string(),
-            "delivery_timeout" => self.delivery_timeout.as_secs().to_string(),
-            "claim_lease_sec" if self.claim_lease_sec != self.configured_claim_lease_sec => {
+            "claim_lease_sec" if self.claim_lease_sec != self.layered.values.claim_lease_sec => {
                 format!(
                     "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                    self.claim_lease_sec, self.configured_claim_lease_sec
+                    self.claim_lease_sec, self.layered.values.claim_lease_sec
                 )
             }
             "mysql_socket" if self.mysql_socket.is_empty() => {
                 "(none: TCP to host and port)".to_string()
             }
-            "mysql_socket" => self.mysql_socket.clone(),
-            "mysql_max_connections" => self.mysql_max_connections.to_string(),
             "mysql_max_lock_connections" => format!(
                 "{} (connection budget: {} per process)",
                 self.mysql_max_lock_connections,
                 self.connection_budget()
             ),
-            "mysql_query_timeout_sec" => self.mysql_query_timeout.as_secs().to_string(),
-            "max_concurrent" if self.max_concurrent != self.configured_max_concurrent => format!(
-                "{} (configured {}, limited by the lock connections)",
-                self.max_concurrent, self.configured_max_concurrent
-            ),
-            "claim_lease_sec" => self.claim_lease_sec.to_string(),
-            "retry_backoff_sec" => self.retry_backoff_sec.to_string(),
-            "error_backoff_sec" => self.error_backoff_sec.to_string(),
-            "error_threshold" => self.error_threshold.to_string(),
-            "max_concurrent" => self.max_concurrent.to_string(),
+            "max_concurrent" if self.max_concurrent != self.layered.values.max_concurrent => {
+                format!(
+                    "{} (configured {}, limited by the lock connections)",
+                    self.max_concurrent, self.layered.values.max_concurrent
+                )
+            }
             "outbound_blacklist" => format!(
                 "{} networks{}",
                 self.outbound_policy.len(),
-                if self.outbound_blacklist_is_default {
+                if self.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST {
                     " (Phorge's default)"
                 } else {
                     ""
@@ -660,10 +373,8 @@ impl Settings {
                 ),
                 None => "(none: bundled and system roots)".to_string(),
             },
-            "listen_addr" => self.listen_addr.to_string(),
-            "service_token" => mask_secret(self.service_token.expose()).to_string(),
-            _ => String::new(),
-        }
+            _ => return None,
+        })
     }
 
     /// `--check-config`'s text: one line per setting, then the warnings.
@@ -674,30 +385,11 @@ impl Settings {
     /// A TOML file holding every setting with its effective value (the defaults when
     /// nothing is set); secrets are written empty, never printed.
     pub fn print_config(&self) -> String {
-        let mut out = String::from(
+        settings::toml_file(
             "# gorge-webhook configuration (--config PATH). Environment variables\n\
              # GORGE_WEBHOOK_<KEY> override these; see docs/webhook.md.\n",
-        );
-        let values = match serde_json::to_value(&self.raw) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
-        for key in SETTING_KEYS {
-            let line = match (key, values.get(key)) {
-                ("mysql_pass" | "service_token", _) => {
-                    format!("# {key}: a secret; set it here or in the environment\n{key} = \"\"")
-                }
-                (_, Some(serde_json::Value::String(text))) => {
-                    // TOML basic strings share JSON's escapes.
-                    format!("{key} = {}", serde_json::Value::from(text.as_str()))
-                }
-                (_, Some(value)) => format!("{key} = {value}"),
-                (_, None) => continue,
-            };
-            out.push_str(&line);
-            out.push('\n');
-        }
-        out
+            &self.layered.values,
+        )
     }
 }
 
@@ -705,29 +397,15 @@ impl Settings {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ca_file_must_be_a_readable_pem_bundle() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing.pem");
-        let err = validate(|r| r.ca_file = missing.display().to_string()).unwrap_err();
-        assert_eq!(err.key, "GORGE_WEBHOOK_CA_FILE");
-        let text = err.to_string();
-        assert!(
-            text.contains("GORGE_WEBHOOK_CA_FILE") && text.contains("cannot be read"),
-            "{text}"
-        );
-        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
-        let good = dir.path().join("ca.pem");
-        std::fs::write(&good, ca.cert.pem()).unwrap();
-        let s = validate(|r| r.ca_file = good.display().to_string()).unwrap();
-        assert_eq!(s.extra_roots.len(), 1);
-        assert!(validate(|_| {}).unwrap().ca_file.is_none());
-    }
-
-    fn validate(edit: impl FnOnce(&mut RawSettings)) -> Result<Settings, ConfigError> {
-        let mut raw = RawSettings::default();
-        edit(&mut raw);
-        Settings::validate(raw)
+    /// Loads the defaults overridden by `vars` (as environment variables).
+    fn load_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::load_from(None, &move |var| {
+            vars.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
+        })
     }
 
     fn shown(s: &Settings, name: &str) -> String {
@@ -739,28 +417,50 @@ mod tests {
     }
 
     #[test]
+    fn ca_file_must_be_a_readable_pem_bundle() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let missing = missing.display().to_string();
+        let err = load_env(&[("GORGE_WEBHOOK_CA_FILE", &missing)]).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_CA_FILE");
+        let text = err.to_string();
+        assert!(
+            text.contains("GORGE_WEBHOOK_CA_FILE") && text.contains("cannot be read"),
+            "{text}"
+        );
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        let good = dir.path().join("ca.pem");
+        std::fs::write(&good, ca.cert.pem()).unwrap();
+        let s = load_env(&[("GORGE_WEBHOOK_CA_FILE", &good.display().to_string())]).unwrap();
+        assert_eq!(s.extra_roots.len(), 1);
+        assert!(load_env(&[]).unwrap().ca_file.is_none());
+    }
+
+    #[test]
     fn defaults_are_the_spec_values() {
-        let s = validate(|_| {}).unwrap();
+        let s = load_env(&[]).unwrap();
         assert_eq!(s.database(), "phabricator_herald");
         assert_eq!(s.poll_interval, Duration::from_millis(1000));
         assert_eq!(s.max_concurrent, 8);
         assert_eq!(s.delivery_timeout, Duration::from_secs(15));
-        assert_eq!((s.configured_claim_lease_sec, s.claim_lease_sec), (30, 30));
+        assert_eq!(
+            (s.layered.values.claim_lease_sec, s.claim_lease_sec),
+            (30, 30)
+        );
         assert_eq!(s.retry_backoff_sec, 60);
         assert_eq!((s.error_backoff_sec, s.error_threshold), (300, 10));
         assert_eq!(s.listen_addr, "0.0.0.0:8160".parse().unwrap());
         assert_eq!(s.outbound_policy.len(), 29);
-        assert!(s.outbound_blacklist_is_default);
         assert!(s.adjustments().is_empty());
         assert!(s.warnings().is_empty());
     }
 
     #[test]
     fn lease_is_raised_to_cover_the_timeout_and_reported() {
-        let s = validate(|r| {
-            r.claim_lease_sec = 10;
-            r.delivery_timeout_sec = 20;
-        })
+        let s = load_env(&[
+            ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "10"),
+            ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "20"),
+        ])
         .unwrap();
         assert_eq!(s.claim_lease_sec, 25);
         assert_eq!(s.adjustments().len(), 1);
@@ -771,37 +471,85 @@ mod tests {
     }
 
     #[test]
+    fn the_raised_lease_line_in_the_docs_is_what_the_defaults_give() {
+        let s = load_env(&[("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "10")]).unwrap();
+        let line = shown(&s, "GORGE_WEBHOOK_CLAIM_LEASE_SEC");
+        let docs = include_str!("../../../docs/webhook.md");
+        assert!(
+            docs.contains(&format!(
+                "`GORGE_WEBHOOK_CLAIM_LEASE_SEC=10` is shown as `{line}`"
+            )),
+            "docs/webhook.md: say that CLAIM_LEASE_SEC=10 is shown as `{line}`"
+        );
+    }
+
+    #[test]
     fn invalid_values_name_the_variable_and_value() {
-        let err = validate(|r| r.poll_interval_ms = 0).unwrap_err();
+        let err = load_env(&[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "0")]).unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid configuration: GORGE_WEBHOOK_POLL_INTERVAL_MS=\"0\": \
              expected a whole number of milliseconds from 1 to 86400000, e.g. 250"
         );
-        let err = validate(|r| r.max_concurrent = 0).unwrap_err();
-        assert_eq!(err.key, "GORGE_WEBHOOK_MAX_CONCURRENT");
-        let err = validate(|r| r.error_threshold = 0).unwrap_err();
-        assert_eq!(err.key, "GORGE_WEBHOOK_ERROR_THRESHOLD");
-        let err = validate(|r| r.outbound_blacklist = "10.0.0.0/8 10.0.0.0/99".into()).unwrap_err();
+        for var in [
+            "GORGE_WEBHOOK_MAX_CONCURRENT",
+            "GORGE_WEBHOOK_ERROR_THRESHOLD",
+            "GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS",
+            "GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC",
+            "GORGE_WEBHOOK_DELIVERY_TIMEOUT",
+            "GORGE_WEBHOOK_ERROR_BACKOFF_SEC",
+        ] {
+            assert_eq!(load_env(&[(var, "0")]).unwrap_err().key, var);
+        }
+        let err = load_env(&[("GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS", "1000")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS=\"1000\": \
+             expected a whole number from 1 to 128, e.g. 4"
+        );
+        let err = load_env(&[("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "10.0.0.0/8 10.0.0.0/99")])
+            .unwrap_err();
         assert_eq!(
             (err.key.as_str(), err.value.as_str()),
             ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "10.0.0.0/99")
         );
-        let err = validate(|r| r.listen_addr = "nowhere".into()).unwrap_err();
+        let err = load_env(&[("GORGE_LISTEN_ADDR", "nowhere")]).unwrap_err();
         assert_eq!(
             (err.key.as_str(), err.value.as_str()),
             ("GORGE_LISTEN_ADDR", "nowhere")
         );
-        let err = validate(|r| r.namespace = "x; DROP".into()).unwrap_err();
+        let err = load_env(&[("GORGE_WEBHOOK_NAMESPACE", "x; DROP")]).unwrap_err();
         assert_eq!(err.key, "GORGE_WEBHOOK_NAMESPACE");
+        let err = load_env(&[("GORGE_WEBHOOK_MYSQL_PORT", "0")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_WEBHOOK_MYSQL_PORT=\"0\": expected a port number 1-65535"
+        );
+        let err =
+            load_env(&[("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "18446744073709551615")]).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_RETRY_BACKOFF_SEC");
+    }
+
+    #[test]
+    fn the_shared_variables_have_one_name() {
+        let err = load_env(&[("GORGE_WEBHOOK_SERVICE_TOKEN", "tok")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_WEBHOOK_SERVICE_TOKEN=\"********\": \
+             not read: this setting's variable is GORGE_SERVICE_TOKEN"
+        );
+        let err = load_env(&[("GORGE_WEBHOOK_LISTEN_ADDR", "127.0.0.1:1")]).unwrap_err();
+        assert_eq!(err.key, "GORGE_WEBHOOK_LISTEN_ADDR");
+        let s = load_env(&[("GORGE_SERVICE_TOKEN", "tok")]).unwrap();
+        assert_eq!(s.service_token.expose(), "tok");
     }
 
     #[test]
     fn describe_masks_secrets() {
-        let s = validate(|r| {
-            r.mysql_pass = Secret::new("hunter2");
-            r.service_token = Secret::new("tok");
-        })
+        let s = load_env(&[
+            ("GORGE_WEBHOOK_MYSQL_PASS", "hunter2"),
+            ("GORGE_SERVICE_TOKEN", "tok"),
+        ])
         .unwrap();
         let text = s.describe();
         assert!(
@@ -812,17 +560,9 @@ mod tests {
         assert_eq!(shown(&s, "GORGE_SERVICE_TOKEN"), "********");
     }
 
-    /// The file keys: the fields of [`RawSettings`].
-    fn known_keys() -> Vec<String> {
-        match serde_json::to_value(RawSettings::default()) {
-            Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
-            _ => Vec::new(),
-        }
-    }
-
     #[test]
     fn file_keys_are_the_settings_and_typos_get_a_hint() {
-        let mut keys = known_keys();
+        let mut keys: Vec<&str> = RawSettings::file_keys().collect();
         keys.sort();
         assert_eq!(
             keys,
@@ -849,12 +589,7 @@ mod tests {
                 "service_token",
             ]
         );
-        assert_eq!(keys, {
-            let mut listed = SETTING_KEYS.to_vec();
-            listed.sort();
-            listed
-        });
-        let reason = |key| unknown_key_reason(key, keys.iter().map(String::as_str));
+        let reason = |key| gorge_service::config::unknown_key_reason(key, keys.iter().copied());
         assert_eq!(
             reason("poll_intervall_ms"),
             "unknown key (did you mean `poll_interval_ms`?)"
@@ -867,30 +602,16 @@ mod tests {
     }
 
     #[test]
-    fn port_zero_huge_durations_and_no_blacklist() {
-        let err = validate(|r| r.mysql_port = 0).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid configuration: GORGE_WEBHOOK_MYSQL_PORT=\"0\": expected a port number 1-65535"
-        );
-        let err = validate(|r| r.retry_backoff_sec = u64::MAX).unwrap_err();
-        assert_eq!(err.key, "GORGE_WEBHOOK_RETRY_BACKOFF_SEC");
-        let s = validate(|r| r.outbound_blacklist = "none".into()).unwrap();
+    fn no_blacklist_and_short_backoff_warn() {
+        let s = load_env(&[("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")]).unwrap();
         assert!(s.warnings()[0].contains("SSRF"), "{:?}", s.warnings());
-    }
-
-    #[test]
-    fn short_backoff_below_poll_interval_warns() {
-        let s = validate(|r| {
-            r.retry_backoff_sec = 0;
-        })
-        .unwrap();
+        let s = load_env(&[("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "0")]).unwrap();
         assert_eq!(s.warnings().len(), 1);
     }
 
     #[test]
     fn connections_are_bounded_apart_from_concurrency_and_tcp_by_default() {
-        let s = validate(|_| {}).unwrap();
+        let s = load_env(&[]).unwrap();
         assert_eq!(
             (s.mysql_max_connections, s.mysql_max_lock_connections),
             (4, 16)
@@ -899,22 +620,12 @@ mod tests {
         // Never moved onto the local Unix socket unless one is configured.
         assert!(!s.mysql_opts().prefer_socket());
         assert_eq!(s.mysql_opts().socket(), None);
-        let s = validate(|r| r.mysql_socket = "/run/mysqld/mysqld.sock".into()).unwrap();
+        let s = load_env(&[("GORGE_WEBHOOK_MYSQL_SOCKET", "/run/mysqld/mysqld.sock")]).unwrap();
         assert_eq!(s.mysql_opts().socket(), Some("/run/mysqld/mysqld.sock"));
 
-        let s = validate(|r| r.max_concurrent = 256).unwrap();
+        let s = load_env(&[("GORGE_WEBHOOK_MAX_CONCURRENT", "256")]).unwrap();
         assert_eq!(s.max_concurrent, 16, "one lock connection per delivery");
         assert_eq!(s.connection_budget(), 20);
         assert_eq!(s.adjustments()[0].0, "GORGE_WEBHOOK_MAX_CONCURRENT");
-
-        let err = validate(|r| r.mysql_max_connections = 0).unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS"));
-        let err = validate(|r| r.mysql_max_lock_connections = 1000).unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS"));
-        assert!(validate(|r| r.mysql_query_timeout_sec = 0).is_err());
     }
 }

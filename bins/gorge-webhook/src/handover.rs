@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use gorge_claim::handover::HandoverSample;
 use gorge_claim::ClaimStore;
-use gorge_service::{ReadinessCheck, Shutdown};
-use slog::{info, warn, Logger};
+use gorge_service::{emit, ReadinessCheck, Shutdown};
+use slog::Logger;
 
 use crate::clock::UnixClock;
+use crate::events;
 
 /// The readiness reason and log text while nothing is handed over.
 pub const NOTHING_HANDED_OVER: &str =
@@ -86,10 +87,10 @@ impl HandoverWatch {
             return;
         }
         match next {
-            Handover::NothingHandedOver => warn!(self.log, "WEBHOOK_NOTHING_HANDED_OVER";
+            Handover::NothingHandedOver => emit!(self.log, events::WEBHOOK_NOTHING_HANDED_OVER;
                 "why" => NOTHING_HANDED_OVER,
                 "newest_request_age_sec" => now.saturating_sub(sample.newest_created.unwrap_or(now))),
-            Handover::HandedOver => info!(self.log, "WEBHOOK_HANDED_OVER";
+            Handover::HandedOver => emit!(self.log, events::WEBHOOK_HANDED_OVER;
                 "why" => "Phorge hands requests over (compat/phorge); delivering them"),
             Handover::Unknown => {}
         }

@@ -27,6 +27,7 @@ pub mod config;
 pub mod connector;
 pub mod delivery;
 pub mod dispatcher;
+pub mod events;
 pub mod handover;
 pub mod metrics;
 pub mod outcome;

@@ -1,268 +1,111 @@
-//! The service's Prometheus metrics, registered once and shared by the dispatcher and API.
+//! The service's Prometheus metrics, each family declared once (see
+//! `gorge_service::metrics`; docs/webhook.md's table is generated from this list and checked
+//! by `tests/docs.rs`), registered once and shared by the dispatcher and API.
 //!
 //! The silent failures this service exists to prevent (double delivery, rows stuck past their
 //! lease, hooks hammered while broken) each have a counter here, so they can be seen.
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use gorge_service::metrics::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use crate::delivery::DeliveryCounters;
 use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 
-type Labels1 = [(&'static str, &'static str); 1];
-type Labels2 = [(&'static str, &'static str); 2];
-
-/// Every metric the service exports. Cheap to clone (the metric handles are shared).
-#[derive(Clone)]
-pub struct Metrics {
-    claims: Family<Labels1, Counter>,
-    deliveries: Family<Labels2, Counter>,
-    pub attempt_seconds: Histogram,
-    skipped: Family<Labels1, Counter>,
-    pub results_taken_over: Counter,
-    pub policy_blocks: Counter,
-    pub poll_errors: Counter,
-    /// Completed poll rounds: tests wait for "N more rounds" instead of sleeping.
-    pub polls: Counter,
-    pub full_batches: Counter,
-    pub exclusions_capped: Counter,
-    pub response_bodies_truncated: Counter,
-    pub connection_retries: Counter,
-    pub addresses_not_dialled: Counter,
-    pub breaker_open_hooks: Gauge,
-    invalid_rows: Family<Labels1, Counter>,
-    pub rows_unaddressable: Counter,
-    pub rows_quarantined: Counter,
-    object_unchecked: Family<Labels1, Counter>,
-    pub result_write_retries: Counter,
-    pub db_timeouts: Counter,
-    pub poll_loop_up: Gauge,
-    pub in_flight: Gauge,
-    pub queue_depth: Gauge,
-    pub oldest_queued_age_seconds: Gauge,
-    db_pool: Family<Labels2, Gauge>,
-    /// 1 after a successful sample of the queue, 0 before the first and after a failure.
-    pub db_up: Gauge,
-}
+/// The registry prefix of every family below (`gorge_webhook_claims_total`).
+pub const PREFIX: &str = "gorge_webhook";
 
 /// The `(pool, state)` series of the pool gauge, in [`Metrics::set_pool`] order.
-const POOL_SERIES: [(&str, &str); 5] = [
-    ("query", "open"),
-    ("query", "in_use"),
-    ("query", "waiting"),
-    ("lock", "open"),
-    ("lock", "held"),
+const POOL_SERIES: [[&str; 2]; 5] = [
+    ["query", "open"],
+    ["query", "in_use"],
+    ["query", "waiting"],
+    ["lock", "open"],
+    ["lock", "held"],
 ];
 
-impl Metrics {
-    /// Creates the metrics and registers them in `registry`, which names them: the service's
-    /// registry ([`gorge_service::metrics::service_registry`]) adds `gorge_webhook_`.
-    pub fn register(registry: &mut Registry) -> Metrics {
-        let metrics = Metrics {
-            claims: Family::default(),
-            deliveries: Family::default(),
-            attempt_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 13)),
-            skipped: Family::default(),
-            results_taken_over: Counter::default(),
-            policy_blocks: Counter::default(),
-            poll_errors: Counter::default(),
-            polls: Counter::default(),
-            full_batches: Counter::default(),
-            exclusions_capped: Counter::default(),
-            response_bodies_truncated: Counter::default(),
-            connection_retries: Counter::default(),
-            addresses_not_dialled: Counter::default(),
-            breaker_open_hooks: Gauge::default(),
-            invalid_rows: Family::default(),
-            rows_unaddressable: Counter::default(),
-            rows_quarantined: Counter::default(),
-            object_unchecked: Family::default(),
-            result_write_retries: Counter::default(),
-            db_timeouts: Counter::default(),
-            poll_loop_up: Gauge::default(),
-            in_flight: Gauge::default(),
-            queue_depth: Gauge::default(),
-            oldest_queued_age_seconds: Gauge::default(),
-            db_pool: Family::default(),
-            db_up: Gauge::default(),
-        };
-        // Series that exist from the start, so dashboards see 0 rather than nothing.
-        for result in ["won", "lost"] {
-            let _ = metrics.claims.get_or_create(&[("result", result)]);
-        }
-        for (pool, state) in POOL_SERIES {
-            let _ = metrics
-                .db_pool
-                .get_or_create(&[("pool", pool), ("state", state)]);
-        }
-        for reason in [
-            InvalidRowReason::Unreadable,
-            InvalidRowReason::Rejected,
-            InvalidRowReason::HookRow,
-        ] {
-            let _ = metrics
-                .invalid_rows
-                .get_or_create(&[("reason", reason.label())]);
-        }
-        for reason in ["unknown-type", "no-table", "refused"] {
-            let _ = metrics
-                .object_unchecked
-                .get_or_create(&[("reason", reason)]);
-        }
-        for reason in [
-            SkipReason::HookBusy,
-            SkipReason::BreakerOpen,
-            SkipReason::InFlight,
-        ] {
-            let _ = metrics.skipped.get_or_create(&[("reason", reason.label())]);
-        }
+gorge_service::metrics! {
+    /// Every metric the service exports. Cheap to clone (the metric handles are shared).
+    pub struct Metrics {
+        claims: Counter[result] = [["won"], ["lost"]],
+            "CAS claims; lost = another claimant was first (a duplicate prevented)";
         // The outcomes a dashboard alerts on; other outcome/class pairs appear when they occur.
-        for (outcome, class) in [
-            (DeliveryOutcome::Sent, "2xx"),
-            (DeliveryOutcome::Retry, "5xx"),
-            (DeliveryOutcome::Failed, "4xx"),
-        ] {
-            let _ = metrics
-                .deliveries
-                .get_or_create(&[("outcome", outcome.label()), ("class", class)]);
-        }
-        let r = registry;
-        r.register(
-            "claims",
-            "Claim attempts by result (won, lost: another claimant got the row first)",
-            metrics.claims.clone(),
-        );
-        r.register(
-            "deliveries",
-            "Finished requests by outcome (sent, retry, failed) and class (2xx..5xx, timeout, transport, hook)",
-            metrics.deliveries.clone(),
-        );
-        r.register(
-            "attempt_duration_seconds",
-            "Duration of HTTP delivery attempts, redirects included",
-            metrics.attempt_seconds.clone(),
-        );
-        r.register(
-            "skipped",
-            "Candidates passed over this round by reason",
-            metrics.skipped.clone(),
-        );
-        r.register(
-            "results_taken_over",
-            "Result writes that found the row claimed by someone else after the lease expired",
-            metrics.results_taken_over.clone(),
-        );
-        r.register(
-            "policy_blocks",
-            "Requests or redirects refused by the outbound blacklist",
-            metrics.policy_blocks.clone(),
-        );
-        r.register(
-            "poll_errors",
-            "Database errors while polling or writing",
-            metrics.poll_errors.clone(),
-        );
-        r.register(
-            "polls",
-            "Poll rounds completed (candidates fetched and every startable one started)",
-            metrics.polls.clone(),
-        );
-        r.register(
-            "full_batches",
-            "Polls that hit the candidate LIMIT (more work was waiting)",
-            metrics.full_batches.clone(),
-        );
-        r.register(
-            "exclusions_capped",
-            "Polls that had more hooks to leave out of the candidate query than its cap (1024); the rest were not left out",
-            metrics.exclusions_capped.clone(),
-        );
-        r.register(
-            "response_bodies_truncated",
-            "Receiver responses longer than 64 KiB (the rest is not read)",
-            metrics.response_bodies_truncated.clone(),
-        );
-        r.register(
-            "connection_retries",
-            "Requests sent again on a new connection because the reused keep-alive connection closed before answering (cURL does the same)",
-            metrics.connection_retries.clone(),
-        );
-        r.register(
-            "addresses_not_dialled",
-            "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every one was checked against the blacklist)",
-            metrics.addresses_not_dialled.clone(),
-        );
-        r.register(
-            "breaker_open_hooks",
-            "Hooks whose circuit breaker is open",
-            metrics.breaker_open_hooks.clone(),
-        );
-        r.register(
-            "in_flight",
-            "Deliveries in progress in this process",
-            metrics.in_flight.clone(),
-        );
-        r.register(
-            "queue_depth",
-            "Queued requests (sampled every few seconds)",
-            metrics.queue_depth.clone(),
-        );
-        r.register(
-            "oldest_queued_age_seconds",
-            "Age of the oldest queued request, 0 when none (sampled every few seconds)",
-            metrics.oldest_queued_age_seconds.clone(),
-        );
-        r.register(
-            "db_pool_connections",
-            "Database connections by pool (query, lock) and state (query: open, in_use, waiting; lock: open, held)",
-            metrics.db_pool.clone(),
-        );
-        r.register(
-            "invalid_rows",
-            "Requests failed with hook/invalid-row, by reason (unreadable, rejected, hook-row)",
-            metrics.invalid_rows.clone(),
-        );
-        r.register(
-            "rows_unaddressable",
-            "Candidate rows whose id or version could not be read (skipped)",
-            metrics.rows_unaddressable.clone(),
-        );
-        r.register(
-            "rows_quarantined",
-            "Rows that could be neither delivered nor failed; skipped until restart",
-            metrics.rows_quarantined.clone(),
-        );
-        r.register(
-            "object_unchecked",
-            "Deliveries whose object/transactions could not be checked, by reason (unknown-type, no-table, refused)",
-            metrics.object_unchecked.clone(),
-        );
-        r.register(
-            "result_write_retries",
-            "Result writes retried after a database error (within the claim's lease)",
-            metrics.result_write_retries.clone(),
-        );
-        r.register(
-            "db_timeouts",
-            "Database statements that hit the query timeout (their connection was closed)",
-            metrics.db_timeouts.clone(),
-        );
-        r.register(
-            "poll_loop_up",
-            "1 while the poll loop runs; 0 once it ended (the process then exits non-zero)",
-            metrics.poll_loop_up.clone(),
-        );
-        r.register(
-            "db_up",
-            "1 while the database answers the queue sample (every few seconds), else 0",
-            metrics.db_up.clone(),
-        );
-        metrics
+        deliveries: Counter[outcome, class] = [
+            [DeliveryOutcome::Sent.label(), "2xx"],
+            [DeliveryOutcome::Retry.label(), "5xx"],
+            [DeliveryOutcome::Failed.label(), "4xx"],
+        ], "Finished requests; outcome sent, retry (stays queued) or failed; class 2xx to 5xx, \
+            other (a status outside 200-599), hook (no POST: invalid properties, missing or \
+            disabled hook, blocked URI), or for a transport failure its reason (timeout, dns, \
+            connection-refused, certificate-not-trusted... the reason column of the error-code \
+            table below)";
+        attempt_duration_seconds: Histogram(exponential_buckets(0.005, 2.0, 13)),
+            "HTTP attempts, redirects included (buckets 5 ms to 20 s)";
+        skipped: Counter[reason] = [
+            [SkipReason::HookBusy.label()],
+            [SkipReason::BreakerOpen.label()],
+            [SkipReason::InFlight.label()],
+        ], "Candidates passed over this round, by reason";
+        results_taken_over: Counter,
+            "Result writes that found the row re-claimed after the lease (see below)";
+        policy_blocks: Counter, "Hook URIs or redirect hops refused by the blacklist";
+        poll_errors: Counter,
+            "Database errors (poll, per-row queries); result-write retries are \
+             result_write_retries_total";
+        // Tests wait for "N more rounds" instead of sleeping.
+        polls: Counter,
+            "Poll rounds completed (candidates fetched, every startable one started); failed \
+             rounds count in poll_errors_total";
+        full_batches: Counter,
+            "Polls that hit the candidate LIMIT (4 x max_concurrent): a backlog";
+        exclusions_capped: Counter,
+            "Polls with more hooks to leave out of the candidate query than its cap (1024); the \
+             rest were fetched and skipped as before";
+        response_bodies_truncated: Counter,
+            "Receiver answers longer than 64 KiB (the rest is not read)";
+        connection_retries: Counter,
+            "Requests sent again on a new connection because the reused keep-alive connection \
+             closed before answering (cURL does the same)";
+        addresses_not_dialled: Counter,
+            "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every \
+             one was checked against the blacklist)";
+        breaker_open_hooks: Gauge, "Hooks this process saw with an open breaker";
+        in_flight: Gauge, "Rows being worked on in this process";
+        queue_depth: Gauge,
+            "Queued rows, handed over or still Phorge's (sampled every 5 s; keeps its last \
+             value while the database is down: read it with db_up)";
+        oldest_queued_age_seconds: Gauge,
+            "Age of the oldest queued row by dateCreated, 0 when none (sampled like queue_depth)";
+        db_pool_connections: Gauge[pool, state] = POOL_SERIES, "Database connections: the query pool's open (at most MYSQL_MAX_CONNECTIONS), \
+            in_use and waiting; the lock pool's open (at most MYSQL_MAX_LOCK_CONNECTIONS) and \
+            the hook locks held now";
+        invalid_rows: Counter[reason] = [
+            [InvalidRowReason::Unreadable.label()],
+            [InvalidRowReason::Rejected.label()],
+            [InvalidRowReason::HookRow.label()],
+        ], "Requests failed with hook/invalid-row: a column not UTF-8, statements the server \
+            kept rejecting (e.g. dateModified = 4294967295), or a hook row with unreadable \
+            columns";
+        rows_unaddressable: Counter,
+            "Candidate rows whose id/dateModified could not be read (skipped; logged once)";
+        rows_quarantined: Counter,
+            "Rows that could be neither delivered nor failed; skipped by this process until \
+             restart";
+        object_unchecked: Counter[reason] = [["unknown-type"], ["no-table"], ["refused"]],
+            "Deliveries whose object and transactions could not be checked (PHID type not in \
+             Phorge's table, type without a table, SELECT refused or table missing); delivered \
+             with the stored transaction list";
+        result_write_retries: Counter,
+            "Result writes retried after a database error, within the claim's lease";
+        db_timeouts: Counter,
+            "Statements that hit the query timeout (their connection was closed)";
+        poll_loop_up: Gauge,
+            "1 while the poll loop runs; 0 once it ended (the process then exits with code 3)";
+        db_up: Gauge,
+            "1 after a successful sample of the queue, 0 before the first and after a failed one";
     }
+}
 
+impl Metrics {
     /// Metrics registered nowhere (tests of single components).
     pub fn unregistered() -> Metrics {
         Metrics::register(&mut Registry::default())
@@ -278,34 +121,27 @@ impl Metrics {
     }
 
     pub fn claim_won(&self) {
-        self.claims.get_or_create(&[("result", "won")]).inc();
+        self.claims.with(["won"]).inc();
     }
 
     pub fn claim_lost(&self) {
-        self.claims.get_or_create(&[("result", "lost")]).inc();
+        self.claims.with(["lost"]).inc();
     }
 
     pub fn claims(&self, won: bool) -> u64 {
-        let result = if won { "won" } else { "lost" };
-        self.claims.get_or_create(&[("result", result)]).get()
+        self.claims.with([if won { "won" } else { "lost" }]).get()
     }
 
     pub fn delivered(&self, outcome: DeliveryOutcome, class: &'static str) {
-        self.deliveries
-            .get_or_create(&[("outcome", outcome.label()), ("class", class)])
-            .inc();
+        self.deliveries.with([outcome.label(), class]).inc();
     }
 
     pub fn deliveries(&self, outcome: DeliveryOutcome, class: &'static str) -> u64 {
-        self.deliveries
-            .get_or_create(&[("outcome", outcome.label()), ("class", class)])
-            .get()
+        self.deliveries.with([outcome.label(), class]).get()
     }
 
     pub fn skip(&self, reason: SkipReason) {
-        self.skipped
-            .get_or_create(&[("reason", reason.label())])
-            .inc();
+        self.skipped.with([reason.label()]).inc();
     }
 
     pub fn set_pool(&self, pool: &gorge_claim::PoolState) {
@@ -316,41 +152,29 @@ impl Metrics {
             pool.lock_connections,
             pool.locks_held,
         ];
-        for ((pool, state), value) in POOL_SERIES.into_iter().zip(values) {
-            self.db_pool
-                .get_or_create(&[("pool", pool), ("state", state)])
-                .set(value as i64);
+        for (series, value) in POOL_SERIES.into_iter().zip(values) {
+            self.db_pool_connections.with(series).set(value as i64);
         }
     }
 
     pub fn pool_gauge(&self, pool: &'static str, state: &'static str) -> i64 {
-        self.db_pool
-            .get_or_create(&[("pool", pool), ("state", state)])
-            .get()
+        self.db_pool_connections.with([pool, state]).get()
     }
 
     pub fn invalid_row(&self, reason: InvalidRowReason) {
-        self.invalid_rows
-            .get_or_create(&[("reason", reason.label())])
-            .inc();
+        self.invalid_rows.with([reason.label()]).inc();
     }
 
     pub fn invalid_rows(&self, reason: InvalidRowReason) -> u64 {
-        self.invalid_rows
-            .get_or_create(&[("reason", reason.label())])
-            .get()
+        self.invalid_rows.with([reason.label()]).get()
     }
 
     pub fn object_unchecked(&self, reason: &'static str) {
-        self.object_unchecked
-            .get_or_create(&[("reason", reason)])
-            .inc();
+        self.object_unchecked.with([reason]).inc();
     }
 
     pub fn objects_unchecked(&self, reason: &'static str) -> u64 {
-        self.object_unchecked
-            .get_or_create(&[("reason", reason)])
-            .get()
+        self.object_unchecked.with([reason]).get()
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
 use gorge_service::{bind_all, ListenerSpec, Probes, ReadinessCheck, RunOptions, Shutdown};
 use prometheus_client::metrics::gauge::Gauge;
-use slog::{error, info, warn, Logger};
+use slog::Logger;
 use tokio::task::JoinHandle;
 
 use crate::api::Api;
@@ -23,8 +23,10 @@ use crate::config::Settings;
 use crate::connector::ConnectionOptions;
 use crate::delivery::Deliverer;
 use crate::dispatcher::{Dispatcher, DispatcherConfig};
+use crate::events;
 use crate::handover::HandoverWatch;
 use crate::metrics::Metrics;
+use gorge_service::emit;
 
 /// How often queue depth, pool state and open breakers are sampled into the metrics (a
 /// scrape never runs SQL).
@@ -73,7 +75,7 @@ pub async fn supervise_poll_loop(
         Err(err) if err.is_panic() => "panicked".to_string(),
         Err(err) => err.to_string(),
     };
-    error!(log, "WEBHOOK_POLL_LOOP_DIED"; "why" => why, "exit_code" => POLL_LOOP_DIED_EXIT);
+    emit!(log, events::WEBHOOK_POLL_LOOP_DIED; "why" => why, "exit_code" => POLL_LOOP_DIED_EXIT);
     shutdown.trigger();
 }
 
@@ -94,7 +96,7 @@ impl From<&Settings> for DispatcherConfig {
 
 /// Runs the service; `Err` carries the process exit code.
 pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
-    info!(log, "WEBHOOK_STARTED";
+    emit!(log, events::WEBHOOK_STARTED;
         "database" => settings.database(),
         "mysql_host" => &settings.mysql_host,
         "mysql_port" => settings.mysql_port,
@@ -114,15 +116,15 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         "blacklist_networks" => settings.outbound_policy.len(),
         "listen_addr" => %settings.listen_addr);
     for (key, configured, effective, why) in settings.adjustments() {
-        info!(log, "WEBHOOK_CONFIG_ADJUSTED";
+        emit!(log, events::WEBHOOK_CONFIG_ADJUSTED;
             "key" => key, "configured" => configured, "effective" => effective, "why" => why);
     }
     for warning in settings.warnings() {
-        warn!(log, "WEBHOOK_CONFIG_WARNING"; "warning" => warning);
+        emit!(log, events::WEBHOOK_CONFIG_WARNING; "warning" => warning);
     }
 
     let mut registry =
-        gorge_service::metrics::service_registry("gorge_webhook", env!("CARGO_PKG_VERSION"));
+        gorge_service::metrics::service_registry(crate::metrics::PREFIX, env!("CARGO_PKG_VERSION"));
     let metrics = Metrics::register(&mut registry);
     let store = ClaimStore::with_options(
         settings.mysql_opts(),
@@ -160,7 +162,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     {
         Ok(listeners) => listeners,
         Err(err) => {
-            error!(log, "WEBHOOK_BIND_FAILED"; "addr" => %settings.listen_addr, "error" => %err);
+            emit!(log, events::WEBHOOK_BIND_FAILED; "addr" => %settings.listen_addr, "error" => %err);
             eprintln!("gorge-webhook: {err}");
             return Err(1);
         }
@@ -213,7 +215,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
             // `run` has triggered `shutdown`: the loop stops polling and returns once every
             // in-flight delivery has written its result; only then is the pool closed.
             let _ = supervisor.await;
-            info!(drain_log, "WEBHOOK_DRAINED");
+            emit!(drain_log, events::WEBHOOK_DRAINED);
             store.close().await;
         }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
     });
@@ -227,7 +229,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let ran = gorge_service::run(listeners, probes, drain, options, &log)
         .await
         .map_err(|err| {
-            error!(log, "WEBHOOK_FAILED"; "error" => %err);
+            emit!(log, events::WEBHOOK_FAILED; "error" => %err);
             1
         });
     if health.is_dead() {

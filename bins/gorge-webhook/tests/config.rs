@@ -106,6 +106,12 @@ fn check_config_prints_effective_values_with_secrets_masked() {
             "default",
         ),
         ("GORGE_LISTEN_ADDR", "0.0.0.0:8160", "default"),
+        ("GORGE_LOG_LEVEL", "info", "default"),
+        (
+            "GORGE_LOG_FORMAT",
+            "json (stdout is not a terminal)",
+            "default",
+        ),
     ] {
         assert_eq!(
             checked(&stdout, name),
@@ -230,7 +236,7 @@ fn plain_words_digit_only_strings_and_bounds() {
         (
             "GORGE_WEBHOOK_RETRY_BACKOFF_SEC",
             "18446744073709551615",
-            "expected at most 86400 seconds",
+            "expected a whole number of seconds from 0 to 86400",
         ),
         (
             "GORGE_WEBHOOK_MYSQL_PORT",

@@ -1,15 +1,10 @@
-//! Configuration helpers both services share: environment layers where an empty variable
-//! means "use the default" and values are typed by the setting (not by how they look),
-//! errors reduced to one line naming the key and the bad value in plain words, exit code 2,
-//! warnings for unknown variables with a did-you-mean, the one `--check-config` format
-//! (value and source of each setting), and a [`Secret`] string that never prints itself.
+//! Configuration helpers both services share: errors reduced to one line naming the key and
+//! the bad value in plain words, exit code 2, did-you-mean suggestions, Kubernetes service
+//! links, the one `--check-config` format (value and source of each setting), and a
+//! [`Secret`] string that never prints itself. The settings themselves are declared with
+//! [`crate::settings`].
 
 use std::fmt;
-
-use figment::error::{Actual, Kind};
-use figment::Figment;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
 
 /// Exit code for an invalid configuration (distinct from 1, a runtime failure).
 pub const CONFIG_EXIT_CODE: i32 = 2;
@@ -53,103 +48,6 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Extracts `T` from `figment`, turning figment's error into a [`ConfigError`] that names the
-/// environment variable (`env_prefix` + key in upper case) when the value came from the
-/// environment, or the dotted key path when it came from a file or the defaults.
-pub fn extract<T: DeserializeOwned>(figment: &Figment, env_prefix: &str) -> Result<T, ConfigError> {
-    figment
-        .extract::<T>()
-        .map_err(|err| describe_figment_error(figment, &err, env_prefix))
-}
-
-fn describe_figment_error(
-    figment: &Figment,
-    err: &figment::Error,
-    env_prefix: &str,
-) -> ConfigError {
-    let path = err.path.join(".");
-    let from_env = err
-        .metadata
-        .as_ref()
-        .is_some_and(|md| md.name.contains("environment"));
-    let key = if from_env {
-        format!("{env_prefix}{}", err.path.join("_").to_uppercase())
-    } else if let Some(source) = err.metadata.as_ref().and_then(|md| md.source.as_ref()) {
-        format!("{path} (in {source})")
-    } else {
-        path.clone()
-    };
-    let value = match (&err.kind, from_env) {
-        (_, true) => env_value(&key).unwrap_or_default(),
-        (Kind::InvalidType(actual, _) | Kind::InvalidValue(actual, _), false) => {
-            actual_text(actual)
-        }
-        _ => figment
-            .find_value(&path)
-            .map(|v| format!("{v:?}"))
-            .unwrap_or_default(),
-    };
-    let reason = match &err.kind {
-        // A quoted number in a file is a string to the parser; say so.
-        Kind::InvalidType(Actual::Str(_), expected) if !from_env && is_numeric(expected) => {
-            format!("expected {expected}: {NOT_A_STRING}")
-        }
-        Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected) => {
-            format!("expected {expected}")
-        }
-        Kind::UnknownField(field, _) => format!("unknown key `{field}`"),
-        Kind::MissingField(field) => format!("missing key `{field}`"),
-        other => other.to_string(),
-    };
-    let key = match &err.kind {
-        Kind::UnknownField(field, _) if key.is_empty() => field.clone(),
-        Kind::MissingField(field) if key.is_empty() => field.to_string(),
-        _ => key,
-    };
-    ConfigError::new(key, value, reason)
-}
-
-/// The suffix of an error about a quoted number in a file.
-pub const NOT_A_STRING: &str = "a number, not a string";
-
-fn is_numeric(expected: &str) -> bool {
-    let name = expected.trim_start_matches("a ").trim_start_matches("an ");
-    matches!(
-        name,
-        "u8" | "u16"
-            | "u32"
-            | "u64"
-            | "u128"
-            | "usize"
-            | "i8"
-            | "i16"
-            | "i32"
-            | "i64"
-            | "i128"
-            | "isize"
-            | "f32"
-            | "f64"
-    )
-}
-
-fn actual_text(actual: &Actual) -> String {
-    match actual {
-        Actual::Str(s) => s.clone(),
-        Actual::Signed(n) => n.to_string(),
-        Actual::Unsigned(n) => n.to_string(),
-        Actual::Float(n) => n.to_string(),
-        Actual::Bool(b) => b.to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// Records that setting `key` came from `source` in a `--check-config` source list.
-pub fn set_source(sources: &mut [(&'static str, Source)], key: &str, source: Source) {
-    if let Some(entry) = sources.iter_mut().find(|(k, _)| *k == key) {
-        entry.1 = source;
-    }
-}
 
 /// Where an effective value came from, as `--check-config` prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,92 +173,6 @@ pub fn refuse_service_link(var: &str, value: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// Warnings for `prefix*` variables that are no setting, with a did-you-mean; Kubernetes
-/// service-link variables are skipped (the environment is shared with them).
-pub fn unknown_env_warnings(prefix: &str, known_keys: &[&str]) -> Vec<String> {
-    let mut vars: Vec<(String, String)> = std::env::vars()
-        .filter(|(var, _)| var.starts_with(prefix))
-        .collect();
-    vars.sort();
-    let known_vars: Vec<String> = known_keys
-        .iter()
-        .map(|k| format!("{prefix}{}", k.to_uppercase()))
-        .collect();
-    vars.into_iter()
-        .filter(|(var, value)| !known_vars.contains(var) && !is_service_link(var, value))
-        .map(
-            |(var, _)| match did_you_mean(&var, known_vars.iter().map(String::as_str)) {
-                Some(near) => format!("{var} is not a setting (did you mean {near}?); ignored"),
-                None => format!("{var} is not a setting; ignored"),
-            },
-        )
-        .collect()
-}
-
-/// An environment layer for figment that types each value by its setting's default (a
-/// string setting gets the text as written, so `USER=1234` stays a string) and knows only
-/// the settings in `defaults`. Variables set to the empty string are left out, so compose
-/// files that pass `VAR=""` get the default instead of a parse error or an empty value.
-#[derive(Debug, Clone)]
-pub struct TypedEnv {
-    prefix: String,
-    defaults: serde_json::Map<String, serde_json::Value>,
-}
-
-impl TypedEnv {
-    /// A layer reading `{prefix}{KEY}` for each key of `defaults` (a serializable struct of the
-    /// settings with their default values), typed like that default.
-    pub fn new(prefix: &str, defaults: &impl serde::Serialize) -> TypedEnv {
-        let defaults = match serde_json::to_value(defaults) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
-        TypedEnv {
-            prefix: prefix.to_string(),
-            defaults,
-        }
-    }
-
-    /// `(key, value)` for every set, non-empty variable of a known setting.
-    pub fn values(&self) -> Vec<(String, figment::value::Value)> {
-        use figment::value::Value;
-        let mut out = Vec::new();
-        for (key, default) in &self.defaults {
-            let Some(text) = env_value(&format!("{}{}", self.prefix, key.to_uppercase())) else {
-                continue;
-            };
-            let value = match default {
-                serde_json::Value::Number(_) => text
-                    .parse::<u64>()
-                    .map(Value::from)
-                    .or_else(|_| text.parse::<i64>().map(Value::from))
-                    .unwrap_or_else(|_| Value::from(text)),
-                serde_json::Value::Bool(_) => match text.to_ascii_lowercase().as_str() {
-                    "true" => Value::from(true),
-                    "false" => Value::from(false),
-                    _ => Value::from(text),
-                },
-                _ => Value::from(text),
-            };
-            out.push((key.clone(), value));
-        }
-        out
-    }
-}
-
-impl figment::Provider for TypedEnv {
-    fn metadata(&self) -> figment::Metadata {
-        figment::Metadata::named("environment variable(s)")
-    }
-
-    fn data(
-        &self,
-    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
-        let dict: figment::value::Dict = self.values().into_iter().collect();
-        Ok(figment::Profile::Default.collect(dict))
-    }
-}
-
 /// Prints the error as one line on stderr and exits with [`CONFIG_EXIT_CODE`].
 pub fn exit_config_error(err: &ConfigError) -> ! {
     eprintln!("{err}");
@@ -422,93 +234,17 @@ impl slog::Value for Secret {
     }
 }
 
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // Numbers are accepted too: an all-digit password arrives from the environment as one.
-        let value = serde_json::Value::deserialize(deserializer)?;
-        match value {
-            serde_json::Value::String(s) => Ok(Secret(s)),
-            serde_json::Value::Number(n) => Ok(Secret(n.to_string())),
-            serde_json::Value::Bool(b) => Ok(Secret(b.to_string())),
-            _ => Err(serde::de::Error::custom("expected a string")),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use figment::providers::{Format, Serialized};
-    use serde::Serialize;
-    use std::sync::Mutex;
-
-    // Tests that touch the process environment must not interleave.
-    static ENV_LOCK: Mutex<()> = Mutex::new(());
-
-    #[derive(Debug, Deserialize, Serialize, PartialEq)]
-    struct Settings {
-        poll_interval_ms: u64,
-        listen: String,
-    }
-
-    fn defaults() -> Settings {
-        Settings {
-            poll_interval_ms: 1000,
-            listen: "0.0.0.0".into(),
-        }
-    }
-
-    fn load(prefix: &str) -> Result<Settings, ConfigError> {
-        let figment = Figment::from(Serialized::defaults(defaults()))
-            .merge(TypedEnv::new(prefix, &defaults()));
-        extract(&figment, prefix)
-    }
 
     #[test]
-    fn empty_env_var_means_default() {
-        let _guard = ENV_LOCK.lock().unwrap();
-        std::env::set_var("GSTEST_A_POLL_INTERVAL_MS", "");
-        std::env::set_var("GSTEST_A_LISTEN", "127.0.0.1");
-        let settings = load("GSTEST_A_").unwrap();
-        assert_eq!(settings.poll_interval_ms, 1000);
-        assert_eq!(settings.listen, "127.0.0.1");
-    }
-
-    #[test]
-    fn invalid_env_value_names_the_variable_and_value() {
-        let _guard = ENV_LOCK.lock().unwrap();
-        std::env::set_var("GSTEST_B_POLL_INTERVAL_MS", "soon");
-        let err = load("GSTEST_B_").unwrap_err();
-        assert_eq!(err.key, "GSTEST_B_POLL_INTERVAL_MS");
-        assert_eq!(err.value, "soon");
-        let line = err.to_string();
-        assert!(
-            line.starts_with("invalid configuration: GSTEST_B_POLL_INTERVAL_MS=\"soon\": expected"),
-            "{line}"
+    fn errors_are_one_line_with_the_value_escaped() {
+        let err = ConfigError::new("X_PORT", "1\n2", "expected a port number 1-65535");
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: X_PORT=\"1\\n2\": expected a port number 1-65535"
         );
-        assert!(!line.contains('\n'));
-    }
-
-    #[test]
-    fn invalid_file_value_names_the_dotted_key() {
-        let figment = Figment::from(Serialized::defaults(defaults())).merge(
-            figment::providers::Json::string(r#"{"poll_interval_ms": -5}"#),
-        );
-        let err = extract::<Settings>(&figment, "X_").unwrap_err();
-        assert_eq!(err.key, "poll_interval_ms");
-        assert_eq!(err.value, "-5");
-    }
-
-    #[test]
-    fn typed_env_keeps_digit_only_strings_as_strings() {
-        let _guard = ENV_LOCK.lock().unwrap();
-        std::env::set_var("GSTEST_C_LISTEN", "1234");
-        std::env::set_var("GSTEST_C_POLL_INTERVAL_MS", "250");
-        let figment = Figment::from(Serialized::defaults(defaults()))
-            .merge(TypedEnv::new("GSTEST_C_", &defaults()));
-        let settings: Settings = extract(&figment, "GSTEST_C_").unwrap();
-        assert_eq!(settings.listen, "1234");
-        assert_eq!(settings.poll_interval_ms, 250);
     }
 
     #[test]
@@ -556,7 +292,5 @@ mod tests {
         assert_eq!(format!("{secret} {secret:?}"), "******** ********");
         assert_eq!(Secret::default().to_string(), "(empty)");
         assert_eq!(secret.expose(), "hunter2");
-        let parsed: Secret = serde_json::from_str("12345").unwrap();
-        assert_eq!(parsed.expose(), "12345");
     }
 }

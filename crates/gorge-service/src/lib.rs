@@ -1,10 +1,14 @@
 //! The service mechanism both gorge binaries share, and nothing domain-specific.
 //!
 //! - [`cli`]: the shared command line and the runtime `main` ends in;
-//! - [`config`]: figment layering helpers, one-line validation errors, exit code 2, secrets;
+//! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
+//! - [`settings`]: the one declaration of a service's settings and everything made from it;
+//! - [`docs`]: the docs tables generated from declarations, and the check that they match;
+//! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
-//! - [`metrics`]: the prefixed service registry with `build_info`, and `process_*` metrics;
+//! - [`metrics`]: one declaration per metric family, the prefixed service registry with
+//!   `build_info`, and the `process_*` metrics;
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
 //! - [`server`]: bind every listener first, then serve them all;
 //! - [`shutdown`]: the shutdown signal and [`shutdown::run`], the coordinated graceful stop;
@@ -16,16 +20,23 @@
 
 pub mod cli;
 pub mod config;
+pub mod docs;
+pub mod events;
 pub mod healthcheck;
 pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod probes;
 pub mod server;
+pub mod settings;
 pub mod shutdown;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};
 pub use probes::{Probes, ReadinessCheck};
+#[doc(hidden)]
+pub use prometheus_client as __prometheus_client;
 pub use server::{bind_all, BindError, BoundListener, Handler, ListenerSpec};
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
+#[doc(hidden)]
+pub use slog as __slog;

@@ -12,7 +12,8 @@ use std::io::{self, IsTerminal};
 
 use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
-use crate::config::{env_value, ConfigError};
+use crate::config::ConfigError;
+use crate::settings::{Layered, LogVars};
 
 /// Environment variable with the log level and per-component overrides.
 pub const LEVEL_VAR: &str = "GORGE_LOG_LEVEL";
@@ -25,7 +26,8 @@ pub const COMPONENT_KEY: &str = "component";
 /// How many records the async drain buffers before it drops (and counts) new ones.
 const ASYNC_CHANNEL_SIZE: usize = 4096;
 
-const LEVEL_HELP: &str = "expected one of trace, debug, info, warn, error, critical, \
+/// What `GORGE_LOG_LEVEL` may be, in plain words.
+pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical, \
      optionally followed by component overrides such as info,peers=debug";
 
 /// How records are written to stderr.
@@ -83,11 +85,16 @@ impl LogSettings {
     /// Reads both variables; an unknown value is a configuration error naming the variable.
     /// Without `GORGE_LOG_FORMAT`, text on a terminal and JSON otherwise.
     pub fn from_env() -> Result<LogSettings, ConfigError> {
-        LogSettings::parse(
-            env_value(LEVEL_VAR).as_deref(),
-            env_value(FORMAT_VAR).as_deref(),
-            io::stdout().is_terminal(),
-        )
+        let vars = Layered::<LogVars>::from_env()?.values;
+        let format = match vars.format {
+            Some(format) => format,
+            None if io::stdout().is_terminal() => LogFormat::Text,
+            None => LogFormat::Json,
+        };
+        Ok(LogSettings {
+            level: vars.level,
+            format,
+        })
     }
 
     /// The two variables' values, and whether stdout is a terminal.
@@ -143,7 +150,7 @@ pub fn parse_level_spec(value: Option<&str>) -> Result<LevelSpec, ConfigError> {
     let Some(text) = value else {
         return Ok(LevelSpec::new(Level::Info));
     };
-    let bad = || ConfigError::new(LEVEL_VAR, text, LEVEL_HELP);
+    let bad = || ConfigError::new(LEVEL_VAR, text, format!("expected {LEVEL_VALID}"));
     let mut spec = LevelSpec::new(Level::Info);
     for (i, part) in text.split(',').map(str::trim).enumerate() {
         match part.split_once('=') {
@@ -284,13 +291,14 @@ fn timestamp() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Secret;
     use std::sync::{Arc, Mutex};
 
+    /// A writer the tests read back (also used by the events tests).
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(pub(crate) Arc<Mutex<Vec<u8>>>);
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

@@ -1,32 +1,246 @@
-//! Metrics every service exports the same way: the service registry, whose prefix
-//! (`gorge_notification`, `gorge_webhook`) every metric registered in it inherits, with
-//! `<prefix>_build_info{version}`; and the standard unprefixed `process_*` metrics, read
-//! from `/proc` on each scrape.
+//! Metrics, each family declared once. A service lists its families in
+//! [`metrics!`](crate::metrics!) — name, type, labels with the series that exist from the
+//! start, help — which gives the struct the code counts into, the registration, and the
+//! docs table (checked by each service's tests). Here too: the service registry, whose prefix
+//! (`gorge_notification`, `gorge_webhook`) every family registered in it inherits, with
+//! `<prefix>_build_info{version}`; and the standard unprefixed `process_*` metrics, read from
+//! `/proc` on each scrape.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::ops::Deref;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VersionLabel {
-    version: &'static str,
+pub use prometheus_client::metrics::counter::Counter;
+pub use prometheus_client::metrics::gauge::Gauge;
+pub use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+/// The label set of a [`Labeled`] family: each label's name with its value.
+pub type LabelSet<const N: usize> = [(&'static str, Cow<'static, str>); N];
+
+/// A family with `N` labels, whose names are fixed by its declaration; the values are given
+/// in that order. Cheap to clone (shared).
+pub struct Labeled<M, const N: usize> {
+    names: [&'static str; N],
+    family: Family<LabelSet<N>, M>,
+}
+
+impl<M, const N: usize> Clone for Labeled<M, N> {
+    fn clone(&self) -> Self {
+        Labeled {
+            names: self.names,
+            family: self.family.clone(),
+        }
+    }
+}
+
+impl<M: fmt::Debug, const N: usize> fmt::Debug for Labeled<M, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.family.fmt(f)
+    }
+}
+
+impl<M: Default + Clone, const N: usize> Labeled<M, N> {
+    /// An empty family labelled `names`.
+    pub fn new(names: [&'static str; N]) -> Self {
+        Labeled {
+            names,
+            family: Family::default(),
+        }
+    }
+
+    fn labels(&self, values: [Cow<'static, str>; N]) -> LabelSet<N> {
+        let mut values = values.into_iter();
+        self.names
+            .map(|name| (name, values.next().unwrap_or_default()))
+    }
+
+    /// The series of these label values (created at 0 if new).
+    pub fn with(&self, values: [&'static str; N]) -> impl Deref<Target = M> + '_ {
+        self.family
+            .get_or_create(&self.labels(values.map(Cow::Borrowed)))
+    }
+
+    /// The series of these label values, owned (for values known only at run time, such as a
+    /// peer's address), to be kept by whoever counts into it.
+    pub fn with_owned(&self, values: [String; N]) -> M {
+        self.family
+            .get_or_create_owned(&self.labels(values.map(Cow::Owned)))
+    }
+
+    /// Removes the series of these label values from the exposition.
+    pub fn remove(&self, values: [String; N]) {
+        self.family.remove(&self.labels(values.map(Cow::Owned)));
+    }
+}
+
+impl<M: TypedMetric, const N: usize> TypedMetric for Labeled<M, N> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<M: EncodeMetric + TypedMetric, const N: usize> EncodeMetric for Labeled<M, N> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        self.family.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+}
+
+/// One declared family, for the docs table.
+#[derive(Debug, Clone)]
+pub struct FamilyDoc {
+    /// The name as registered (without the registry's prefix, and without `_total`).
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: MetricType,
+    /// The label names, in order.
+    pub labels: &'static [&'static str],
+    /// The label values of the series that exist from the start.
+    pub series: Vec<Vec<&'static str>>,
+    /// The help text, which `/metrics` serves and the docs table shows.
+    pub help: &'static str,
+}
+
+impl FamilyDoc {
+    /// The name `/metrics` shows, given the registry's prefix (`""` for none): counters end
+    /// in `_total`.
+    pub fn exposed_name(&self, prefix: &str) -> String {
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}_")
+        };
+        let suffix = if matches!(self.kind, MetricType::Counter) {
+            "_total"
+        } else {
+            ""
+        };
+        format!("{prefix}{}{suffix}", self.name)
+    }
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __metric_count {
+    () => { 0usize };
+    ($head:ident $($rest:ident)*) => { 1usize + $crate::__metric_count!($($rest)*) };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __metric_type {
+    ($kind:ident) => { $crate::metrics::$kind };
+    ($kind:ident [$($label:ident),+]) => {
+        $crate::metrics::Labeled<$crate::metrics::$kind, { $crate::__metric_count!($($label)+) }>
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __metric_new {
+    ($kind:ident) => { <$crate::metrics::$kind>::default() };
+    ($kind:ident ($($arg:expr),*)) => { <$crate::metrics::$kind>::new($($arg),*) };
+    ($kind:ident [$($label:ident),+]) => { $crate::metrics::Labeled::new([$(stringify!($label)),+]) };
+}
+
+/// Declares a service's metric families: a struct with one field per family, `register`,
+/// which creates and registers them (the listed series at 0), and `families`, for the docs.
+/// One line per family: `name: Type, "help";`, with `Histogram(buckets)`, or labels and the
+/// series that exist from the start (any expression yielding arrays of label values):
+///
+/// ```
+/// gorge_service::metrics! {
+///     /// The example's metrics.
+///     pub struct Metrics {
+///         polls: Counter, "Poll rounds completed";
+///         attempt_duration_seconds: Histogram(gorge_service::metrics::exponential_buckets(0.005, 2.0, 13)),
+///             "Duration of HTTP attempts";
+///         claims: Counter[result] = [["won"], ["lost"]], "Claims by result";
+///     }
+/// }
+/// let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+/// metrics.claims.with(["won"]).inc();
+/// ```
+#[macro_export]
+macro_rules! metrics {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $field:ident : $kind:ident $( ( $($arg:expr),* ) )?
+                    $( [ $($label:ident),+ ] $( = $series:expr )? )?,
+                    $help:literal;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug)]
+        $vis struct $name {
+            $(
+                #[doc = $help]
+                pub $field: $crate::__metric_type!($kind $( [ $($label),+ ] )?),
+            )*
+        }
+
+        impl $name {
+            /// Creates every family, with the series that exist from the start, and registers
+            /// it in `registry` (whose prefix names it).
+            pub fn register(registry: &mut $crate::__prometheus_client::registry::Registry) -> Self {
+                let metrics = $name {
+                    $( $field: $crate::__metric_new!($kind $( ( $($arg),* ) )? $( [ $($label),+ ] )?), )*
+                };
+                $( $( $(
+                    for values in $series {
+                        let _ = metrics.$field.with(values);
+                    }
+                )? )? )*
+                $( registry.register(stringify!($field), $help, metrics.$field.clone()); )*
+                metrics
+            }
+
+            /// Every family as declared, for the docs table.
+            pub fn families() -> Vec<$crate::metrics::FamilyDoc> {
+                vec![ $( $crate::metrics::FamilyDoc {
+                    name: stringify!($field),
+                    kind: <$crate::__metric_type!($kind $( [ $($label),+ ] )?)
+                        as $crate::__prometheus_client::metrics::TypedMetric>::TYPE,
+                    labels: &[ $( $( stringify!($label) ),+ )? ],
+                    series: {
+                        #[allow(unused_mut)]
+                        let mut series: Vec<Vec<&'static str>> = Vec::new();
+                        $( $( series.extend($series.iter().map(|values| values.to_vec())); )? )?
+                        series
+                    },
+                    help: $help,
+                }, )* ]
+            }
+        }
+    };
+}
+
+crate::metrics! {
+    /// The family every service registry holds.
+    struct BuildInfo {
+        build_info: Gauge[version], "Always 1; the version label is the running build";
+    }
 }
 
 /// A registry whose metrics are all named `<prefix>_…`, holding `<prefix>_build_info`.
 pub fn service_registry(prefix: &str, version: &'static str) -> Registry {
     let mut registry = Registry::with_prefix(prefix);
-    let build_info: Family<VersionLabel, Gauge> = Family::default();
-    build_info.get_or_create(&VersionLabel { version }).set(1);
-    registry.register(
-        "build_info",
-        "Always 1; the version label is the running build",
-        build_info,
-    );
+    BuildInfo::register(&mut registry)
+        .build_info
+        .with([version])
+        .set(1);
     registry
 }
 
@@ -36,6 +250,85 @@ pub fn process_registry() -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessCollector));
     registry
+}
+
+/// The `process_*` families, in exposition order, as every Prometheus client names them.
+const PROCESS_FAMILIES: [(&str, MetricType, &str); 6] = [
+    (
+        "process_cpu_seconds",
+        MetricType::Counter,
+        "User and system CPU time spent, in seconds (read from /proc on each scrape, as all process_* metrics)",
+    ),
+    (
+        "process_resident_memory_bytes",
+        MetricType::Gauge,
+        "Resident memory size in bytes",
+    ),
+    (
+        "process_virtual_memory_bytes",
+        MetricType::Gauge,
+        "Virtual memory size in bytes",
+    ),
+    ("process_open_fds", MetricType::Gauge, "Open file descriptors"),
+    (
+        "process_max_fds",
+        MetricType::Gauge,
+        "Soft limit on open file descriptors (RLIMIT_NOFILE)",
+    ),
+    (
+        "process_start_time_seconds",
+        MetricType::Gauge,
+        "Start time of the process since the Unix epoch, in seconds",
+    ),
+];
+
+/// A service's metrics table in docs/: `<prefix>_build_info`, the service's `families`, then
+/// the unprefixed `process_*` ones.
+pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
+    let process = PROCESS_FAMILIES.map(|(name, kind, help)| FamilyDoc {
+        name,
+        kind,
+        labels: &[],
+        series: Vec::new(),
+        help,
+    });
+    let prefixed = BuildInfo::families()
+        .into_iter()
+        .chain(families.iter().cloned());
+    let rows: Vec<Vec<String>> = prefixed
+        .map(|family| (family.exposed_name(prefix), family))
+        .chain(
+            process
+                .into_iter()
+                .map(|family| (family.exposed_name(""), family)),
+        )
+        .map(|(name, family)| {
+            let mut labels: Vec<String> = family.labels.iter().map(|n| format!("`{n}`")).collect();
+            if !family.series.is_empty() {
+                let series: Vec<String> = family
+                    .series
+                    .iter()
+                    .map(|values| format!("`{}`", values.join("`/`")))
+                    .collect();
+                labels = vec![format!("{}: {}", labels.join(", "), series.join(", "))];
+            }
+            vec![
+                format!("`{name}`"),
+                family.kind.as_str().to_string(),
+                labels.join(", "),
+                family.help.to_string(),
+            ]
+        })
+        .collect();
+    crate::docs::table(
+        &[
+            "Metric",
+            "Type",
+            "Labels (series from the start)",
+            "Meaning",
+        ],
+        &rows,
+    )
 }
 
 /// Linux reports CPU times and start times in clock ticks of `USER_HZ`, which the kernel
@@ -122,51 +415,20 @@ struct ProcessCollector;
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let stats = ProcessStats::read();
-        if let Some(cpu) = stats.cpu_seconds {
-            let counter = ConstCounter::new(cpu);
-            counter.encode(encoder.encode_descriptor(
-                "process_cpu_seconds",
-                "User and system CPU time spent, in seconds",
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
-        let gauges = [
-            (
-                "process_resident_memory_bytes",
-                "Resident memory size in bytes",
-                stats.resident_bytes.map(|v| v as f64),
-            ),
-            (
-                "process_virtual_memory_bytes",
-                "Virtual memory size in bytes",
-                stats.virtual_bytes.map(|v| v as f64),
-            ),
-            (
-                "process_open_fds",
-                "Open file descriptors",
-                stats.open_fds.map(|v| v as f64),
-            ),
-            (
-                "process_max_fds",
-                "Soft limit on open file descriptors",
-                stats.max_fds.map(|v| v as f64),
-            ),
-            (
-                "process_start_time_seconds",
-                "Start time of the process since the Unix epoch, in seconds",
-                stats.start_time_seconds,
-            ),
+        let values = [
+            stats.cpu_seconds,
+            stats.resident_bytes.map(|v| v as f64),
+            stats.virtual_bytes.map(|v| v as f64),
+            stats.open_fds.map(|v| v as f64),
+            stats.max_fds.map(|v| v as f64),
+            stats.start_time_seconds,
         ];
-        for (name, help, value) in gauges {
-            if let Some(value) = value {
-                let gauge = ConstGauge::new(value);
-                gauge.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    gauge.metric_type(),
-                )?)?;
+        for ((name, kind, help), value) in PROCESS_FAMILIES.iter().zip(values) {
+            let Some(value) = value else { continue };
+            let descriptor = encoder.encode_descriptor(name, help, None, *kind)?;
+            match kind {
+                MetricType::Counter => ConstCounter::new(value).encode(descriptor)?,
+                _ => ConstGauge::new(value).encode(descriptor)?,
             }
         }
         Ok(())
@@ -197,6 +459,86 @@ mod tests {
             ),
             Some(1024)
         );
+    }
+
+    crate::metrics! {
+        struct Demo {
+            polls: Counter, "Rounds";
+            depth: Gauge, "Depth";
+            seconds: Histogram(exponential_buckets(0.5, 2.0, 2)), "Seconds";
+            claims: Counter[result] = [["won"], ["lost"]], "Claims";
+            pool: Gauge[pool, state] = [["query", "open"], ["lock", "held"]], "Pool";
+            peers: Counter[peer], "Per peer";
+        }
+    }
+
+    #[test]
+    fn declared_families_are_registered_with_their_series_at_zero() {
+        let mut registry = Registry::with_prefix("x");
+        let demo = Demo::register(&mut registry);
+        demo.claims.with(["won"]).inc();
+        let peer = demo.peers.with_owned(["a:1".to_string()]);
+        peer.inc_by(2);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "x_polls_total 0",
+            "x_depth 0",
+            "x_seconds_bucket{le=\"0.5\"} 0",
+            "x_claims_total{result=\"won\"} 1",
+            "x_claims_total{result=\"lost\"} 0",
+            "x_pool{pool=\"query\",state=\"open\"} 0",
+            "x_pool{pool=\"lock\",state=\"held\"} 0",
+            "x_peers_total{peer=\"a:1\"} 2",
+            "# HELP x_claims Claims.",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        demo.peers.remove(["a:1".to_string()]);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("a:1"), "{text}");
+        let names: Vec<String> = Demo::families()
+            .iter()
+            .map(|f| f.exposed_name("x"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "x_polls_total",
+                "x_depth",
+                "x_seconds",
+                "x_claims_total",
+                "x_pool",
+                "x_peers_total"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_docs_table_has_build_info_the_families_and_process_metrics() {
+        let table = docs_table("x", &Demo::families());
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            rows[0],
+            "| Metric | Type | Labels (series from the start) | Meaning |"
+        );
+        assert_eq!(rows[2], "| `x_build_info` | gauge | `version` | Always 1; the version label is the running build |");
+        assert_eq!(
+            rows[6],
+            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        );
+        assert_eq!(
+            rows[7],
+            "| `x_pool` | gauge | `pool`, `state`: `query`/`open`, `lock`/`held` | Pool |"
+        );
+        assert_eq!(rows[8], "| `x_peers_total` | counter | `peer` | Per peer |");
+        assert!(
+            rows[9].starts_with("| `process_cpu_seconds_total` | counter |  | "),
+            "{}",
+            rows[9]
+        );
+        assert_eq!(rows.len(), 2 + 1 + 6 + 6);
     }
 
     #[test]

@@ -24,12 +24,13 @@ use hyper::service::service_fn;
 use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
-use slog::{warn, Logger};
+use slog::Logger;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::http::{error_response, Response};
+use crate::{emit, events};
 
 /// Handles one request; the second argument is the peer's address.
 pub type Handler = Arc<
@@ -222,7 +223,7 @@ pub(crate) async fn serve(
                 bound.accept_errors.inc();
                 unlogged += 1;
                 if last_logged.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL) {
-                    warn!(log, "ACCEPT_FAILED";
+                    emit!(log, events::ACCEPT_FAILED;
                         "listener" => &bound.name, "error" => %err, "failures" => unlogged);
                     last_logged = Some(Instant::now());
                     unlogged = 0;

@@ -14,12 +14,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slog::{error, info, warn, Logger};
+use slog::Logger;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::probes::Probes;
 use crate::server::{serve, BoundListener, Stops};
+use crate::{emit, events};
 
 /// A cloneable shutdown switch. [`run`] flips it on SIGTERM/SIGINT; anything may flip it.
 #[derive(Clone)]
@@ -123,7 +124,7 @@ pub async fn run(
     let mut closing_early = 0;
     for listener in listeners {
         let (name, addr) = (listener.name().to_string(), listener.local_addr());
-        info!(log, "LISTENING"; "listener" => &name, "addr" => %addr);
+        emit!(log, events::LISTENING; "listener" => &name, "addr" => %addr);
         let early = listener.closes_at_drain_start();
         closing_early += usize::from(early);
         let stops = Stops {
@@ -138,12 +139,12 @@ pub async fn run(
 
     let failure = tokio::select! {
         signal = signals.next() => {
-            info!(log, "SHUTDOWN_STARTED"; "reason" => signal);
+            emit!(log, events::SHUTDOWN_STARTED; "reason" => signal);
             opts.shutdown.trigger();
             None
         }
         _ = opts.shutdown.triggered() => {
-            info!(log, "SHUTDOWN_STARTED"; "reason" => "requested");
+            emit!(log, events::SHUTDOWN_STARTED; "reason" => "requested");
             None
         }
         Some(joined) = serving.join_next() => {
@@ -158,7 +159,7 @@ pub async fn run(
                     source: io::Error::other(join.to_string()),
                 },
             };
-            error!(log, "LISTENER_FAILED"; "error" => %failure);
+            emit!(log, events::LISTENER_FAILED; "error" => %failure);
             opts.shutdown.trigger();
             Some(failure)
         }
@@ -174,13 +175,13 @@ pub async fn run(
                 break;
             }
         }
-        info!(log, "LISTENERS_CLOSED"; "listeners" => closing_early);
+        emit!(log, events::LISTENERS_CLOSED; "listeners" => closing_early);
     }
     if tokio::time::timeout(opts.drain_deadline, drain())
         .await
         .is_err()
     {
-        warn!(log, "DRAIN_DEADLINE_EXCEEDED"; "deadline_ms" => opts.drain_deadline.as_millis() as u64);
+        emit!(log, events::DRAIN_DEADLINE_EXCEEDED; "deadline_ms" => opts.drain_deadline.as_millis() as u64);
     }
     stop_tx.send_replace(true);
     while serving.join_next().await.is_some() {}
@@ -188,12 +189,12 @@ pub async fn run(
         .await
         .is_err()
     {
-        warn!(log, "REQUESTS_ABANDONED"; "open_connections" => connections_tx.receiver_count());
+        emit!(log, events::REQUESTS_ABANDONED; "open_connections" => connections_tx.receiver_count());
     }
     match failure {
         Some(failure) => Err(failure),
         None => {
-            info!(log, "SHUTDOWN_COMPLETE");
+            emit!(log, events::SHUTDOWN_COMPLETE);
             Ok(())
         }
     }

@@ -1,6 +1,7 @@
 //! The Aphlict-format JSON file: `servers[]` and `cluster[]` as Aphlict reads them, Aphlict's
 //! own keys that have no effect here (`logs`, `pidfile`, `memory.hint`), and the flat
-//! settings under their keys (`"max_sockets": 100000`), which Aphlict itself ignores.
+//! settings under their keys (`"max_sockets": 100000`, applied by the shared declaration),
+//! which Aphlict itself ignores.
 //!
 //! An unknown key inside a `servers[]` or `cluster[]` entry is refused with a did-you-mean:
 //! `"lisen": "127.0.0.1"` would otherwise leave the unauthenticated admin port on 0.0.0.0.
@@ -9,12 +10,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use gorge_service::config::unknown_key_reason;
+use gorge_service::settings::{self, Declared, FileFormat, Kind, Layered, Port};
 use gorge_service::ConfigError;
 use serde_json::{Map, Value};
 
 use super::peer_url::{PeerProtocol, PeerUrl};
-use super::settings::{self, Kind, Settings};
-use super::{IgnoredKey, ServerConfig, ServerKind};
+use super::{IgnoredKey, ServerConfig, ServerKind, Settings};
 
 /// Keys of a `servers[]` entry.
 const SERVER_KEYS: [&str; 6] = ["type", "port", "listen", "ssl.key", "ssl.cert", "ssl.chain"];
@@ -30,86 +31,49 @@ const IGNORED_KEYS: [(&str, &str); 3] = [
     ("memory.hint", "memory is bounded by the configured limits"),
 ];
 
-/// What the file contributes.
+/// What the file contributes besides the flat settings.
 #[derive(Debug, Default)]
 pub struct FileLayer {
     pub servers: Option<Vec<ServerConfig>>,
     pub cluster: Vec<PeerUrl>,
-    /// Flat settings the file sets, by key.
-    pub settings: Vec<&'static str>,
     pub ignored: Vec<IgnoredKey>,
 }
 
-/// The variable or option that named the file, for errors about the file itself.
-pub fn read_file(path: &Path, named_by: &str) -> Result<Value, ConfigError> {
-    let shown = path.display().to_string();
-    let is_json = path
-        .extension()
-        .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
-    if !is_json {
-        return Err(ConfigError::new(
-            named_by,
-            &shown,
-            "the file must be Aphlict-format JSON with a .json extension",
-        ));
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::new(named_by, &shown, format!("cannot read the file: {e}")))?;
-    let value: Value = serde_json::from_str(&text)
-        .map_err(|e| ConfigError::new(named_by, &shown, format!("not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ConfigError::new(
-            named_by,
-            shown,
-            "the file must hold a JSON object",
-        ));
-    }
-    Ok(value)
+/// Reads the Aphlict file at `path`, named by `named_by` (for errors about the file itself).
+pub fn read_file(path: &Path, named_by: &str) -> Result<Map<String, Value>, ConfigError> {
+    settings::read_file(path, named_by, &[FileFormat::Json])
 }
 
 fn json_text(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+    settings::value_text(value)
 }
 
-/// Applies the file to `settings` and returns what else it says.
-pub fn parse_file(file: &Value, settings: &mut Settings) -> Result<FileLayer, ConfigError> {
+/// Applies the file's flat settings to `layered` and returns what else it says.
+pub fn parse_file(
+    path: &Path,
+    file: &Map<String, Value>,
+    layered: &mut Layered<Settings>,
+) -> Result<FileLayer, ConfigError> {
     let mut layer = FileLayer::default();
-    let Some(object) = file.as_object() else {
-        return Ok(layer);
-    };
-    for (key, value) in object {
-        if let Some((_, reason)) = IGNORED_KEYS.iter().find(|(k, _)| k == key) {
+    for (key, value) in layered.apply_file(path, file)? {
+        if let Some((_, reason)) = IGNORED_KEYS.iter().find(|(k, _)| *k == key) {
             layer.ignored.push(IgnoredKey {
-                key: key.clone(),
+                key,
                 reason: (*reason).to_string(),
             });
             continue;
         }
-        match (key.as_str(), settings::info(key)) {
-            ("servers", _) => layer.servers = Some(parse_servers(value)?),
-            ("cluster", _) => layer.cluster = parse_cluster(value)?,
-            (_, Some(info)) if !info.env_only => {
-                settings
-                    .set_json(info.key, value)
-                    .map_err(|reason| ConfigError::new(key.as_str(), json_text(value), reason))?;
-                layer.settings.push(info.key);
-            }
+        match key.as_str() {
+            "servers" => layer.servers = Some(parse_servers(&value)?),
+            "cluster" => layer.cluster = parse_cluster(&value)?,
             _ => {
                 let known = ["servers", "cluster"]
                     .into_iter()
                     .chain(IGNORED_KEYS.iter().map(|(k, _)| *k))
-                    .chain(
-                        settings::SETTINGS
-                            .iter()
-                            .filter(|s| !s.env_only)
-                            .map(|s| s.key),
-                    );
+                    .chain(Settings::file_keys());
                 layer.ignored.push(IgnoredKey {
-                    key: key.clone(),
-                    reason: unknown_key_reason(key, known),
+                    reason: unknown_key_reason(&key, known),
+                    key,
                 });
             }
         }
@@ -152,12 +116,10 @@ fn parse_port(key: &str, value: Option<&Value>) -> Result<u16, ConfigError> {
         return Err(ConfigError::new(
             key,
             "",
-            "missing: expected a port number 1-65535",
+            format!("missing: expected {}", Port::VALID),
         ));
     };
-    settings::Port::from_json(value)
-        .map(|port| port as u16)
-        .map_err(|reason| ConfigError::new(key, json_text(value), reason))
+    Port::from_file(value).map_err(|reason| ConfigError::new(key, json_text(value), reason))
 }
 
 pub fn parse_listen(key: &str, value: &str) -> Result<IpAddr, ConfigError> {

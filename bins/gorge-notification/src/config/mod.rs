@@ -22,9 +22,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gorge_hub::Limits;
-use gorge_service::config::{
-    env_value, refuse_service_link, set_source, unknown_env_warnings, CheckLine, Source,
-};
+use gorge_service::config::{env_value, CheckLine, Source};
+use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
 use gorge_service::ConfigError;
 use serde_json::Value;
 
@@ -34,10 +33,6 @@ pub use settings::Settings;
 
 use aphlict_file::{parse_file, parse_listen, read_file, FileLayer};
 use peer_url::{parse_peer_url, parse_port_text, split_host_port};
-use settings::SETTINGS;
-
-/// Prefix of every environment variable of this service.
-pub const ENV_PREFIX: &str = "GORGE_NOTIFICATION_";
 
 /// Default client (WebSocket) port, as Aphlict.
 pub const DEFAULT_CLIENT_PORT: u16 = 22280;
@@ -109,8 +104,9 @@ pub struct Config {
     /// Logged at startup and printed by `--check-config`.
     pub warnings: Vec<String>,
     /// The flat settings as layered, and where each came from.
-    pub settings: Settings,
-    pub sources: Vec<(&'static str, Source)>,
+    pub settings: Layered<Settings>,
+    /// `GORGE_LOG_*`, shown by `--check-config`.
+    pub log: Layered<LogVars>,
     servers_source: Source,
 }
 
@@ -131,15 +127,21 @@ impl Config {
 
 /// The environment variable of a setting.
 pub fn env_key(key: &str) -> String {
-    format!("{ENV_PREFIX}{}", key.to_uppercase())
+    Settings::env_var(key)
 }
 
 /// Loads the configuration from `cli_file` (if given), the environment and the defaults,
 /// and validates the logging variables too, so `--check-config` refuses what startup would.
 pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
-    gorge_service::logging::LogSettings::from_env()?;
+    let log = Layered::<LogVars>::from_env()?;
     let mut config = load_from(cli_file, &|var| env_value(var))?;
-    config.warnings = environment_warnings();
+    config.log = log;
+    config
+        .warnings
+        .extend(unknown_env_warnings::<Settings>(std::env::vars()));
+    config
+        .warnings
+        .extend(unknown_env_warnings::<LogVars>(std::env::vars()));
     Ok(config)
 }
 
@@ -147,55 +149,37 @@ fn load_from(
     cli_file: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let mut settings = Settings::default();
-    let mut sources: Vec<(&'static str, Source)> =
-        SETTINGS.iter().map(|s| (s.key, Source::Default)).collect();
+    let mut layered = Layered::<Settings>::default();
     let config_var = env_key("config_file");
+    let mut warnings = Vec::new();
+    // --config wins over the variable, as an option given for one run should; a variable
+    // naming another file is said so, never silently dropped.
     let (file_path, named_by) = match (cli_file, env(&config_var)) {
-        (Some(path), _) => (Some(path.to_path_buf()), "--config".to_string()),
-        (None, Some(path)) => (Some(PathBuf::from(path)), config_var),
+        (Some(path), other) => {
+            if let Some(other) = other.filter(|other| Path::new(other) != path) {
+                warnings.push(format!(
+                    "--config {} is read, not {config_var}={other}",
+                    path.display()
+                ));
+            }
+            layered.set_source("config_file", Source::Option("--config".into()));
+            (Some(path.to_path_buf()), "--config".to_string())
+        }
+        (None, Some(path)) => {
+            layered.set_source("config_file", Source::Env(config_var.clone()));
+            (Some(PathBuf::from(path)), config_var)
+        }
         (None, None) => (None, String::new()),
     };
-    if cli_file.is_some() {
-        set_source(
-            &mut sources,
-            "config_file",
-            Source::Option("--config".into()),
-        );
-    }
-    settings.config_file = file_path.as_ref().map(|p| p.display().to_string());
+    layered.values.config_file = file_path.as_ref().map(|p| p.display().to_string());
     let file = match &file_path {
-        Some(path) => {
-            let value = read_file(path, &named_by)?;
-            let layer = parse_file(&value, &mut settings)?;
-            for key in &layer.settings {
-                set_source(&mut sources, key, Source::File(path.display().to_string()));
-            }
-            layer
-        }
+        Some(path) => parse_file(path, &read_file(path, &named_by)?, &mut layered)?,
         None => FileLayer::default(),
     };
-    for info in SETTINGS
-        .iter()
-        .filter(|s| s.key != "config_file" || cli_file.is_none())
-    {
-        let var = env_key(info.key);
-        let Some(text) = env(&var) else { continue };
-        refuse_service_link(&var, &text)?;
-        settings
-            .set_text(info.key, &text)
-            .map_err(|valid| ConfigError::new(&var, &text, format!("expected {valid}")))?;
-        set_source(&mut sources, info.key, Source::Env(var));
-    }
-    let mut config = build(settings, file, file_path)?;
-    config.sources = sources;
+    layered.apply_env(env, &["config_file"])?;
+    let mut config = build(layered, file, file_path)?;
+    config.warnings = warnings;
     Ok(config)
-}
-
-/// Warnings about the process environment: variables with our prefix that are no setting.
-fn environment_warnings() -> Vec<String> {
-    let keys: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
-    unknown_env_warnings(ENV_PREFIX, &keys)
 }
 
 fn usize_of(value: u64) -> usize {
@@ -203,12 +187,13 @@ fn usize_of(value: u64) -> usize {
 }
 
 fn build(
-    settings: Settings,
+    layered: Layered<Settings>,
     file: FileLayer,
     config_file: Option<PathBuf>,
 ) -> Result<Config, ConfigError> {
-    let client_port = settings.client_port.map(|p| p as u16);
-    let admin_port = settings.admin_port.map(|p| p as u16);
+    let settings = &layered.values;
+    let client_port = settings.client_port;
+    let admin_port = settings.admin_port;
     let listen = settings
         .listen_addr
         .as_deref()
@@ -282,7 +267,7 @@ fn build(
         None => None,
     };
 
-    let s = &settings;
+    let s = settings;
     let hub = Limits {
         queue_frames: usize_of(s.queue_frames),
         queue_bytes: usize_of(s.queue_bytes),
@@ -324,22 +309,18 @@ fn build(
         config_file,
         ignored: file.ignored,
         warnings: Vec::new(),
-        sources: SETTINGS.iter().map(|s| (s.key, Source::Default)).collect(),
-        settings,
+        settings: layered,
+        log: Layered::default(),
         servers_source,
     })
 }
 
-/// The `--check-config` lines: servers, peers, then every flat setting with its source.
+/// The `--check-config` lines: servers, peers, every flat setting with its source, then the
+/// logging variables.
 pub fn check_lines(config: &Config) -> Vec<CheckLine> {
     let mut lines = Vec::new();
-    let env_source = |key: &str| {
-        config
-            .sources
-            .iter()
-            .find(|(k, s)| *k == key && matches!(s, Source::Env(_)))
-            .map(|(_, s)| s.clone())
-    };
+    let env_source =
+        |key: &str| Some(config.settings.source(key)).filter(|s| matches!(s, Source::Env(_)));
     for (i, server) in config.servers.iter().enumerate() {
         let port_key = match server.kind {
             ServerKind::Client => "client_port",
@@ -368,32 +349,23 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
         },
         source: Source::Default,
     });
-    for (key, value) in config.settings.shown() {
-        let source = config
-            .sources
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map_or(Source::Default, |(_, s)| s.clone());
-        lines.push(CheckLine {
-            name: env_key(key),
-            value,
-            source,
-        });
-    }
-    for ignored in &config.ignored {
-        lines.push(CheckLine {
-            name: format!("{} (file key)", ignored.key),
-            value: format!("ignored: {}", ignored.reason),
-            source: Source::File(
-                config
-                    .config_file
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            ),
-        });
-    }
+    lines.extend(config.settings.check_lines(|_| None));
+    lines.extend(config.log.log_check_lines());
     lines
+}
+
+/// The `--check-config` warnings: those logged at startup, then one per ignored file key.
+pub fn check_warnings(config: &Config) -> Vec<String> {
+    let file = config
+        .config_file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let ignored = config
+        .ignored
+        .iter()
+        .map(|k| format!("{} (in {file}) is ignored: {}", k.key, k.reason));
+    config.warnings.iter().cloned().chain(ignored).collect()
 }
 
 /// An Aphlict-format file holding the effective configuration (the defaults, when nothing
@@ -424,12 +396,17 @@ pub fn print_config(config: &Config) -> Value {
         .map(|p| serde_json::json!({"host": p.host, "port": p.port, "protocol": p.protocol.to_string()}))
         .collect();
     out.insert("cluster".into(), Value::from(cluster));
-    for (key, value) in config.settings.json() {
-        let info = settings::info(key).filter(|i| !i.env_only);
+    for (info, value) in Settings::SETTINGS
+        .iter()
+        .zip(config.settings.values.file_values())
+    {
         // Folded into servers[] and cluster[] above.
-        let folded = matches!(key, "client_port" | "admin_port" | "listen_addr" | "peers");
-        if info.is_some() && !folded {
-            out.insert(key.into(), value);
+        let folded = matches!(
+            info.key,
+            "client_port" | "admin_port" | "listen_addr" | "peers"
+        );
+        if !info.env_only && !folded {
+            out.insert(info.key.into(), value);
         }
     }
     Value::Object(out)
@@ -440,12 +417,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn build_with(mut settings: Settings, file: Option<Value>) -> Result<Config, ConfigError> {
-        let layer = match &file {
-            Some(value) => parse_file(value, &mut settings)?,
-            None => FileLayer::default(),
+    fn build_with(settings: Settings, file: Option<Value>) -> Result<Config, ConfigError> {
+        let mut layered = Layered::default();
+        layered.values = settings;
+        let layer = match file {
+            Some(Value::Object(entries)) => {
+                parse_file(Path::new("/etc/aphlict.json"), &entries, &mut layered)?
+            }
+            _ => FileLayer::default(),
         };
-        build(settings, layer, None)
+        build(layered, layer, None)
     }
 
     fn load_env(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {

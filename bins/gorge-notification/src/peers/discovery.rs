@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slog::{info, warn};
 use tokio::time::MissedTickBehavior;
 
 use super::Shared;
+use crate::events;
+use gorge_service::emit;
 
 /// A refresh period below this would turn a misconfiguration into a resolver flood.
 const MIN_REFRESH: Duration = Duration::from_millis(100);
@@ -97,16 +98,16 @@ pub(super) async fn run(
         match resolved {
             Ok(resolved) if !resolved.is_empty() => {
                 if failing {
-                    info!(shared.log, "NOTIFY_PEER_DNS_RECOVERED"; "host" => &host);
+                    emit!(shared.log, events::NOTIFY_PEER_DNS_RECOVERED; "host" => &host);
                     failing = false;
                 }
                 shared.apply_dns(&resolved);
             }
             other => {
-                shared.metrics.dns_failures.inc();
+                shared.metrics.peer_dns_failures.inc();
                 if !failing {
                     let reason = other.err().unwrap_or_else(|| "no addresses".to_owned());
-                    warn!(shared.log, "NOTIFY_PEER_DNS_FAILED"; "host" => &host, "reason" => reason);
+                    emit!(shared.log, events::NOTIFY_PEER_DNS_FAILED; "host" => &host, "reason" => reason);
                     failing = true;
                 }
             }

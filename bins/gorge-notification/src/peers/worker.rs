@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde::Deserialize;
-use slog::{info, warn};
 
 use super::metrics::PeerCounters;
 use super::Shared;
+use crate::events;
+use gorge_service::emit;
 
 /// A receipt larger than this is not a receipt; the bound keeps a confused peer from making
 /// us buffer an arbitrary body.
@@ -111,7 +112,7 @@ fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -
         Err(reason) => {
             link.counters.failed.inc();
             if *health != Health::Down {
-                warn!(shared.log, "NOTIFY_PEER_DOWN"; "peer" => &link.address, "reason" => reason);
+                emit!(shared.log, events::NOTIFY_PEER_DOWN; "peer" => &link.address, "reason" => reason);
             }
             Health::Down
         }
@@ -119,7 +120,7 @@ fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -
     if let Health::Up { fingerprint } = &observed {
         if *health != observed {
             // Also logged when the fingerprint changes: the peer restarted.
-            info!(shared.log, "NOTIFY_PEER_UP"; "peer" => &link.address, "fingerprint" => fingerprint);
+            emit!(shared.log, events::NOTIFY_PEER_UP; "peer" => &link.address, "fingerprint" => fingerprint);
             shared.learned_fingerprint(link, fingerprint);
         }
     }

@@ -3,9 +3,10 @@
 //! Only transitions are logged; the number of open hooks is a gauge.
 
 use gorge_claim::ClaimError;
-use slog::{info, warn};
 
 use super::Dispatcher;
+use crate::events;
+use gorge_service::emit;
 
 impl Dispatcher {
     /// Records the breaker state for `hook`; true when it is open. Logs only transitions.
@@ -24,12 +25,12 @@ impl Dispatcher {
             changed
         };
         if changed && open {
-            warn!(self.log, "WEBHOOK_BREAKER_OPEN";
+            emit!(self.log, events::WEBHOOK_BREAKER_OPEN;
                 "hook" => hook, "failures" => failures,
                 "threshold" => self.config.error_threshold,
                 "window_sec" => self.config.error_backoff_sec);
         } else if changed {
-            info!(self.log, "WEBHOOK_BREAKER_CLOSED"; "hook" => hook, "failures" => failures);
+            emit!(self.log, events::WEBHOOK_BREAKER_CLOSED; "hook" => hook, "failures" => failures);
         }
         open
     }

@@ -22,13 +22,15 @@ use std::time::Duration;
 
 use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
 use gorge_service::Shutdown;
-use slog::{info, warn, Logger};
+use slog::Logger;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::clock::UnixClock;
 use crate::delivery::Deliverer;
 use crate::metrics::Metrics;
 
+use crate::events;
+use gorge_service::emit;
 pub use poll::Round;
 use state::LocalState;
 
@@ -125,7 +127,7 @@ impl Dispatcher {
             match self.poll_round(Some(permit)).await {
                 Err(err) => {
                     self.metrics.poll_errors.inc();
-                    warn!(self.log, "WEBHOOK_POLL_ERROR";
+                    emit!(self.log, events::WEBHOOK_POLL_ERROR;
                         "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
                     db_ok = Some(false);
                     tokio::select! {
@@ -136,7 +138,7 @@ impl Dispatcher {
                 }
                 Ok(round) => {
                     if db_ok != Some(true) {
-                        info!(self.log, "WEBHOOK_DB_READY"; "database" => self.store.database());
+                        emit!(self.log, events::WEBHOOK_DB_READY; "database" => self.store.database());
                         db_ok = Some(true);
                     }
                     error_backoff = DB_ERROR_BACKOFF_MIN;

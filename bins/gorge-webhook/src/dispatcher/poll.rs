@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use gorge_claim::{BrokenRow, ClaimError, MAX_EXCLUDED_HOOKS};
 use phorge_wire::values::HookErrorCode;
-use slog::warn;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::Dispatcher;
+use crate::events;
 use crate::outcome::{InvalidRowReason, SkipReason};
+use gorge_service::emit;
 
 /// Candidates fetched per poll, as a multiple of `max_concurrent`: only one row per hook can
 /// start at a time, so a batch of exactly `max_concurrent` rows could leave slots idle when
@@ -76,7 +77,7 @@ impl Dispatcher {
                 .rows_unaddressable
                 .inc_by(batch.unaddressable as u64);
             if self.local_state().first_time("unaddressable".into()) {
-                warn!(self.log, "WEBHOOK_ROW_UNADDRESSABLE";
+                emit!(self.log, events::WEBHOOK_ROW_UNADDRESSABLE;
                     "rows" => batch.unaddressable,
                     "why" => "id or dateModified unreadable; the row is skipped");
             }
@@ -181,7 +182,7 @@ impl Dispatcher {
         self.metrics.invalid_row(reason);
         self.metrics
             .delivered(crate::outcome::DeliveryOutcome::Failed, "hook");
-        warn!(self.log, "WEBHOOK_INVALID_ROW";
+        emit!(self.log, events::WEBHOOK_INVALID_ROW;
             "id" => id, "reason" => reason.label(), "why" => why,
             "code" => HookErrorCode::InvalidRow.as_str(), "status" => "failed");
     }

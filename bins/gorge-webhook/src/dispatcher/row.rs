@@ -15,15 +15,16 @@ use std::time::Duration;
 use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
-use slog::{debug, info, warn};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
+use crate::events;
 use crate::outcome;
 use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 use crate::policy::PolicyError;
+use gorge_service::emit;
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
 /// Failures age out of the window one by one, so checking more often gains little.
@@ -83,7 +84,7 @@ impl Dispatcher {
                 if matches!(err, ClaimError::Timeout(_)) {
                     self.metrics.db_timeouts.inc();
                 }
-                warn!(self.log, "WEBHOOK_POLL_ERROR";
+                emit!(self.log, events::WEBHOOK_POLL_ERROR;
                     "error" => %err, "request" => &candidate.phid, "hook" => &candidate.webhook_phid);
             }
         }
@@ -95,7 +96,7 @@ impl Dispatcher {
         let properties = match RequestProperties::parse(&candidate.properties) {
             Ok(properties) => properties,
             Err(err) => {
-                warn!(self.log, "WEBHOOK_INVALID_PROPERTIES";
+                emit!(self.log, events::WEBHOOK_INVALID_PROPERTIES;
                     "request" => &candidate.phid, "error" => %err,
                     "bytes" => candidate.properties.len());
                 let text = err.rewritten_properties();
@@ -117,7 +118,7 @@ impl Dispatcher {
                     .fail_hook(candidate, &properties, HookErrorCode::InvalidRow)
                     .await?;
                 self.metrics.invalid_row(InvalidRowReason::HookRow);
-                warn!(self.log, "WEBHOOK_INVALID_ROW";
+                emit!(self.log, events::WEBHOOK_INVALID_ROW;
                     "id" => candidate.id, "reason" => InvalidRowReason::HookRow.label(),
                     "why" => why, "hook" => &candidate.webhook_phid);
                 return Ok(end);
@@ -138,7 +139,7 @@ impl Dispatcher {
         let result = self.deliver_locked(candidate, &hook, &properties).await;
         if let Err(err) = lock.release().await {
             // The server frees the lock with the session that the release just closed.
-            warn!(self.log, "WEBHOOK_LOCK_RELEASE_FAILED"; "hook" => &hook.phid, "error" => %err);
+            emit!(self.log, events::WEBHOOK_LOCK_RELEASE_FAILED; "hook" => &hook.phid, "error" => %err);
         }
         result
     }
@@ -166,7 +167,7 @@ impl Dispatcher {
             Err(PolicyError::Unresolvable) => Err(DeliveryError::Dns),
             Err(err) => {
                 self.metrics.policy_blocks.inc();
-                warn!(self.log, "WEBHOOK_POLICY_BLOCKED";
+                emit!(self.log, events::WEBHOOK_POLICY_BLOCKED;
                     "request" => &candidate.phid, "hook" => &hook.phid,
                     "host" => uri_host(&hook.uri), "reason" => %err);
                 return self
@@ -214,7 +215,7 @@ impl Dispatcher {
                 let started = std::time::Instant::now();
                 let result = self.deliverer.deliver(target, &body, &signature).await;
                 self.metrics
-                    .attempt_seconds
+                    .attempt_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
                 result
             }
@@ -228,10 +229,10 @@ impl Dispatcher {
         if self.write(candidate, &claim, &decision.row).await? {
             self.metrics.delivered(decision.outcome, decision.class);
             if decision.outcome == DeliveryOutcome::Sent {
-                info!(self.log, "WEBHOOK_DELIVERED";
+                emit!(self.log, events::WEBHOOK_DELIVERED;
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code);
             } else {
-                warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
+                emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
                     "reason" => decision.class, "status" => decision.row.status().as_str());
             }
@@ -256,14 +257,14 @@ impl Dispatcher {
         match unchecked {
             Unchecked::UnknownType(kind) => {
                 if self.local_state().first_time(format!("type:{kind}")) {
-                    warn!(self.log, "WEBHOOK_OBJECT_TYPE_UNKNOWN";
+                    emit!(self.log, events::WEBHOOK_OBJECT_TYPE_UNKNOWN;
                         "phid_type" => kind,
                         "effect" => "delivered without checking the object; transactions as stored");
                 }
             }
             Unchecked::NoTable(kind) => {
                 if self.local_state().first_time(format!("notable:{kind}")) {
-                    info!(self.log, "WEBHOOK_OBJECT_UNCHECKED";
+                    emit!(self.log, events::WEBHOOK_OBJECT_UNCHECKED;
                         "phid_type" => kind, "why" => "no object or transaction table");
                 }
             }
@@ -273,7 +274,7 @@ impl Dispatcher {
                 error,
             } => {
                 if self.local_state().first_time(format!("db:{database}")) {
-                    warn!(self.log, "WEBHOOK_OBJECT_SELECT_REFUSED";
+                    emit!(self.log, events::WEBHOOK_OBJECT_SELECT_REFUSED;
                         "database" => database, "grant" => grant, "error" => error,
                         "effect" => "delivered with transactions in stored order");
                 }
@@ -292,7 +293,7 @@ impl Dispatcher {
             Some(_) => self.metrics.claim_won(),
             None => {
                 self.metrics.claim_lost();
-                debug!(self.log, "WEBHOOK_CLAIM_LOST";
+                emit!(self.log, events::WEBHOOK_CLAIM_LOST;
                     "request" => &candidate.phid, "seen_version" => candidate.date_modified);
             }
         }
@@ -325,14 +326,14 @@ impl Dispatcher {
                     }
                     let now = self.clock.now_ms();
                     if now + pause.as_millis() as u64 >= lease_end_ms {
-                        warn!(self.log, "WEBHOOK_RESULT_WRITE_ABANDONED";
+                        emit!(self.log, events::WEBHOOK_RESULT_WRITE_ABANDONED;
                             "request" => &candidate.phid, "error" => %err, "retries" => retries,
                             "why" => "the claim's lease ran out; the row will be delivered again");
                         return Err(err);
                     }
                     self.metrics.result_write_retries.inc();
                     if retries == 0 {
-                        warn!(self.log, "WEBHOOK_RESULT_WRITE_RETRY";
+                        emit!(self.log, events::WEBHOOK_RESULT_WRITE_RETRY;
                             "request" => &candidate.phid, "error" => %err,
                             "lease_left_ms" => lease_end_ms - now);
                     }
@@ -344,12 +345,12 @@ impl Dispatcher {
         };
         self.made_progress();
         if retries > 0 {
-            info!(self.log, "WEBHOOK_RESULT_WRITE_RECOVERED";
+            emit!(self.log, events::WEBHOOK_RESULT_WRITE_RECOVERED;
                 "request" => &candidate.phid, "retries" => retries);
         }
         if !landed {
             self.metrics.results_taken_over.inc();
-            warn!(self.log, "WEBHOOK_RESULT_TAKEN_OVER";
+            emit!(self.log, events::WEBHOOK_RESULT_TAKEN_OVER;
                 "request" => &candidate.phid, "version" => claim.version,
                 "status" => write.status().as_str());
         }
@@ -380,9 +381,9 @@ impl Dispatcher {
         let decision = outcome::without_attempt(code, properties);
         if self.write(candidate, &claim, &decision.row).await? {
             self.metrics.delivered(decision.outcome, decision.class);
-            warn!(self.log, "WEBHOOK_DELIVERY_FAILED";
+            emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
                 "request" => &candidate.phid, "hook" => &candidate.webhook_phid,
-                "error_type" => "hook", "code" => &decision.code,
+                "code" => &decision.code, "reason" => decision.class,
                 "status" => decision.row.status().as_str());
         }
         Ok(RowEnd::Done)
@@ -400,7 +401,7 @@ impl Dispatcher {
     ) {
         let attempts = self.local_state().row_failed(id);
         if attempts == 1 {
-            warn!(self.log, "WEBHOOK_ROW_REJECTED";
+            emit!(self.log, events::WEBHOOK_ROW_REJECTED;
                 "id" => id, "error" => %err, "gives_up_after" => MAX_ROW_ATTEMPTS);
         }
         if attempts < MAX_ROW_ATTEMPTS {
@@ -429,7 +430,7 @@ impl Dispatcher {
         }
         self.local_state().quarantine(id);
         self.metrics.rows_quarantined.inc();
-        warn!(self.log, "WEBHOOK_ROW_QUARANTINED";
+        emit!(self.log, events::WEBHOOK_ROW_QUARANTINED;
             "id" => id, "error" => %err,
             "effect" => "skipped by this process until it restarts; fix or delete the row");
     }

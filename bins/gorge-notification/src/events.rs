@@ -1,0 +1,68 @@
+//! Every log event of gorge-notification, each declared once (see `gorge_service::events`)
+//! and emitted only through that declaration; docs/notification.md's table is generated from
+//! this list (and the shared runtime's) and checked by `tests/docs.rs`.
+
+gorge_service::events! {
+    /// Every event of the service, in the docs' order.
+    pub const ALL = [
+        NOTIFY_STARTED: Info ["fingerprint", "listeners", "peers"]
+            "Serving: the fingerprint, every listener address, the number of static peers";
+        NOTIFY_CONFIG_IGNORED_KEY: Warning ["key", "reason"]
+            "An Aphlict-file key with no effect here (once per key at startup)";
+        NOTIFY_CONFIG_WARNING: Warning ["warning"]
+            "A configuration warning, e.g. an unknown `GORGE_NOTIFICATION_*` variable, or \
+             `--config` read instead of another `GORGE_NOTIFICATION_CONFIG_FILE`";
+        NOTIFY_ADMIN_NOT_LOOPBACK: Warning ["addr", "hint"]
+            "An admin listener on a non-loopback address (the port has no authentication)";
+        NOTIFY_FILE_LIMIT: Info ["soft_before", "soft", "hard"]
+            "The open-file limit before and after raising the soft limit to the hard one";
+        NOTIFY_FILE_LIMIT_NOT_RAISED: Warning ["error"] "Raising the open-file limit failed";
+        NOTIFY_BIND_FAILED: Error ["addr", "error"]
+            "A listener could not be bound: nothing serves, exit 1";
+        NOTIFY_STOPPED: Error ["error"] "A runtime failure stopped the server (exit 1)";
+        NOTIFY_CLIENT_CONNECTED: Debug ["instance"] "A browser's WebSocket was accepted";
+        NOTIFY_CLIENT_DISCONNECTED: Debug ["instance", "reason"]
+            "A socket ended; `reason` is a `sockets_closed_total` reason";
+        NOTIFY_MESSAGE_ACCEPTED: Debug ["instance", "subscribers", "bytes"]
+            "The admin port accepted a message (before fan-out)";
+        NOTIFY_MESSAGE_DELIVERED: Debug @ "fanout"
+            ["instance", "subscribers", "queued", "slow_consumers", "batch"]
+            "The fan-out thread delivered a message; `batch`: messages in the same pass";
+        NOTIFY_SLOW_CONSUMER: Info ["instance"]
+            "A socket overflowed its queue and is closed with 1008";
+        NOTIFY_UPGRADE_UNSUPPORTED: Warning ["reason"]
+            "An upgraded connection that is not a plain TCP stream was dropped";
+        NOTIFY_DRAIN_STARTED: Info ["sockets", "window_ms"]
+            "SIGTERM: close frames are spread over the drain window";
+        NOTIFY_DRAIN_DONE: Info ["open_sockets", "elapsed_ms"] "The drain finished";
+        NOTIFY_PEERS_CHANGED: Info @ "peers" ["peers", "added", "removed", "dns", "refused"]
+            "The peer set changed: at startup (with `dns`, the discovery name) and after a DNS \
+             refresh (with `refused`, addresses over the peer limit)";
+        NOTIFY_PEER_UP: Info @ "peers" ["peer", "fingerprint"]
+            "A relay to the peer succeeded while it was down or not yet reached, or with a new \
+             fingerprint (the peer restarted)";
+        NOTIFY_PEER_DOWN: Warning @ "peers" ["peer", "reason"]
+            "A relay to the peer failed while it was not already down (once per outage; no \
+             retries)";
+        NOTIFY_PEER_IS_SELF: Info @ "peers" ["peer"]
+            "A listed or discovered peer answered with our own fingerprint: it is this server, \
+             and is not relayed to";
+        NOTIFY_PEER_LISTED_TWICE: Warning @ "peers" ["peer", "same_as", "fingerprint"]
+            "Two peer addresses answered with one fingerprint: one server would get every \
+             message twice; list it once";
+        NOTIFY_PEER_REFUSED: Warning @ "peers" ["peer", "max_peers"]
+            "A peer was not added: the peer limit is reached";
+        NOTIFY_PEER_WORKER_FAILED: Error @ "peers" ["peer", "reason"]
+            "The relay thread for a peer could not be started; the peer is not relayed to";
+        NOTIFY_PEER_DNS_FAILED: Warning @ "peers" ["host", "reason"]
+            "A peer DNS lookup failed or timed out; the previous peer set is kept (once per \
+             outage)";
+        NOTIFY_PEER_DNS_RECOVERED: Info @ "peers" ["host"]
+            "Peer DNS lookups succeed again";
+        NOTIFY_PEER_QUEUES_FLUSHED: Info @ "peers" []
+            "At shutdown, every peer queue was sent within the drain window";
+        NOTIFY_PEER_QUEUES_DROPPED: Warning @ "peers" ["pending", "deadline_ms"]
+            "At shutdown, `pending` relayed messages were still queued at the deadline and are \
+             dropped";
+    ];
+}

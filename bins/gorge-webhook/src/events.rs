@@ -1,0 +1,85 @@
+//! Every log event of gorge-webhook, each declared once (see `gorge_service::events`) and
+//! emitted only through that declaration; docs/webhook.md's table is generated from this list
+//! (and the shared runtime's) and checked by `tests/docs.rs`.
+
+gorge_service::events! {
+    /// Every event of the service, in the docs' order.
+    pub const ALL = [
+        WEBHOOK_STARTED: Info [
+            "database", "mysql_host", "mysql_port", "mysql_user", "mysql_pass",
+            "poll_interval_ms", "max_concurrent", "mysql_max_connections",
+            "mysql_max_lock_connections", "mysql_connection_budget", "mysql_query_timeout_sec",
+            "delivery_timeout_sec", "claim_lease_sec", "retry_backoff_sec", "error_backoff_sec",
+            "error_threshold", "blacklist_networks", "listen_addr",
+        ] "The effective settings (password masked)";
+        WEBHOOK_CONFIG_ADJUSTED: Info ["key", "configured", "effective", "why"]
+            "An effective value differs from the configured one (see Configuration)";
+        WEBHOOK_CONFIG_WARNING: Warning ["warning"]
+            "A configuration that cannot take effect as written: unknown variables, \
+             `OUTBOUND_BLACKLIST=none`, backoffs below the poll interval";
+        WEBHOOK_BIND_FAILED: Error ["addr", "error"]
+            "The status port cannot be bound: exit 1";
+        WEBHOOK_DB_READY: Info ["database"]
+            "The first successful poll, and the first after each outage";
+        WEBHOOK_NOTHING_HANDED_OVER: Warning ["why", "newest_request_age_sec"]
+            "The newest requests are all Phorge's own (`why`: `no rows handed over: is \
+             compat/phorge applied and gorge.webhook.uri set?`): nothing is sent and `/readyz` \
+             answers 503 until one is handed over — once per change, never per sample";
+        WEBHOOK_HANDED_OVER: Info ["why"]
+            "A handed-over request is among the newest (at start, or after \
+             `WEBHOOK_NOTHING_HANDED_OVER`) — once per change";
+        WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms", "request", "hook"]
+            "A database error: of a poll (`retry_in_ms`: polling backs off 0.5 s to 30 s and \
+             continues), or of one row's query (`request`, `hook`: the row is left for a later \
+             poll)";
+        WEBHOOK_DELIVERED: Info ["request", "hook", "code"] "A 2xx was written back";
+        WEBHOOK_DELIVERY_FAILED: Warning ["request", "hook", "code", "reason", "status"]
+            "A failure was written back: `code` is the `errorCode` written, `reason` the \
+             readable reason (the `class` label of `deliveries_total`: `4xx`, `timeout`, \
+             `hook` when no POST was made…), `status` the row's new status";
+        WEBHOOK_INVALID_PROPERTIES: Warning ["request", "error", "bytes"]
+            "A `properties` column could not be used (failed as `hook`/`invalid-properties`)";
+        WEBHOOK_POLICY_BLOCKED: Warning ["request", "hook", "host", "reason"]
+            "A hook URI was refused by the outbound policy";
+        WEBHOOK_CLAIM_LOST: Debug ["request", "seen_version"] "Another claimant won a row";
+        WEBHOOK_RESULT_TAKEN_OVER: Warning ["request", "version", "status"]
+            "A result write found the row re-claimed after the lease; dropped";
+        WEBHOOK_RESULT_WRITE_RETRY: Warning ["request", "error", "lease_left_ms"]
+            "A result write failed; retried (0.2 s doubling to 2 s) while the claim's lease \
+             protects the row — logged once per row";
+        WEBHOOK_RESULT_WRITE_RECOVERED: Info ["request", "retries"]
+            "A retried result write landed";
+        WEBHOOK_RESULT_WRITE_ABANDONED: Warning ["request", "error", "retries", "why"]
+            "The lease ran out before the database came back: the row will be delivered again";
+        WEBHOOK_INVALID_ROW: Warning ["id", "reason", "why", "code", "status", "hook"]
+            "A row was failed with `hook`/`invalid-row` — once per row; `hook` when the hook's \
+             row was unreadable, `code` and `status` when a candidate's columns were";
+        WEBHOOK_ROW_REJECTED: Warning ["id", "error", "gives_up_after"]
+            "The server rejected a statement about a row (first time only; failed as \
+             `invalid-row` after `gives_up_after` attempts)";
+        WEBHOOK_ROW_QUARANTINED: Warning ["id", "error", "effect"]
+            "A row that could not even be failed is skipped until restart (once per row)";
+        WEBHOOK_ROW_UNADDRESSABLE: Warning ["rows", "why"]
+            "Candidate rows whose id/version are unreadable are skipped (once per process)";
+        WEBHOOK_OBJECT_SELECT_REFUSED: Warning ["database", "grant", "error", "effect"]
+            "A SELECT on an application table was refused or the table is missing: the \
+             `grant` that fixes it; once per database";
+        WEBHOOK_OBJECT_TYPE_UNKNOWN: Warning ["phid_type", "effect"]
+            "A PHID type not in Phorge's table: delivered unchecked; once per type";
+        WEBHOOK_OBJECT_UNCHECKED: Info ["phid_type", "why"]
+            "A PHID type without object/transaction table (e.g. `APPS`); once per type";
+        WEBHOOK_BREAKER_OPEN: Warning ["hook", "failures", "threshold", "window_sec"]
+            "A hook's breaker opened — once per change, never per row";
+        WEBHOOK_BREAKER_CLOSED: Info ["hook", "failures"] "A hook's breaker closed again";
+        WEBHOOK_LOCK_RELEASE_FAILED: Warning ["hook", "error"]
+            "`RELEASE_LOCK` failed; the session is closed, which frees it";
+        WEBHOOK_API_DB_ERROR: Warning ["path", "error"]
+            "An API call hit a database error (the client gets a 500 without details)";
+        WEBHOOK_POLL_LOOP_DIED: Error ["why", "exit_code"]
+            "The poll loop ended outside a shutdown: `/readyz` fails and the process exits \
+             with code 3";
+        WEBHOOK_FAILED: Error ["error"] "A runtime failure stopped the service (exit 1)";
+        WEBHOOK_DRAINED: Info []
+            "After SIGTERM, every in-flight delivery finished and wrote its result";
+    ];
+}

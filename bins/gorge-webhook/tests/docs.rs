@@ -1,0 +1,28 @@
+//! docs/webhook.md's tables of settings, metrics and log events are the declarations in the
+//! code: each test fails naming the first row that differs (rerun with `GORGE_BLESS_DOCS=1`
+//! to rewrite the table from the code).
+
+use std::path::PathBuf;
+
+use gorge_service::{docs, events, metrics, settings};
+use gorge_webhook::config::RawSettings;
+use gorge_webhook::metrics::{Metrics, PREFIX};
+
+fn page() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/webhook.md")
+}
+
+#[test]
+fn the_settings_table_is_the_declaration() {
+    docs::check_table(&page(), &settings::docs_table::<RawSettings>());
+}
+
+#[test]
+fn the_metrics_table_is_the_declaration() {
+    docs::check_table(&page(), &metrics::docs_table(PREFIX, &Metrics::families()));
+}
+
+#[test]
+fn the_events_table_is_the_declaration() {
+    docs::check_table(&page(), &events::docs_table(gorge_webhook::events::ALL));
+}
