@@ -31,7 +31,7 @@ q = ["INSERT INTO herald_webhook (phid,name,webhookURI,viewPolicy,editPolicy,sta
 rows = []
 for r in range(int(sys.argv[1])):
     h = hooks[r % 100]
-    rows.append(f"('PHID-HWBR-{ns}{r:06d}','{h}','PHID-TASK-x','queued','{{\"retry\":\"never\"}}','none',0,{now},{now})")
+    rows.append(f"('PHID-HWBR-{ns}{r:06d}','{h}','PHID-TASK-x','queued','{{\"handedOverTo\":\"gorge-webhook\",\"retry\":\"never\"}}','none',0,{now},{now})")
 q.append("INSERT INTO herald_webhookrequest (phid,webhookPHID,objectPHID,status,properties,lastRequestResult,lastRequestEpoch,dateCreated,dateModified) VALUES " + ",".join(rows) + ";")
 sql("\n".join(q), ns + "_herald")
 s = socket.socket(); s.bind(("127.0.0.1", 0)); lport = s.getsockname()[1]; s.close()

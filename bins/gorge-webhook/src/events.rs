@@ -21,6 +21,13 @@ gorge_service::events! {
             "The status port cannot be bound: exit 1";
         WEBHOOK_DB_READY: Info ["database"]
             "The first successful poll, and the first after each outage";
+        WEBHOOK_NOTHING_HANDED_OVER: Warning ["why", "newest_request_age_sec"]
+            "The newest requests are all Phorge's own (`why`: `no rows handed over: is \
+             compat/phorge applied and gorge.webhook.uri set?`): nothing is sent and `/readyz` \
+             answers 503 until one is handed over — once per change, never per sample";
+        WEBHOOK_HANDED_OVER: Info ["why"]
+            "A handed-over request is among the newest (at start, or after \
+             `WEBHOOK_NOTHING_HANDED_OVER`) — once per change";
         WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms", "request", "hook"]
             "A database error: of a poll (`retry_in_ms`: polling backs off 0.5 s to 30 s and \
              continues), or of one row's query (`request`, `hook`: the row is left for a later \

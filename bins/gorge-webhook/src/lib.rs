@@ -14,6 +14,7 @@
 //!   dials only checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing results;
+//! - [`handover`]: whether Phorge hands requests over at all (readiness, one log line);
 //! - [`outcome`]: what an attempt writes back, in Phorge's values, and the labels it is
 //!   counted under;
 //! - [`api`]: `/api/webhook/*` and the probes;
@@ -27,6 +28,7 @@ pub mod connector;
 pub mod delivery;
 pub mod dispatcher;
 pub mod events;
+pub mod handover;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;

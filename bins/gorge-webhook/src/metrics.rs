@@ -71,8 +71,8 @@ gorge_service::metrics! {
         breaker_open_hooks: Gauge, "Hooks this process saw with an open breaker";
         in_flight: Gauge, "Rows being worked on in this process";
         queue_depth: Gauge,
-            "Queued rows (sampled every 5 s; keeps its last value while the database is down: \
-             read it with db_up)";
+            "Queued rows, handed over or still Phorge's (sampled every 5 s; keeps its last \
+             value while the database is down: read it with db_up)";
         oldest_queued_age_seconds: Gauge,
             "Age of the oldest queued row by dateCreated, 0 when none (sampled like queue_depth)";
         db_pool_connections: Gauge[pool, state] = POOL_SERIES, "Database connections: the query pool's open (at most MYSQL_MAX_CONNECTIONS), \

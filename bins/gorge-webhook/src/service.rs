@@ -24,6 +24,7 @@ use crate::connector::ConnectionOptions;
 use crate::delivery::Deliverer;
 use crate::dispatcher::{Dispatcher, DispatcherConfig};
 use crate::events;
+use crate::handover::HandoverWatch;
 use crate::metrics::Metrics;
 use gorge_service::emit;
 
@@ -133,13 +134,17 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     let health = Arc::new(PollHealth::default());
     let progress_slot: Arc<std::sync::OnceLock<Arc<Dispatcher>>> = Arc::default();
     let stall_limit = stall_limit(&settings);
+    let handover = HandoverWatch::new(log.clone());
     let probes = Probes::new(
         registry,
-        readiness(
-            store.clone(),
-            Arc::clone(&health),
-            Arc::clone(&progress_slot),
-            stall_limit,
+        crate::handover::gate(
+            readiness(
+                store.clone(),
+                Arc::clone(&health),
+                Arc::clone(&progress_slot),
+                stall_limit,
+            ),
+            Arc::clone(&handover),
         ),
     );
     let api = Api::new(
@@ -195,6 +200,12 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     tokio::spawn(sample_loop(
         Arc::clone(&dispatcher),
         db_up,
+        shutdown.clone(),
+    ));
+    tokio::spawn(crate::handover::watch(
+        store.clone(),
+        handover,
+        Arc::new(SystemClock),
         shutdown.clone(),
     ));
 

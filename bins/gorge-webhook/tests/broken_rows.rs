@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{enabled_hook, queue, Harness};
-use gorge_claim::testdb::{RequestStatus, TestDb};
+use gorge_claim::testdb::{with_marker, RequestStatus, TestDb};
 use gorge_service::Shutdown;
 use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualUnixClock;
@@ -43,7 +43,7 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
         "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties, \
          lastRequestResult, lastRequestEpoch, dateCreated, dateModified) \
          VALUES (X'504849442DFF', ?, 'PHID-TASK-x', 'queued', ?, 'none', 0, ?, ?)",
-        (&hook, NEVER, T0, T0),
+        (&hook, with_marker(NEVER), T0, T0),
     )
     .await
     .unwrap();
@@ -68,8 +68,9 @@ async fn a_phid_that_is_not_utf8_fails_its_row_and_the_next_row_is_delivered() {
             "failed".to_string(),
             "none".to_string(),
             0,
-            r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[],"errorType":"hook","errorCode":"invalid-row"}"#
-                .to_string()
+            with_marker(
+                r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[],"errorType":"hook","errorCode":"invalid-row"}"#
+            )
         )
     );
     assert_eq!(metrics.invalid_rows(InvalidRowReason::Unreadable), 1);

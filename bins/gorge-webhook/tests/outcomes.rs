@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::Harness;
-use gorge_claim::testdb::{HookStatus, NewRequest, RequestRow, TestDb};
+use gorge_claim::testdb::{with_marker, HookStatus, NewRequest, RequestRow, TestDb};
 use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::metrics::Metrics;
@@ -114,7 +114,13 @@ const FAILED: RowState = ("failed", "fail", NOW);
 /// Given up without an HTTP request.
 const FAILED_UNSENT: RowState = ("failed", "none", 0);
 
-fn assert_row(row: &RequestRow, (status, result, epoch): RowState, properties: &str) {
+/// `properties` is the text expected after the write for a row queued with `properties`
+/// before; every row here was handed over, and the marker the kit put first stays first.
+fn assert_row(row: &RequestRow, state: RowState, properties: &str) {
+    assert_stored(row, state, &with_marker(properties));
+}
+
+fn assert_stored(row: &RequestRow, (status, result, epoch): RowState, properties: &str) {
     assert_eq!(
         (
             row.status.as_str(),
@@ -280,12 +286,12 @@ async fn unparsable_properties_fail_with_invalid_properties() {
         .request(r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1}"#)
         .await;
     case.rounds(Harness::default(), 2).await;
-    case.assert_row(
-        garbage,
+    // Nothing of unparsable text can be kept, not even the marker (the row is failed).
+    assert_stored(
+        &case.row(garbage).await,
         FAILED_UNSENT,
         r#"{"errorType":"hook","errorCode":"invalid-properties"}"#,
-    )
-    .await;
+    );
     case.assert_row(bad_field, FAILED_UNSENT, r#"{"retry":"forever","transactionPHIDs":"PHID-XACT-TASK-x","keep":1,"errorType":"hook","errorCode":"invalid-properties"}"#).await;
     assert_eq!(receiver.count(), 0);
     case.finish().await;

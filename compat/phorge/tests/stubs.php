@@ -217,3 +217,92 @@ final class HTTPSFuture {
     );
   }
 }
+
+function phutil_json_encode($value) {
+  $result = json_encode($value);
+  if ($result === false) {
+    throw new Exception('Failed to JSON encode value.');
+  }
+  return $result;
+}
+
+// The kit's SQL runs for real: against a throwaway `{namespace}_herald` built
+// from compat/herald-schema.sql on the server of GORGE_TEST_MYSQL_URL (the
+// Rust tests' variable; default mysql://root@127.0.0.1:3306). queryfx() and
+// queryfx_one() format with the conversions the kit uses (%R is always
+// herald_webhookrequest) and run on that database.
+final class KitTestDatabase {
+  public static $mysqli;
+  public static $database;
+
+  public static function create() {
+    $url = getenv('GORGE_TEST_MYSQL_URL');
+    if (!is_string($url) || $url === '') {
+      $url = 'mysql://root@127.0.0.1:3306';
+    }
+    $parts = parse_url($url);
+    mysqli_report(MYSQLI_REPORT_ERROR | MYSQLI_REPORT_STRICT);
+    self::$mysqli = new mysqli(
+      idx($parts, 'host', '127.0.0.1'),
+      urldecode(idx($parts, 'user', 'root')),
+      urldecode(idx($parts, 'pass', '')),
+      '',
+      idx($parts, 'port', 3306));
+    $namespace = 'gk'.bin2hex(random_bytes(6));
+    $schema = str_replace(
+      '{$NAMESPACE}',
+      $namespace,
+      file_get_contents(dirname(__DIR__, 2).'/herald-schema.sql'));
+    $schema = preg_replace('/^\s*--.*$/m', '', $schema);
+    foreach (explode(';', $schema) as $statement) {
+      if (trim($statement) !== '') {
+        self::$mysqli->query($statement);
+      }
+    }
+    self::$database = $namespace.'_herald';
+    self::$mysqli->select_db(self::$database);
+  }
+
+  public static function drop() {
+    if (self::$database !== null) {
+      self::$mysqli->query('DROP DATABASE `'.self::$database.'`');
+      self::$database = null;
+    }
+  }
+}
+
+final class KitTestConnection {
+  public function getAffectedRows() {
+    return KitTestDatabase::$mysqli->affected_rows;
+  }
+}
+
+function kit_test_qsprintf($pattern, array $args) {
+  $db = KitTestDatabase::$mysqli;
+  return preg_replace_callback(
+    '/%([Rds~])/',
+    function ($match) use (&$args, $db) {
+      $arg = array_shift($args);
+      switch ($match[1]) {
+        case 'R':
+          return '`herald_webhookrequest`';
+        case 'd':
+          return (string)(int)$arg;
+        case 's':
+          return "'".$db->real_escape_string($arg)."'";
+        case '~':
+          return "'%".$db->real_escape_string(addcslashes($arg, '\\%_'))."%'";
+      }
+    },
+    $pattern);
+}
+
+function queryfx($conn, $pattern, ...$args) {
+  KitTestDatabase::$mysqli->query(kit_test_qsprintf($pattern, $args));
+}
+
+function queryfx_one($conn, $pattern, ...$args) {
+  $result = KitTestDatabase::$mysqli->query(kit_test_qsprintf($pattern, $args));
+  $row = $result->fetch_assoc();
+  return $row === null ? null : $row;
+}

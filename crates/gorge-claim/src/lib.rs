@@ -3,6 +3,8 @@
 //! Phorge inserts one row per webhook call; this crate decides which process may deliver it,
 //! using only the columns Phorge already has (no DDL, no new values):
 //!
+//! - Only rows Phorge has handed over are ever candidates, claimed or written: rows whose
+//!   `properties` carry the kit's marker ([`handover`]); every other row is Phorge's own.
 //! - [`ClaimStore::candidates`] only *finds* rows (leaving out hooks the caller will skip
 //!   anyway); a row is ours only after [`ClaimStore::claim`] won a compare-and-set on
 //!   `dateModified`, used as a row version.
@@ -33,6 +35,7 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod handover;
 mod lock;
 pub mod objects;
 mod store;

@@ -18,6 +18,10 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, Row,
 use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
+use crate::handover::{
+    handed_over_sql, CandidateWindow, HandoverSample, NEWEST_ROWS_SQL, SAMPLE_ROWS,
+    WINDOW_BOUNDS_SQL,
+};
 use crate::lock::{hook_lock_name, HookLock};
 use crate::objects::{object_kind, phid_type, ObjectKind};
 
@@ -277,6 +281,7 @@ pub struct ClaimStore {
     pool: Pool,
     locks: Pool,
     locks_held: Arc<AtomicUsize>,
+    window: Arc<CandidateWindow>,
     database: String,
     namespace: String,
     options: StoreOptions,
@@ -291,14 +296,17 @@ impl std::fmt::Debug for ClaimStore {
 }
 
 /// The candidate query up to the optional hook exclusion; [`candidates_sql`] completes it.
-const CANDIDATES_SQL_HEAD: &str = "\
-SELECT id, phid, webhookPHID, objectPHID, properties, dateCreated, dateModified, lastRequestEpoch \
+/// Only rows Phorge handed over, within the two id windows of `handover.rs`.
+const CANDIDATES_SQL_HEAD: &str = concat!(
+    "SELECT id, phid, webhookPHID, objectPHID, properties, dateCreated, dateModified, lastRequestEpoch \
 FROM herald_webhookrequest \
-WHERE status = 'queued' AND ( \
+WHERE status = 'queued' AND (id <= ? OR (id > ? AND id <= ?)) AND ( \
   (dateModified = dateCreated AND lastRequestEpoch = 0) \
   OR (dateModified = lastRequestEpoch AND lastRequestEpoch <= ?) \
   OR (dateModified <> lastRequestEpoch AND dateModified <= ?) \
-)";
+) AND ",
+    handed_over_sql!()
+);
 
 /// Most hooks one candidate query leaves out (see [`ClaimStore::candidates`]). A power of
 /// two, because exclusion lists are padded to powers of two.
@@ -316,19 +324,27 @@ fn candidates_sql(excluded: usize) -> String {
     sql
 }
 
-const CLAIM_SQL: &str = "\
-UPDATE herald_webhookrequest SET dateModified = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ?";
+// Every write for delivery requires the hand-over marker too: a row Phorge took back is
+// never claimed, failed or written by this service, whatever its version.
+const CLAIM_SQL: &str = concat!(
+    "UPDATE herald_webhookrequest SET dateModified = ? \
+WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
+    handed_over_sql!()
+);
 
-const RESULT_WRITE_SQL: &str = "\
-UPDATE herald_webhookrequest \
+const RESULT_WRITE_SQL: &str = concat!(
+    "UPDATE herald_webhookrequest \
 SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ?";
+WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
+    handed_over_sql!()
+);
 
-const FAIL_UNCLAIMABLE_SQL: &str = "\
-UPDATE herald_webhookrequest \
+const FAIL_UNCLAIMABLE_SQL: &str = concat!(
+    "UPDATE herald_webhookrequest \
 SET status = 'failed', lastRequestResult = 'none', lastRequestEpoch = 0, properties = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ?";
+WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
+    handed_over_sql!()
+);
 
 /// Most transaction PHIDs looked up in one statement.
 const XACTION_CHUNK: usize = 500;
@@ -427,6 +443,7 @@ impl ClaimStore {
             pool: Pool::new(queries),
             locks: Pool::new(locks),
             locks_held: Arc::new(AtomicUsize::new(0)),
+            window: Arc::default(),
             database: database.to_owned(),
             namespace: database
                 .strip_suffix("_herald")
@@ -495,7 +512,8 @@ impl ClaimStore {
         tokio::time::timeout(self.options.query_timeout, fut).await
     }
 
-    /// Up to `limit` claimable rows, oldest id first, leaving out the rows of the hooks in
+    /// Up to `limit` claimable rows that Phorge handed over, oldest id first, from the two
+    /// windows of queued ids described in `handover.rs`, leaving out the rows of the hooks in
     /// `exclude_hooks` (hooks the caller would skip anyway), so that their backlog cannot
     /// fill the batch and hide the rows of other hooks.
     ///
@@ -503,8 +521,9 @@ impl ClaimStore {
     /// A hook past the cap is simply not excluded; its rows may come back, which costs batch
     /// room but is never wrong. The list is padded to a power of two (repeating its last
     /// entry) so that the driver's prepared-statement cache sees a dozen query shapes, not a
-    /// thousand. The query stays a scan of the `key_status (status, id)` index; excluded
-    /// rows are still read by the server, only not returned.
+    /// thousand. The query is a range scan of the `key_status (status, id)` index over at
+    /// most two windows; rows in them that are excluded or not handed over are read by the
+    /// server, only not returned.
     pub async fn candidates(
         &self,
         now: u64,
@@ -525,25 +544,46 @@ impl ClaimStore {
     ) -> Result<Batch, ClaimError> {
         let backoff_cutoff = now.saturating_sub(timing.retry_backoff_sec);
         let lease_cutoff = now.saturating_sub(timing.lease_sec);
+        let mut conn = self.conn().await?;
+        let ranges = match self.window.reuse(now) {
+            Some(ranges) => ranges,
+            None => {
+                let size = CandidateWindow::size(limit);
+                let cursor = self.window.cursor();
+                let out = self
+                    .timed(conn.exec_first::<(Option<u64>, Option<u64>), _, _>(
+                        WINDOW_BOUNDS_SQL,
+                        (size - 1, cursor, size - 1),
+                    ))
+                    .await;
+                let (bounded, bounds) = self.settle(conn, out, "candidate window")?;
+                conn = bounded;
+                let (head_end, sweep_end) = bounds.unwrap_or((None, None));
+                self.window.ranges(cursor, head_end, sweep_end)
+            }
+        };
         let excluded = &exclude_hooks[..exclude_hooks.len().min(MAX_EXCLUDED_HOOKS)];
         let placeholders = if excluded.is_empty() {
             0
         } else {
             excluded.len().next_power_of_two()
         };
-        let mut params: Vec<Value> = Vec::with_capacity(placeholders + 3);
+        let mut params: Vec<Value> = Vec::with_capacity(placeholders + 6);
+        params.push(ranges.head_end.into());
+        params.push(ranges.sweep_start.into());
+        params.push(ranges.sweep_end.into());
         params.push(backoff_cutoff.into());
         params.push(lease_cutoff.into());
         params.extend(excluded.iter().map(|hook| Value::from(hook.as_str())));
         if let Some(last) = excluded.last() {
-            params.resize(2 + placeholders, Value::from(last.as_str()));
+            params.resize(5 + placeholders, Value::from(last.as_str()));
         }
         params.push((limit as u64).into());
-        let mut conn = self.conn().await?;
         let out = self
             .timed(conn.exec::<Row, _, _>(candidates_sql(placeholders), params))
             .await;
         let (_conn, rows) = self.settle(conn, out, "candidate query")?;
+        self.window.finished(ranges, now, rows.len() >= limit);
         let mut batch = Batch {
             fetched: rows.len(),
             ..Batch::default()
@@ -556,6 +596,21 @@ impl ClaimStore {
             }
         }
         Ok(batch)
+    }
+
+    /// The [`SAMPLE_ROWS`] newest rows, whatever their status: is any of them handed over,
+    /// and when was the newest created. A primary-key scan of a few rows, for telling
+    /// "Phorge hands nothing over" from "nothing to do" (see `handover.rs`).
+    pub async fn handover_sample(&self) -> Result<HandoverSample, ClaimError> {
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec::<(u64, Option<i64>), _, _>(NEWEST_ROWS_SQL, (SAMPLE_ROWS,)))
+            .await;
+        let (_conn, rows) = self.settle(conn, out, "hand-over sample")?;
+        Ok(HandoverSample {
+            newest_created: rows.first().map(|(created, _)| *created),
+            any_marked: rows.iter().any(|(_, marked)| *marked == Some(1)),
+        })
     }
 
     /// Fails a row for good without claiming it first: `failed`/`none`/epoch 0 with
@@ -919,10 +974,12 @@ mod tests {
 
     #[test]
     fn exclusion_adds_one_placeholder_per_hook_before_the_limit() {
-        assert!(candidates_sql(0).ends_with(") ORDER BY id ASC LIMIT ?"));
+        assert!(candidates_sql(0).ends_with("%' ORDER BY id ASC LIMIT ?"));
         assert!(!candidates_sql(0).contains("NOT IN"));
-        assert!(candidates_sql(1).ends_with(") AND webhookPHID NOT IN (?) ORDER BY id ASC LIMIT ?"));
+        assert!(
+            candidates_sql(1).ends_with("%' AND webhookPHID NOT IN (?) ORDER BY id ASC LIMIT ?")
+        );
         assert!(candidates_sql(4)
-            .ends_with(") AND webhookPHID NOT IN (?, ?, ?, ?) ORDER BY id ASC LIMIT ?"));
+            .ends_with("%' AND webhookPHID NOT IN (?, ?, ?, ?) ORDER BY id ASC LIMIT ?"));
     }
 }

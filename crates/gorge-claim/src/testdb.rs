@@ -31,6 +31,7 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 pub use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
+pub use crate::handover::with_marker;
 use crate::objects::{object_kind, ObjectKind};
 use crate::store::ClaimStore;
 
@@ -53,7 +54,9 @@ pub fn server_opts() -> Opts {
     Opts::from_url(&mysql_url()).expect("GORGE_TEST_MYSQL_URL is not a valid mysql:// URL")
 }
 
-/// A row to insert as Phorge's `HeraldWebhookRequest::save()` would.
+/// A row to insert as a switched Phorge's `HeraldWebhookRequest::save()` and `queueCall()`
+/// would: handed over (the marker of [`crate::handover`] in `properties`) unless
+/// [`NewRequest::not_handed_over`] says it is Phorge's own.
 #[derive(Debug, Clone)]
 pub struct NewRequest {
     /// Defaults to a fresh random `PHID-HWBR-…`.
@@ -66,6 +69,9 @@ pub struct NewRequest {
     pub status: RequestStatus,
     pub last_request_result: RequestResult,
     pub last_request_epoch: u64,
+    /// Defaults to true: `properties` is stored with the hand-over marker as its first key
+    /// (text that is not a JSON object is stored as given).
+    pub handed_over: bool,
 }
 
 impl NewRequest {
@@ -79,6 +85,23 @@ impl NewRequest {
             status: RequestStatus::Queued,
             last_request_result: RequestResult::None,
             last_request_epoch: 0,
+            handed_over: true,
+        }
+    }
+
+    /// A row Phorge did not hand over (a stock or un-switched Phorge's): stored without the
+    /// marker, so the service must never touch it.
+    pub fn not_handed_over(mut self) -> Self {
+        self.handed_over = false;
+        self
+    }
+
+    /// `properties` as stored.
+    pub fn stored_properties(&self) -> String {
+        if self.handed_over {
+            with_marker(&self.properties)
+        } else {
+            self.properties.clone()
         }
     }
 
@@ -97,7 +120,7 @@ impl NewRequest {
         self
     }
 
-    /// Replaces the properties JSON text.
+    /// Replaces the properties JSON text (stored with the marker unless `not_handed_over`).
     pub fn with_properties(mut self, properties: &str) -> Self {
         self.properties = properties.to_owned();
         self
@@ -165,7 +188,7 @@ fn request_params(r: &NewRequest, now: u64) -> [mysql_async::Value; 9] {
         r.webhook_phid.as_str().into(),
         r.object_phid.as_str().into(),
         r.status.as_str().into(),
-        r.properties.as_str().into(),
+        r.stored_properties().into(),
         r.last_request_result.as_str().into(),
         r.last_request_epoch.into(),
         now.into(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, RequestRow, TestDb};
+use gorge_claim::testdb::{server_opts, with_marker, HookStatus, NewRequest, RequestRow, TestDb};
 use gorge_claim::{
     hook_lock_name, Candidate, Claim, ClaimStore, ClaimTiming, RequestResult, RequestStatus,
     ResultWrite, MAX_EXCLUDED_HOOKS,
@@ -60,7 +60,8 @@ fn failed_attempt(epoch: u64, status: RequestStatus) -> ResultWrite {
         status,
         result: RequestResult::Fail,
         epoch,
-        properties: r#"{"retry":"forever","errorType":"http","errorCode":"500"}"#.to_owned(),
+        // The service rewrites properties whole, so the hand-over marker stays.
+        properties: with_marker(r#"{"retry":"forever","errorType":"http","errorCode":"500"}"#),
     }
 }
 
@@ -199,7 +200,7 @@ async fn lease_and_backoff_are_independent() {
     );
     assert_eq!(
         row.properties,
-        r#"{"retry":"forever","errorType":"http","errorCode":"500"}"#
+        r#"{"handedOverTo":"gorge-webhook","retry":"forever","errorType":"http","errorCode":"500"}"#
     );
 
     // Backoff (10) < lease (30): visible after 10 s, not before.

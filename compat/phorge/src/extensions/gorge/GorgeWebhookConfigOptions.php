@@ -38,15 +38,16 @@ Base URI of the gorge-webhook service (its status port), for example
 
 Setting this **turns webhook delivery over to gorge-webhook**: Phorge keeps
 deciding which hooks fire and keeps writing each request as a "queued" row,
-but it stops scheduling `HeraldWebhookWorker` daemon tasks, and tasks that
-were queued before the switch finish without sending anything.
-gorge-webhook then sends every queued request. If gorge-webhook is not
-running, requests wait in "queued" until it is.
+but it hands the row over (marks it in its properties) and stops scheduling
+`HeraldWebhookWorker` daemon tasks; a task queued before the switch hands
+its request over when it runs, without sending anything. gorge-webhook
+sends only requests handed over to it. If gorge-webhook is not running,
+they wait in "queued" until it is.
 
 This needs the gorge hand-over patch (`compat/phorge/apply.sh` in the gorge
-repository); without it Phorge goes on delivering as well, and every
-receiver gets every request twice. Setup checks probe `/readyz` at this
-address and report when the service is not ready.
+repository); without it Phorge goes on delivering everything itself and
+gorge-webhook sends nothing. Setup checks probe `/readyz` at this address
+and report when the service is not ready.
 
 While `phabricator.silent` is on, Phorge keeps its own delivery path (it
 marks requests as failed in silent mode), whatever this says.

@@ -3,9 +3,10 @@
 /**
  * Setup check for the gorge-webhook hand-over. Runs only when
  * gorge.webhook.uri is set; then it tells the operator when
- * gorge-webhook is not ready (requests wait), and when both Phorge and
- * gorge-webhook would deliver (the patch is missing, or silent mode is on
- * while the service runs). It only reports; nothing waits on it.
+ * gorge-webhook is not ready (requests wait; its reason says why, e.g. that
+ * it sees nothing handed over), when the patch is missing (Phorge delivers
+ * everything itself), and when silent mode is on while the service runs.
+ * It only reports; nothing waits on it.
  */
 final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
 
@@ -60,34 +61,35 @@ final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
 
   private function raiseGuardsMissing($uri, array $readiness) {
     if ($readiness['reachable']) {
-      $state = pht(
-        'gorge-webhook answers at %s, so right now BOTH deliver: every '.
-        'receiver gets every webhook request twice.',
-        $uri);
+      $state = pht('gorge-webhook answers at %s', $uri);
     } else {
       $state = pht(
-        'gorge-webhook does not answer at %s (%s); as soon as it runs, '.
-        'every receiver gets every webhook request twice.',
+        'gorge-webhook does not answer at %s (%s)',
         $uri,
         $readiness['reason']);
     }
 
     $this->newIssue('gorge.webhook.guards-missing')
-      ->setName(pht('Webhooks Delivered Twice: gorge Patch Missing'))
+      ->setName(pht('gorge Patch Missing: Phorge Delivers Webhooks Itself'))
       ->setSummary(
         pht(
-          '"%s" is set, but this Phorge still delivers webhooks itself.',
+          '"%s" is set, but this Phorge hands no webhook request over to '.
+          'gorge-webhook.',
           GorgeWebhookDelegation::URI_KEY))
       ->setMessage(
         pht(
-          '"%s" is set, but the gorge hand-over patch is not in %s '.
-          '(a Phorge upgrade may have replaced the patched files), so '.
-          'Phorge still queues and runs its own webhook workers. %s '.
+          '"%s" is set, but version %d of the gorge hand-over patch is not '.
+          'in %s (a Phorge upgrade may have replaced the patched files, or '.
+          'an older kit is applied). Phorge goes on delivering every webhook '.
+          'request itself and hands none over; %s, and sends only requests '.
+          'handed over to it, so it sends none of them. Nothing is sent '.
+          'twice.'.
           "\n\n".
           'Re-apply the patch with "compat/phorge/apply.sh <phorge root>" '.
-          'from the gorge repository and restart the daemons, or clear '.
-          '"%s" and stop gorge-webhook.',
+          'from the gorge repository (for an older kit, its revert.sh first) '.
+          'and restart PHP and the daemons, or clear "%s".',
           GorgeWebhookDelegation::URI_KEY,
+          GorgeWebhookDelegation::GUARD_VERSION,
           implode(', ', GorgeWebhookDelegation::getGuardedClasses()),
           $state,
           GorgeWebhookDelegation::URI_KEY))
@@ -99,16 +101,16 @@ final class GorgeWebhookSetupCheck extends PhabricatorSetupCheck {
       ->setName(pht('gorge-webhook Runs While Phorge Is Silent'))
       ->setSummary(
         pht(
-          'Silent mode is on, but gorge-webhook is running and may send '.
-          'webhooks.'))
+          'Silent mode is on, but gorge-webhook is running and may still '.
+          'send webhooks handed over before.'))
       ->setMessage(
         pht(
-          '"%s" is on, so Phorge keeps webhook delivery on its own path and '.
-          'marks each request as failed in silent mode. But gorge-webhook '.
-          'answers at %s: it cannot see silent mode and sends every request '.
-          'it finds still queued, before Phorge\'s daemons get to it. Both '.
-          'sides deliver. Stop gorge-webhook while silent mode is on, or '.
-          'turn silent mode off to hand delivery over to it.',
+          '"%s" is on, so Phorge hands no new webhook request over and marks '.
+          'each one as failed in silent mode. But gorge-webhook answers at '.
+          '%s: it cannot see silent mode, and still sends the requests that '.
+          'were handed over to it before silent mode was turned on. Stop '.
+          'gorge-webhook while silent mode is on if those must not go out '.
+          'either.',
           'phabricator.silent',
           $uri))
       ->addPhabricatorConfig('phabricator.silent')
