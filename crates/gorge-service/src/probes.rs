@@ -1,24 +1,24 @@
 //! The probe endpoints every service exposes on its health port: `/healthz` (the process is
 //! alive), `/readyz` (a readiness function the service supplies; 503 once draining) and
 //! `/metrics` (the service's prometheus-client registry, then the `process_*` metrics, in
-//! text exposition format).
+//! the format the scraper's `Accept` asks for: see [`Exposition`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hyper::{Method, StatusCode};
+use hyper::header::ACCEPT;
+use hyper::{Method, Request, StatusCode};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::http::{bytes_response, json_response, Response};
+use crate::metrics::Exposition;
 
 /// Answers `Ok(())` when ready, or `Err(reason)`; the reason is shown to whoever probes.
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
-
-const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The shared probe endpoints, `/healthz`, `/readyz` and `/metrics`, and the draining flag
 /// that turns `/readyz` off at shutdown.
@@ -56,19 +56,15 @@ impl Probes {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// The registry's text exposition.
-    pub fn encode_metrics(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry);
-        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.process);
-        let _ = prometheus_client::encoding::text::encode_eof(&mut text);
-        text
+    /// The service's metrics, then the `process_*` ones, in `format`.
+    pub fn encode_metrics(&self, format: Exposition) -> String {
+        format.encode(&[&self.registry, &self.process])
     }
 
-    /// Answers a probe path, or `None` when `path` is not one (the caller routes it).
-    /// Probes answer GET and HEAD; other methods get 405 from the caller's router.
-    pub async fn handle(&self, method: &Method, path: &str) -> Option<Response> {
+    /// Answers a request for a probe path, or `None` when its path is not one (the caller
+    /// routes it). Probes answer GET and HEAD; other methods get 405 from the caller's router.
+    pub async fn handle<B>(&self, request: &Request<B>) -> Option<Response> {
+        let (method, path) = (request.method(), request.uri().path());
         if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
             return None;
         }
@@ -78,7 +74,15 @@ impl Probes {
         Some(match path {
             "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
             "/readyz" => self.readyz().await,
-            _ => bytes_response(StatusCode::OK, METRICS_CONTENT_TYPE, self.encode_metrics()),
+            _ => {
+                let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+                let format = Exposition::negotiate(accept);
+                bytes_response(
+                    StatusCode::OK,
+                    format.content_type(),
+                    self.encode_metrics(format),
+                )
+            }
         })
     }
 
@@ -106,11 +110,37 @@ mod tests {
     use prometheus_client::metrics::counter::Counter;
     use std::sync::atomic::AtomicBool;
 
-    async fn get(probes: &Probes, path: &str) -> Option<(u16, String)> {
-        let response = probes.handle(&Method::GET, path).await?;
+    fn request(method: Method, path: &str, accept: Option<&str>) -> Request<()> {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(accept) = accept {
+            request = request.header(ACCEPT, accept);
+        }
+        request.body(()).unwrap()
+    }
+
+    /// Status, content type and body of a GET.
+    async fn get_as(
+        probes: &Probes,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Option<(u16, String, String)> {
+        let response = probes.handle(&request(Method::GET, path, accept)).await?;
         let status = response.status().as_u16();
+        let content_type = response.headers()[hyper::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_string();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        Some((status, String::from_utf8(body.to_vec()).unwrap()))
+        Some((
+            status,
+            content_type,
+            String::from_utf8(body.to_vec()).unwrap(),
+        ))
+    }
+
+    async fn get(probes: &Probes, path: &str) -> Option<(u16, String)> {
+        let (status, _, body) = get_as(probes, path, None).await?;
+        Some((status, body))
     }
 
     #[tokio::test]
@@ -160,13 +190,46 @@ mod tests {
         registry.register("things_done", "Things done", counter.clone());
         counter.inc_by(3);
         let probes = Probes::new(registry, Probes::always_ready());
-        let (status, body) = get(&probes, "/metrics").await.unwrap();
+        // What Prometheus 2.x sends: OpenMetrics preferred.
+        let prometheus = "application/openmetrics-text;version=1.0.0;q=0.5,\
+            application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        let (status, content_type, body) =
+            get_as(&probes, "/metrics", Some(prometheus)).await.unwrap();
         assert_eq!(status, 200);
-        assert!(body.contains("things_done_total 3"), "{body}");
+        assert_eq!(
+            content_type,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        assert!(
+            body.starts_with("# HELP things_done Things done.\n# TYPE things_done counter\nthings_done_total 3\n"),
+            "{body}"
+        );
         assert!(body.contains("\nprocess_open_fds "), "{body}");
         assert!(body.ends_with("# EOF\n"), "{body}");
+        // curl, promtool and anything else: the text format, HELP and TYPE on the sample.
+        for accept in [
+            None,
+            Some("*/*"),
+            Some("text/plain"),
+            Some("application/openmetrics-text;q=0.1,text/plain"),
+        ] {
+            let (status, content_type, body) = get_as(&probes, "/metrics", accept).await.unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(
+                content_type, "text/plain; version=0.0.4; charset=utf-8",
+                "{accept:?}"
+            );
+            assert!(
+                body.starts_with("# HELP things_done_total Things done.\n# TYPE things_done_total counter\nthings_done_total 3\n"),
+                "{accept:?}: {body}"
+            );
+            assert!(!body.contains("# EOF"), "{body}");
+        }
         assert!(get(&probes, "/status/").await.is_none());
-        let post = probes.handle(&Method::POST, "/healthz").await.unwrap();
+        let post = probes
+            .handle(&request(Method::POST, "/healthz", None))
+            .await
+            .unwrap();
         assert_eq!(post.status(), 405);
     }
 }
