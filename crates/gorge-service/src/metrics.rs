@@ -234,6 +234,17 @@ crate::metrics! {
     }
 }
 
+crate::metrics! {
+    /// The families the probes count into, registered in the service registry by
+    /// [`Probes::new`](crate::Probes::new).
+    pub struct ProbeMetrics {
+        readiness_changes: Counter,
+            "Times GET /readyz changed between ready and not ready (draining counts as not \
+             ready), as seen by whoever probes it: the kubelet every few seconds, nobody on a \
+             VM unless something probes";
+    }
+}
+
 /// A registry whose metrics are all named `<prefix>_…`, holding `<prefix>_build_info`.
 pub fn service_registry(prefix: &str, version: &'static str) -> Registry {
     let mut registry = Registry::with_prefix(prefix);
@@ -282,8 +293,8 @@ const PROCESS_FAMILIES: [(&str, MetricType, &str); 6] = [
     ),
 ];
 
-/// A service's metrics table in docs/: `<prefix>_build_info`, the service's `families`, then
-/// the unprefixed `process_*` ones.
+/// A service's metrics table in docs/: `<prefix>_build_info`, the probes' families, the
+/// service's `families`, then the unprefixed `process_*` ones.
 pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
     let process = PROCESS_FAMILIES.map(|(name, kind, help)| FamilyDoc {
         name,
@@ -294,6 +305,7 @@ pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
     });
     let prefixed = BuildInfo::families()
         .into_iter()
+        .chain(ProbeMetrics::families())
         .chain(families.iter().cloned());
     let rows: Vec<Vec<String>> = prefixed
         .map(|family| (family.exposed_name(prefix), family))
@@ -628,21 +640,26 @@ mod tests {
             "| Metric | Type | Labels (series from the start) | Meaning |"
         );
         assert_eq!(rows[2], "| `x_build_info` | gauge | `version` | Always 1; the version label is the running build |");
-        assert_eq!(
-            rows[6],
-            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        assert!(
+            rows[3].starts_with("| `x_readiness_changes_total` | counter |  | Times GET /readyz"),
+            "{}",
+            rows[3]
         );
         assert_eq!(
             rows[7],
+            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        );
+        assert_eq!(
+            rows[8],
             "| `x_pool` | gauge | `pool`, `state`: `query`/`open`, `lock`/`held` | Pool |"
         );
-        assert_eq!(rows[8], "| `x_peers_total` | counter | `peer` | Per peer |");
+        assert_eq!(rows[9], "| `x_peers_total` | counter | `peer` | Per peer |");
         assert!(
-            rows[9].starts_with("| `process_cpu_seconds_total` | counter |  | "),
+            rows[10].starts_with("| `process_cpu_seconds_total` | counter |  | "),
             "{}",
-            rows[9]
+            rows[10]
         );
-        assert_eq!(rows.len(), 2 + 1 + 6 + 6);
+        assert_eq!(rows.len(), 2 + 2 + 6 + 6);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use hyper::header::ACCEPT;
@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::http::{bytes_response, json_response, Response};
-use crate::metrics::Exposition;
+use crate::metrics::{Exposition, ProbeMetrics};
 
 /// Answers `Ok(())` when ready, or `Err(reason)`; the reason is shown to whoever probes.
 pub type ReadinessCheck =
@@ -27,17 +27,28 @@ pub struct Probes {
     process: Registry,
     readiness: ReadinessCheck,
     draining: AtomicBool,
+    /// What the last `/readyz` answered: [`UNPROBED`], [`READY`] or [`NOT_READY`].
+    last_readiness: AtomicU8,
+    metrics: ProbeMetrics,
 }
+
+const UNPROBED: u8 = 0;
+const READY: u8 = 1;
+const NOT_READY: u8 = 2;
 
 impl Probes {
     /// Probes exposing `registry` (the service's metrics) plus the `process_*` metrics, ready
     /// when `readiness` says so.
-    pub fn new(registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+    /// The probes' own families ([`ProbeMetrics`]) are registered in `registry`.
+    pub fn new(mut registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+        let metrics = ProbeMetrics::register(&mut registry);
         Arc::new(Probes {
             registry,
             process: crate::metrics::process_registry(),
             readiness,
             draining: AtomicBool::new(false),
+            last_readiness: AtomicU8::new(UNPROBED),
+            metrics,
         })
     }
 
@@ -87,18 +98,22 @@ impl Probes {
     }
 
     async fn readyz(&self) -> Response {
-        if self.is_draining() {
-            return json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "draining"}),
-            );
+        let answer = if self.is_draining() {
+            Err(json!({"status": "draining"}))
+        } else {
+            (self.readiness)()
+                .await
+                .map_err(|reason| json!({"status": "unavailable", "reason": reason}))
+        };
+        // Counted for the readiness-flapping alert; the first answer only sets the baseline.
+        let now = if answer.is_ok() { READY } else { NOT_READY };
+        let before = self.last_readiness.swap(now, Ordering::SeqCst);
+        if before != UNPROBED && before != now {
+            self.metrics.readiness_changes.inc();
         }
-        match (self.readiness)().await {
+        match answer {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
-            Err(reason) => json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "unavailable", "reason": reason}),
-            ),
+            Err(body) => json_response(StatusCode::SERVICE_UNAVAILABLE, &body),
         }
     }
 }
@@ -175,6 +190,13 @@ mod tests {
         assert_eq!(
             get(&probes, "/readyz").await.unwrap(),
             (503, r#"{"status":"draining"}"#.to_string())
+        );
+        // not ready -> ready -> not ready (draining): two changes; repeats count nothing.
+        let _ = get(&probes, "/readyz").await;
+        let (_, metrics) = get(&probes, "/metrics").await.unwrap();
+        assert!(
+            metrics.lines().any(|l| l == "readiness_changes_total 2"),
+            "{metrics}"
         );
         // Liveness is unaffected by readiness and draining.
         assert_eq!(
