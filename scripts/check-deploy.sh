@@ -147,6 +147,32 @@ expect_rendered webhook-pdb.yaml 'kind: PodDisruptionBudget' --set webhook.repli
 expect_rendered notification-pdb.yaml '!kind: PodDisruptionBudget' --set notification.replicaCount=1
 expect_rendered notification-deployment.yaml '!replicas: 2' --set notification.autoscaling.enabled=true
 expect_rendered notification-deployment.yaml 'topologyKey: kubernetes.io/hostname'
+# Alerts and dashboards: opt-in, and then exactly the files VM users load
+# (files/monitoring/; their own checks against real /metrics: scripts/check-monitoring.py).
+expect_rendered notification-alerts.yaml '!kind: PrometheusRule'
+expect_rendered webhook-alerts.yaml '!kind: ConfigMap'
+for component in notification webhook; do
+    if ! "${helm_bin}" template gorge "${chart}" --namespace phorge -f "${minimal}" \
+        --set "${component}.monitoring.prometheusRule.enabled=true" \
+        --set "${component}.monitoring.grafanaDashboard.enabled=true" \
+        --show-only "templates/${component}-alerts.yaml" |
+        python3 -c '
+import json, sys, yaml
+component, chart = sys.argv[1], sys.argv[2]
+docs = {d["kind"]: d for d in yaml.safe_load_all(sys.stdin) if d}
+rules = yaml.safe_load(open(f"{chart}/files/monitoring/gorge-{component}.rules.yml"))
+dashboard = json.load(open(f"{chart}/files/monitoring/dashboards/gorge-{component}.json"))
+assert docs["PrometheusRule"]["spec"] == rules, "PrometheusRule spec differs from the rules file"
+data = docs["ConfigMap"]["data"][f"gorge-{component}.json"]
+assert json.loads(data) == dashboard, "dashboard ConfigMap differs from the dashboard file"
+assert docs["ConfigMap"]["metadata"]["labels"]["grafana_dashboard"] == "1"
+' "${component}" "${chart}"; then
+        echo "FAIL: ${component} PrometheusRule / dashboard ConfigMap are not the files" >&2
+        failures=$((failures + 1))
+    else
+        echo "rendered as expected: ${component} PrometheusRule and dashboard ConfigMap hold the files"
+    fi
+done
 if ((failures > 0)); then
     echo "check-deploy: ${failures} chart case(s) failed" >&2
     exit 1
