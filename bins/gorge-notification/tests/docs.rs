@@ -68,3 +68,13 @@ fn the_benchmark_pid_command_finds_the_server_on_its_admin_port() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The Helm chart refuses bad `notification.env` values at template time from this catalog.
+#[test]
+fn the_chart_settings_catalog_is_the_declaration() {
+    docs::check_file(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/helm/gorge/files/settings/gorge-notification.json"),
+        &settings::chart_catalog::<Settings>(),
+    );
+}

@@ -40,3 +40,13 @@ fn the_readme_opening_names_the_phorge_side_kit() {
         "README's opening does not link compat/phorge:\n{opening}"
     );
 }
+
+/// The Helm chart refuses bad `webhook.env` values at template time from this catalog.
+#[test]
+fn the_chart_settings_catalog_is_the_declaration() {
+    docs::check_file(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/helm/gorge/files/settings/gorge-webhook.json"),
+        &settings::chart_catalog::<RawSettings>(),
+    );
+}
