@@ -6,18 +6,8 @@
 
 mod common;
 
-use common::{Server, PATIENCE};
-use gorge_testkit::http;
-
-async fn scrape(port: u16) -> String {
-    let response = http::request(port, "GET", "/metrics", &[], b"").await;
-    assert_eq!(response.status, 200);
-    assert_eq!(
-        response.header("content-type"),
-        Some("text/plain; version=0.0.4; charset=utf-8")
-    );
-    response.text()
-}
+use common::Server;
+use gorge_testkit::monitoring::scrape;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_and_dashboard_hold_against_the_real_metrics() {
@@ -26,23 +16,9 @@ async fn rules_and_dashboard_hold_against_the_real_metrics() {
         "GORGE_NOTIFICATION_PEERS",
         &format!("http://127.0.0.1:{}", peer.admin_port),
     )]);
-    let mut ws = server.ws("/").await;
-    ws.subscribe(&["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]).await;
-    server
-        .post_ok(
-            "",
-            r#"{"key":"1","subscribers":["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]}"#,
-        )
-        .await;
-    let up = format!(
-        "gorge_notification_peer_up{{peer=\"127.0.0.1:{}\"}}",
-        peer.admin_port
-    );
-    gorge_testkit::eventually(PATIENCE, "the relay to the peer succeeded", || async {
-        server.metric(&up).await == Some(1.0)
-    })
-    .await;
-    let before = scrape(server.admin_port).await;
+    let mut ws = server.relayed_to(peer.admin_port).await;
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], server.admin_port));
+    let before = scrape(admin);
     // Something that counts between the scrapes: a second message.
     server
         .post_ok(
@@ -51,7 +27,7 @@ async fn rules_and_dashboard_hold_against_the_real_metrics() {
         )
         .await;
     ws.sync().await;
-    let after = scrape(server.admin_port).await;
+    let after = scrape(admin);
     tokio::task::spawn_blocking(move || {
         gorge_testkit::monitoring::check("gorge-notification", &before, &after)
     })

@@ -8,16 +8,7 @@ mod common;
 use common::Service;
 use gorge_claim::testdb::TestDb;
 use gorge_testkit::eventually;
-
-fn scrape(service: &Service) -> String {
-    let response = gorge_testkit::http::get_blocking(service.status_addr, "/metrics", &[]);
-    assert_eq!(response.status, 200);
-    assert_eq!(
-        response.header("content-type"),
-        Some("text/plain; version=0.0.4; charset=utf-8")
-    );
-    response.text()
-}
+use gorge_testkit::monitoring::scrape;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_and_dashboard_hold_against_the_real_metrics() {
@@ -29,9 +20,9 @@ async fn rules_and_dashboard_hold_against_the_real_metrics() {
     })
     .await;
     assert_eq!(service.get("/readyz", &[]).0, 200);
-    let before = scrape(&service);
+    let before = scrape(service.status_addr);
     service.wait_polls(3).await;
-    let after = scrape(&service);
+    let after = scrape(service.status_addr);
     tokio::task::spawn_blocking(move || {
         gorge_testkit::monitoring::check("gorge-webhook", &before, &after)
     })

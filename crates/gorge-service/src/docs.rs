@@ -59,19 +59,20 @@ pub fn check_table(path: &Path, table: &str) {
         std::fs::write(path, updated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         return;
     }
-    let differs = table
+    disagrees(path, table, found)
+}
+
+/// Panics naming the first line where `found` (in the file at `path`) differs from `want`.
+fn disagrees(path: &Path, want: &str, found: &str) -> ! {
+    let differs = want
         .lines()
-        .zip(
-            found
-                .lines()
-                .chain(std::iter::repeat("(the table ends here)")),
-        )
+        .zip(found.lines().chain(std::iter::repeat("(it ends here)")))
         .find(|(want, have)| want != have)
-        .map(|(want, have)| format!("the code says\n  {want}\nthe docs say\n  {have}"))
-        .unwrap_or_else(|| "the docs have rows the code does not declare".to_string());
+        .map(|(want, have)| format!("the code says\n  {want}\nthe file says\n  {have}"))
+        .unwrap_or_else(|| "the file has lines the code does not declare".to_string());
     panic!(
         "{} disagrees with the declaration: {differs}\n\
-         (rerun with {BLESS_VAR}=1 to rewrite the table from the code)",
+         (rerun with {BLESS_VAR}=1 to rewrite it from the code)",
         path.display()
     );
 }
@@ -91,21 +92,7 @@ pub fn check_file(path: &Path, content: &str) {
         std::fs::write(path, content).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         return;
     }
-    let differs = content
-        .lines()
-        .zip(
-            found
-                .lines()
-                .chain(std::iter::repeat("(the file ends here)")),
-        )
-        .find(|(want, have)| want != have)
-        .map(|(want, have)| format!("the code says\n  {want}\nthe file says\n  {have}"))
-        .unwrap_or_else(|| "the file has lines the code does not declare".to_string());
-    panic!(
-        "{} disagrees with the declaration: {differs}\n\
-         (rerun with {BLESS_VAR}=1 to rewrite it from the code)",
-        path.display()
-    );
+    disagrees(path, content, &found)
 }
 
 #[cfg(test)]

@@ -811,6 +811,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_chart_catalog_has_every_variable_with_what_is_valid() {
+        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
+        assert_eq!(catalog["prefix"], "DEMO_");
+        let settings = &catalog["settings"];
+        assert_eq!(
+            settings["DEMO_PORT"],
+            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
+        );
+        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
+        assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
+        assert_eq!(
+            settings["GORGE_LOG_FORMAT"],
+            serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
+        );
+        let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
+        assert_eq!(
+            names,
+            [
+                "DEMO_PORT",
+                "DEMO_NAME",
+                "DEMO_PASS",
+                "SHARED_ADDR",
+                "DEMO_FILE",
+                "GORGE_LOG_LEVEL",
+                "GORGE_LOG_FORMAT"
+            ]
+        );
+    }
+
     fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |var| {
             vars.iter()

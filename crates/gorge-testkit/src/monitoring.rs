@@ -3,8 +3,21 @@
 //! (promtool check metrics / check rules / test rules, every metric a rule or panel names)
 //! does the rest. Nothing is skipped: a missing python3, PyYAML or promtool fails the test.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// `GET /metrics` on `addr` as curl or promtool asks for it (no `Accept`): the Prometheus
+/// text format, which it asserts.
+pub fn scrape(addr: SocketAddr) -> String {
+    let response = crate::http::get_blocking(addr, "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        response.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    response.text()
+}
 
 /// The repository root (this crate is `crates/gorge-testkit`).
 fn repository() -> PathBuf {

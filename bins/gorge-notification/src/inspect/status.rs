@@ -172,8 +172,11 @@ fn uptime(ms: u64) -> String {
     }
 }
 
-/// Samples of a Prometheus text exposition: name, labels, value.
-struct Samples(Vec<(String, Vec<(String, String)>, f64)>);
+/// One sample line: name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Samples of a Prometheus text exposition.
+struct Samples(Vec<Sample>);
 
 impl Samples {
     fn parse(text: &str) -> Samples {
@@ -209,7 +212,7 @@ impl Samples {
 }
 
 /// `name{k="v",…} value` (no timestamp: the services write none).
-fn parse_sample(line: &str) -> Option<(String, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<Sample> {
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }
