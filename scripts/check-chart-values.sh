@@ -51,8 +51,19 @@ failures = sum([
     bad("maxSockets as a string",
         lambda v: v["notification"].__setitem__("maxSockets", "50000")),
     bad("a missing notification.adminPort", lambda v: v["notification"].pop("adminPort")),
+    # What GORGE_WEBHOOK_OUTBOUND_BLACKLIST would refuse at start.
+    bad("an IPv4 prefix over 32", lambda v: v["webhook"].__setitem__("outboundBlacklist", ["10.0.0.0/33"])),
+    bad("an IPv4 octet over 255", lambda v: v["webhook"].__setitem__("outboundBlacklist", ["300.0.0.0/8"])),
+    bad("an IPv6 prefix over 128", lambda v: v["webhook"].__setitem__("outboundBlacklist", ["fc00::/129"])),
+    bad("two entries in one", lambda v: v["webhook"].__setitem__("outboundBlacklist", ["10.0.0.0/8,fc00::/7"])),
 ])
+# ...while what the service takes is accepted: CIDRs of both families and single addresses.
+good = copy.deepcopy(values)
+good["webhook"]["outboundBlacklist"] = ["10.0.0.0/8", "192.168.1.7", "fc00::/7", "::1", "2001:db8::1/128"]
+for err in validator.iter_errors(good):
+    print(f"check-chart-values: FAIL: schema refuses a valid blacklist: {err.message}", file=sys.stderr)
+    failures += 1
 if failures:
     sys.exit(1)
-print("check-chart-values: ok (defaults valid, 8 bad variants rejected)")
+print("check-chart-values: ok (defaults valid, 12 bad variants rejected, valid blacklists accepted)")
 PY

@@ -116,6 +116,33 @@ expect_refusal "webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT is set by the chart; 
     -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT=60
 expect_refusal "webhook.env.GORGE_LISTEN_ADDR is set by the chart; use webhook.port instead" \
     -f "${minimal}" --set webhook.env.GORGE_LISTEN_ADDR=0.0.0.0:9000
+# env values the service would refuse at start (or ignore), in the service's words, from the
+# settings catalog generated from its declaration (files/settings/; tests/docs.rs).
+expect_refusal 'notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS="30s": expected a whole number of seconds from 1 to 86400, e.g. 30 (gorge-notification would refuse to start)' \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS=30s
+expect_refusal 'notification.env.GORGE_NOTIFICATION_MAX_FRAME_BYTES="0": expected a whole number of bytes from 1 to 1099511627776' \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_MAX_FRAME_BYTES=0
+expect_refusal 'webhook.env.GORGE_WEBHOOK_MAX_CONCURRENT="1000": expected a whole number from 1 to 256, e.g. 8 (gorge-webhook would refuse to start)' \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_MAX_CONCURRENT=1000
+expect_refusal 'webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS="true": expected a whole number from 1 to 128' \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS=true
+expect_refusal 'notification.env.GORGE_LOG_FORMAT="xml": expected json or text' \
+    -f "${minimal}" --set notification.env.GORGE_LOG_FORMAT=xml
+expect_refusal 'notification.env.GORGE_NOTIFICATION_MAX_SOKETS is not a setting of gorge-notification, which would ignore it (settings: docs/notification.md)' \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_MAX_SOKETS=5000
+expect_refusal 'webhook.env.GORGE_LOG_LEVL is not a setting of gorge-webhook' \
+    -f "${minimal}" --set webhook.env.GORGE_LOG_LEVL=debug
+# Blacklist entries GORGE_WEBHOOK_OUTBOUND_BLACKLIST would refuse (values.schema.json).
+expect_refusal 'outboundBlacklist' -f "${minimal}" --set 'webhook.outboundBlacklist[0]=10.0.0.0/33'
+expect_refusal 'outboundBlacklist' -f "${minimal}" --set 'webhook.outboundBlacklist[0]=300.1.2.3'
+# ...and valid ones pass: in range, empty (the default), other variables, single addresses.
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PING_INTERVAL_SECONDS: "86400"' \
+    --set notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS=86400
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PING_INTERVAL_SECONDS: ""' \
+    --set notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS=
+expect_rendered notification-configmap.yaml 'TZ: "UTC"' --set notification.env.TZ=UTC
+expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_OUTBOUND_BLACKLIST: "192.168.1.7,fc00::/7"' \
+    --set 'webhook.outboundBlacklist[0]=192.168.1.7' --set 'webhook.outboundBlacklist[1]=fc00::/7'
 # Grace periods too short for preStop + drain/delivery.
 expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + drainSeconds + 5 = 40" \
     -f "${minimal}" --set notification.drainSeconds=30 --set notification.terminationGracePeriodSeconds=20
@@ -147,6 +174,32 @@ expect_rendered webhook-pdb.yaml 'kind: PodDisruptionBudget' --set webhook.repli
 expect_rendered notification-pdb.yaml '!kind: PodDisruptionBudget' --set notification.replicaCount=1
 expect_rendered notification-deployment.yaml '!replicas: 2' --set notification.autoscaling.enabled=true
 expect_rendered notification-deployment.yaml 'topologyKey: kubernetes.io/hostname'
+# Alerts and dashboards: opt-in, and then exactly the files VM users load
+# (files/monitoring/; their own checks against real /metrics: scripts/check-monitoring.py).
+expect_rendered notification-alerts.yaml '!kind: PrometheusRule'
+expect_rendered webhook-alerts.yaml '!kind: ConfigMap'
+for component in notification webhook; do
+    if ! "${helm_bin}" template gorge "${chart}" --namespace phorge -f "${minimal}" \
+        --set "${component}.monitoring.prometheusRule.enabled=true" \
+        --set "${component}.monitoring.grafanaDashboard.enabled=true" \
+        --show-only "templates/${component}-alerts.yaml" |
+        python3 -c '
+import json, sys, yaml
+component, chart = sys.argv[1], sys.argv[2]
+docs = {d["kind"]: d for d in yaml.safe_load_all(sys.stdin) if d}
+rules = yaml.safe_load(open(f"{chart}/files/monitoring/gorge-{component}.rules.yml"))
+dashboard = json.load(open(f"{chart}/files/monitoring/dashboards/gorge-{component}.json"))
+assert docs["PrometheusRule"]["spec"] == rules, "PrometheusRule spec differs from the rules file"
+data = docs["ConfigMap"]["data"][f"gorge-{component}.json"]
+assert json.loads(data) == dashboard, "dashboard ConfigMap differs from the dashboard file"
+assert docs["ConfigMap"]["metadata"]["labels"]["grafana_dashboard"] == "1"
+' "${component}" "${chart}"; then
+        echo "FAIL: ${component} PrometheusRule / dashboard ConfigMap are not the files" >&2
+        failures=$((failures + 1))
+    else
+        echo "rendered as expected: ${component} PrometheusRule and dashboard ConfigMap hold the files"
+    fi
+done
 if ((failures > 0)); then
     echo "check-deploy: ${failures} chart case(s) failed" >&2
     exit 1

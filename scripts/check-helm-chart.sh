@@ -45,6 +45,10 @@ full=(
     --set notification.monitoring.serviceMonitor.enabled=true
     --set webhook.monitoring.podMonitor.enabled=true
     --set webhook.monitoring.serviceMonitor.enabled=true
+    --set notification.monitoring.prometheusRule.enabled=true
+    --set notification.monitoring.grafanaDashboard.enabled=true
+    --set webhook.monitoring.prometheusRule.enabled=true
+    --set webhook.monitoring.grafanaDashboard.enabled=true
     --set webhook.replicaCount=2
     --set webhook.mysql.host=mariadb
     --set webhook.mysql.existingSecret=phorge-db
@@ -79,12 +83,12 @@ expect_count() {
 }
 # notification: configmap, serviceaccount, 3 services, deployment, pdb, networkpolicy, test pod
 # webhook: configmap, serviceaccount, service, deployment (no pdb: one replica)
-# everything on adds an ingress, an HPA, a PodMonitor and a ServiceMonitor per component and
-# the webhook pdb (two replicas).
+# everything on adds an ingress, an HPA, a PodMonitor, a ServiceMonitor, a PrometheusRule and
+# a dashboard ConfigMap per component, and the webhook pdb (two replicas).
 expect_count 13 defaults
 expect_count 4 "notification disabled" --set notification.enabled=false
 expect_count 9 "webhook disabled" --set webhook.enabled=false
-expect_count 20 "everything on" "${full[@]}"
+expect_count 24 "everything on" "${full[@]}"
 
 echo "== one component's values leave the other's Deployment unchanged"
 deployment() {

@@ -47,7 +47,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         // Gauges of hub state are read when scraped, not kept up to date on every change.
         app.metrics.set_usage(app.hub.usage());
     }
-    if let Some(response) = app.probes.handle(request.method(), &path).await {
+    if let Some(response) = app.probes.handle(&request).await {
         return response;
     }
     match path.as_str() {

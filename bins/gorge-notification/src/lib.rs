@@ -15,7 +15,8 @@
 //! - [`drain`]: the graceful drain on SIGTERM;
 //! - [`peers`]: relaying to the other servers of a cluster;
 //! - [`metrics`]: the Prometheus metrics;
-//! - [`fdlimit`]: raising the open-file limit at startup.
+//! - [`fdlimit`]: raising the open-file limit at startup;
+//! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
 pub mod client;
@@ -24,6 +25,7 @@ pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod inspect;
 pub mod metrics;
 pub mod peers;
 pub mod service;

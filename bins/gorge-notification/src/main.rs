@@ -9,6 +9,7 @@ use gorge_hub::MonotonicClock;
 use gorge_notification::config;
 use gorge_notification::events;
 use gorge_notification::fdlimit;
+use gorge_notification::inspect::{self, TargetArgs, Targets};
 use gorge_notification::service::Server;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::{check_config_text, exit_config_error};
@@ -30,13 +31,59 @@ struct Cli {
     #[command(flatten)]
     common: CommonArgs,
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<Subcommand>,
+}
+
+#[derive(clap::Subcommand)]
+enum Subcommand {
+    #[command(flatten)]
+    Common(Command),
+    /// Check a running server end to end: a WebSocket subscribes on the client port, a
+    /// message is posted to the admin port as Phorge posts it, the frame must arrive, then
+    /// /status/. Exit 0 when it passed; 1 with one line saying why not; 2 for an invalid
+    /// configuration.
+    Selftest(TargetArgs),
+    /// Show a running server like `bin/aphlict status`, and more: listeners, readiness,
+    /// sockets, the instance's counters, peers up or down. Exit 0 when it runs and both ports
+    /// answer, 1 otherwise.
+    Status(TargetArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let config_path = cli.common.config.as_deref();
-    if let Some(Command::Healthcheck { port }) = cli.command {
+    let targets = |args: &TargetArgs| {
+        config::load(config_path)
+            .and_then(|config| Targets::resolve(args, &config))
+            .unwrap_or_else(|e| exit_config_error(&e))
+    };
+    match &cli.command {
+        Some(Subcommand::Selftest(args)) => match inspect::selftest::run(&targets(args)) {
+            Ok(passed) => {
+                println!(
+                    "selftest: ok: the frame arrived {} ms after the POST was answered (server {})",
+                    passed.frame_after.as_millis(),
+                    passed.fingerprint
+                );
+                println!("/status/: {}", passed.status);
+                std::process::exit(0)
+            }
+            Err(why) => {
+                eprintln!("selftest: FAIL: {why}");
+                std::process::exit(1)
+            }
+        },
+        Some(Subcommand::Status(args)) => {
+            let report = inspect::status::run(&targets(args));
+            print!("{}", report.text);
+            if let Some(why) = report.why_not {
+                eprintln!("{why}");
+            }
+            std::process::exit(if report.running { 0 } else { 1 })
+        }
+        _ => {}
+    }
+    if let Some(Subcommand::Common(Command::Healthcheck { port })) = cli.command {
         exit_healthcheck(port, || {
             config::load(config_path)?.admin_addr().ok_or_else(|| {
                 ConfigError::new("servers", "", "no admin server: pass healthcheck --port")

@@ -47,7 +47,7 @@ impl Api {
 
     pub async fn handle<B>(&self, request: &Request<B>) -> Response {
         let path = request.uri().path();
-        if let Some(response) = self.probes.handle(request.method(), path).await {
+        if let Some(response) = self.probes.handle(request).await {
             return response;
         }
         let route = match path {

@@ -26,3 +26,27 @@ fn the_metrics_table_is_the_declaration() {
 fn the_events_table_is_the_declaration() {
     docs::check_table(&page(), &events::docs_table(gorge_webhook::events::ALL));
 }
+
+/// README's opening, which says what gorge replaces, also says that gorge-webhook needs the
+/// Phorge-side kit: without it every receiver gets every POST twice.
+#[test]
+fn the_readme_opening_names_the_phorge_side_kit() {
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let opening = readme.split("\n## ").next().unwrap();
+    assert!(
+        opening.contains("(compat/phorge/README.md)"),
+        "README's opening does not link compat/phorge:\n{opening}"
+    );
+}
+
+/// The Helm chart refuses bad `webhook.env` values at template time from this catalog.
+#[test]
+fn the_chart_settings_catalog_is_the_declaration() {
+    docs::check_file(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/helm/gorge/files/settings/gorge-webhook.json"),
+        &settings::chart_catalog::<RawSettings>(),
+    );
+}

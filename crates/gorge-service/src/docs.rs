@@ -1,6 +1,6 @@
 //! The tables in docs/ that are generated from a declaration (settings, metric families, log
-//! events): rendering them as Markdown, and the check each service's tests run, which fails
-//! when the docs disagree with the code. `GORGE_BLESS_DOCS=1 cargo test …` rewrites the
+//! events), and the chart's settings catalog: rendering them, and the check each service's
+//! tests run, which fails when the file disagrees with the code. `GORGE_BLESS_DOCS=1 cargo test …` rewrites the
 //! table in place instead, so a change to a declaration is one edit plus one command.
 
 use std::path::Path;
@@ -59,21 +59,40 @@ pub fn check_table(path: &Path, table: &str) {
         std::fs::write(path, updated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         return;
     }
-    let differs = table
+    disagrees(path, table, found)
+}
+
+/// Panics naming the first line where `found` (in the file at `path`) differs from `want`.
+fn disagrees(path: &Path, want: &str, found: &str) -> ! {
+    let differs = want
         .lines()
-        .zip(
-            found
-                .lines()
-                .chain(std::iter::repeat("(the table ends here)")),
-        )
+        .zip(found.lines().chain(std::iter::repeat("(it ends here)")))
         .find(|(want, have)| want != have)
-        .map(|(want, have)| format!("the code says\n  {want}\nthe docs say\n  {have}"))
-        .unwrap_or_else(|| "the docs have rows the code does not declare".to_string());
+        .map(|(want, have)| format!("the code says\n  {want}\nthe file says\n  {have}"))
+        .unwrap_or_else(|| "the file has lines the code does not declare".to_string());
     panic!(
         "{} disagrees with the declaration: {differs}\n\
-         (rerun with {BLESS_VAR}=1 to rewrite the table from the code)",
+         (rerun with {BLESS_VAR}=1 to rewrite it from the code)",
         path.display()
     );
+}
+
+/// Checks that the file at `path` is `content`, a whole file generated from a declaration
+/// (the chart's settings catalog); panics naming the first line that differs. With
+/// [`BLESS_VAR`] set, writes `content` instead.
+pub fn check_file(path: &Path, content: &str) {
+    let found = std::fs::read_to_string(path).unwrap_or_default();
+    if found == content {
+        return;
+    }
+    if std::env::var_os(BLESS_VAR).is_some() {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+        std::fs::write(path, content).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    disagrees(path, content, &found)
 }
 
 #[cfg(test)]

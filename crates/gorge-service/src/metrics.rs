@@ -234,6 +234,17 @@ crate::metrics! {
     }
 }
 
+crate::metrics! {
+    /// The families the probes count into, registered in the service registry by
+    /// [`Probes::new`](crate::Probes::new).
+    pub struct ProbeMetrics {
+        readiness_changes: Counter,
+            "Times GET /readyz changed between ready and not ready (draining counts as not \
+             ready), as seen by whoever probes it: the kubelet every few seconds, nobody on a \
+             VM unless something probes";
+    }
+}
+
 /// A registry whose metrics are all named `<prefix>_…`, holding `<prefix>_build_info`.
 pub fn service_registry(prefix: &str, version: &'static str) -> Registry {
     let mut registry = Registry::with_prefix(prefix);
@@ -282,8 +293,8 @@ const PROCESS_FAMILIES: [(&str, MetricType, &str); 6] = [
     ),
 ];
 
-/// A service's metrics table in docs/: `<prefix>_build_info`, the service's `families`, then
-/// the unprefixed `process_*` ones.
+/// A service's metrics table in docs/: `<prefix>_build_info`, the probes' families, the
+/// service's `families`, then the unprefixed `process_*` ones.
 pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
     let process = PROCESS_FAMILIES.map(|(name, kind, help)| FamilyDoc {
         name,
@@ -294,6 +305,7 @@ pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
     });
     let prefixed = BuildInfo::families()
         .into_iter()
+        .chain(ProbeMetrics::families())
         .chain(families.iter().cloned());
     let rows: Vec<Vec<String>> = prefixed
         .map(|family| (family.exposed_name(prefix), family))
@@ -329,6 +341,110 @@ pub fn docs_table(prefix: &str, families: &[FamilyDoc]) -> String {
         ],
         &rows,
     )
+}
+
+/// The formats `/metrics` serves, chosen from the scraper's `Accept` header
+/// ([`Exposition::negotiate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0.0 text, what prometheus-client writes: for a scraper that prefers it
+    /// (Prometheus asks for it first).
+    OpenMetrics,
+    /// Prometheus text format 0.0.4: for every other client (curl, `promtool check metrics`,
+    /// agents that only speak it). Its `# HELP`/`# TYPE` lines name the sample (`x_total`),
+    /// where OpenMetrics names the family (`x`): served as OpenMetrics, every counter would
+    /// read as a sample without help text to these clients.
+    PrometheusText,
+}
+
+impl Exposition {
+    /// The format for an `Accept` header: OpenMetrics when the client gives it a higher
+    /// quality than plain text (a missing `q` is 1), the text format otherwise, including
+    /// when there is no header or nothing in it is served here (a scrape gets an answer
+    /// rather than 406).
+    pub fn negotiate(accept: Option<&str>) -> Exposition {
+        let mut openmetrics = 0.0f32;
+        let mut text = 0.0f32;
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let quality = parts
+                .filter_map(|param| param.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+                .map_or(Some(1.0), |(_, value)| value.trim().parse::<f32>().ok())
+                .unwrap_or(0.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
+                "text/plain" | "text/*" | "*/*" => text = text.max(quality),
+                _ => {}
+            }
+        }
+        if openmetrics > text {
+            Exposition::OpenMetrics
+        } else {
+            Exposition::PrometheusText
+        }
+    }
+
+    /// The `Content-Type` of an answer in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Exposition::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+
+    /// `registries` in this format, in order.
+    pub fn encode(self, registries: &[&Registry]) -> String {
+        let mut text = String::new();
+        for registry in registries {
+            // Writing into a String cannot fail.
+            let _ = prometheus_client::encoding::text::encode_registry(&mut text, registry);
+        }
+        match self {
+            Exposition::OpenMetrics => {
+                let _ = prometheus_client::encoding::text::encode_eof(&mut text);
+                text
+            }
+            Exposition::PrometheusText => openmetrics_to_prometheus_text(&text),
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics text (without `# EOF`) into the Prometheus text
+/// format: a counter family's `# HELP`/`# TYPE` name its `_total` sample, `# UNIT` lines
+/// go, and a type the text format lacks becomes `untyped` (prometheus-client writes
+/// `info` and `unknown` for collectors; the families declared here are counters, gauges and
+/// histograms, whose samples are written alike in both formats).
+fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len() + 256);
+    let mut help: Option<(&str, &str)> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').unwrap_or((rest, "")));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "gauge" | "histogram" | "summary" => (name.to_string(), kind),
+                "info" => (format!("{name}_info"), "gauge"),
+                _ => (name.to_string(), "untyped"),
+            };
+            if let Some((_, text)) = help.take() {
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Linux reports CPU times and start times in clock ticks of `USER_HZ`, which the kernel
@@ -524,21 +640,93 @@ mod tests {
             "| Metric | Type | Labels (series from the start) | Meaning |"
         );
         assert_eq!(rows[2], "| `x_build_info` | gauge | `version` | Always 1; the version label is the running build |");
-        assert_eq!(
-            rows[6],
-            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        assert!(
+            rows[3].starts_with("| `x_readiness_changes_total` | counter |  | Times GET /readyz"),
+            "{}",
+            rows[3]
         );
         assert_eq!(
             rows[7],
+            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        );
+        assert_eq!(
+            rows[8],
             "| `x_pool` | gauge | `pool`, `state`: `query`/`open`, `lock`/`held` | Pool |"
         );
-        assert_eq!(rows[8], "| `x_peers_total` | counter | `peer` | Per peer |");
+        assert_eq!(rows[9], "| `x_peers_total` | counter | `peer` | Per peer |");
         assert!(
-            rows[9].starts_with("| `process_cpu_seconds_total` | counter |  | "),
+            rows[10].starts_with("| `process_cpu_seconds_total` | counter |  | "),
             "{}",
-            rows[9]
+            rows[10]
         );
-        assert_eq!(rows.len(), 2 + 1 + 6 + 6);
+        assert_eq!(rows.len(), 2 + 2 + 6 + 6);
+    }
+
+    #[test]
+    fn the_format_is_the_one_the_scraper_prefers() {
+        use Exposition::{OpenMetrics, PrometheusText};
+        for (accept, want) in [
+            // Prometheus 2.x and 3.x.
+            (Some("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"), OpenMetrics),
+            (Some("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"), OpenMetrics),
+            // Prometheus with `scrape_protocols: [PrometheusText0.0.4]`.
+            (Some("text/plain;version=0.0.4;q=1,*/*;q=0.1"), PrometheusText),
+            (Some("Application/OpenMetrics-Text; version=1.0.0"), OpenMetrics),
+            (Some("application/openmetrics-text;q=0, */*"), PrometheusText),
+            (Some("application/openmetrics-text;q=0.5, */*;q=0.5"), PrometheusText),
+            (Some("application/openmetrics-text;q=nonsense, text/plain;q=0.1"), PrometheusText),
+            (Some("application/json"), PrometheusText),
+            (Some("*/*"), PrometheusText),
+            (Some(""), PrometheusText),
+            (None, PrometheusText),
+        ] {
+            assert_eq!(Exposition::negotiate(accept), want, "{accept:?}");
+        }
+    }
+
+    #[test]
+    fn the_text_format_names_each_sample_in_help_and_type() {
+        let mut registry = Registry::with_prefix("x");
+        let demo = Demo::register(&mut registry);
+        demo.claims.with(["won"]).inc();
+        let text = Exposition::PrometheusText.encode(&[&registry]);
+        let expected_start = "\
+# HELP x_polls_total Rounds.
+# TYPE x_polls_total counter
+x_polls_total 0
+# HELP x_depth Depth.
+# TYPE x_depth gauge
+x_depth 0
+# HELP x_seconds Seconds.
+# TYPE x_seconds histogram
+x_seconds_sum 0.0
+x_seconds_count 0
+x_seconds_bucket{le=\"0.5\"} 0
+x_seconds_bucket{le=\"1.0\"} 0
+x_seconds_bucket{le=\"+Inf\"} 0
+# HELP x_claims_total Claims.
+# TYPE x_claims_total counter
+";
+        assert!(text.starts_with(expected_start), "{text}");
+        assert!(
+            text.contains("\nx_claims_total{result=\"won\"} 1\n"),
+            "{text}"
+        );
+        let openmetrics = Exposition::OpenMetrics.encode(&[&registry]);
+        assert!(
+            openmetrics
+                .starts_with("# HELP x_polls Rounds.\n# TYPE x_polls counter\nx_polls_total 0\n"),
+            "{openmetrics}"
+        );
+        assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+        // Only the family lines differ.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(samples(&text), samples(&openmetrics));
     }
 
     #[test]

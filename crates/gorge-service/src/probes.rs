@@ -1,24 +1,24 @@
 //! The probe endpoints every service exposes on its health port: `/healthz` (the process is
 //! alive), `/readyz` (a readiness function the service supplies; 503 once draining) and
 //! `/metrics` (the service's prometheus-client registry, then the `process_*` metrics, in
-//! text exposition format).
+//! the format the scraper's `Accept` asks for: see [`Exposition`]).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use hyper::{Method, StatusCode};
+use hyper::header::ACCEPT;
+use hyper::{Method, Request, StatusCode};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::http::{bytes_response, json_response, Response};
+use crate::metrics::{Exposition, ProbeMetrics};
 
 /// Answers `Ok(())` when ready, or `Err(reason)`; the reason is shown to whoever probes.
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
-
-const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The shared probe endpoints, `/healthz`, `/readyz` and `/metrics`, and the draining flag
 /// that turns `/readyz` off at shutdown.
@@ -27,17 +27,28 @@ pub struct Probes {
     process: Registry,
     readiness: ReadinessCheck,
     draining: AtomicBool,
+    /// What the last `/readyz` answered: [`UNPROBED`], [`READY`] or [`NOT_READY`].
+    last_readiness: AtomicU8,
+    metrics: ProbeMetrics,
 }
+
+const UNPROBED: u8 = 0;
+const READY: u8 = 1;
+const NOT_READY: u8 = 2;
 
 impl Probes {
     /// Probes exposing `registry` (the service's metrics) plus the `process_*` metrics, ready
     /// when `readiness` says so.
-    pub fn new(registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+    /// The probes' own families ([`ProbeMetrics`]) are registered in `registry`.
+    pub fn new(mut registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+        let metrics = ProbeMetrics::register(&mut registry);
         Arc::new(Probes {
             registry,
             process: crate::metrics::process_registry(),
             readiness,
             draining: AtomicBool::new(false),
+            last_readiness: AtomicU8::new(UNPROBED),
+            metrics,
         })
     }
 
@@ -56,19 +67,15 @@ impl Probes {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// The registry's text exposition.
-    pub fn encode_metrics(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry);
-        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.process);
-        let _ = prometheus_client::encoding::text::encode_eof(&mut text);
-        text
+    /// The service's metrics, then the `process_*` ones, in `format`.
+    pub fn encode_metrics(&self, format: Exposition) -> String {
+        format.encode(&[&self.registry, &self.process])
     }
 
-    /// Answers a probe path, or `None` when `path` is not one (the caller routes it).
-    /// Probes answer GET and HEAD; other methods get 405 from the caller's router.
-    pub async fn handle(&self, method: &Method, path: &str) -> Option<Response> {
+    /// Answers a request for a probe path, or `None` when its path is not one (the caller
+    /// routes it). Probes answer GET and HEAD; other methods get 405 from the caller's router.
+    pub async fn handle<B>(&self, request: &Request<B>) -> Option<Response> {
+        let (method, path) = (request.method(), request.uri().path());
         if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
             return None;
         }
@@ -78,23 +85,35 @@ impl Probes {
         Some(match path {
             "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
             "/readyz" => self.readyz().await,
-            _ => bytes_response(StatusCode::OK, METRICS_CONTENT_TYPE, self.encode_metrics()),
+            _ => {
+                let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+                let format = Exposition::negotiate(accept);
+                bytes_response(
+                    StatusCode::OK,
+                    format.content_type(),
+                    self.encode_metrics(format),
+                )
+            }
         })
     }
 
     async fn readyz(&self) -> Response {
-        if self.is_draining() {
-            return json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "draining"}),
-            );
+        let answer = if self.is_draining() {
+            Err(json!({"status": "draining"}))
+        } else {
+            (self.readiness)()
+                .await
+                .map_err(|reason| json!({"status": "unavailable", "reason": reason}))
+        };
+        // Counted for the readiness-flapping alert; the first answer only sets the baseline.
+        let now = if answer.is_ok() { READY } else { NOT_READY };
+        let before = self.last_readiness.swap(now, Ordering::SeqCst);
+        if before != UNPROBED && before != now {
+            self.metrics.readiness_changes.inc();
         }
-        match (self.readiness)().await {
+        match answer {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
-            Err(reason) => json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "unavailable", "reason": reason}),
-            ),
+            Err(body) => json_response(StatusCode::SERVICE_UNAVAILABLE, &body),
         }
     }
 }
@@ -106,11 +125,37 @@ mod tests {
     use prometheus_client::metrics::counter::Counter;
     use std::sync::atomic::AtomicBool;
 
-    async fn get(probes: &Probes, path: &str) -> Option<(u16, String)> {
-        let response = probes.handle(&Method::GET, path).await?;
+    fn request(method: Method, path: &str, accept: Option<&str>) -> Request<()> {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(accept) = accept {
+            request = request.header(ACCEPT, accept);
+        }
+        request.body(()).unwrap()
+    }
+
+    /// Status, content type and body of a GET.
+    async fn get_as(
+        probes: &Probes,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Option<(u16, String, String)> {
+        let response = probes.handle(&request(Method::GET, path, accept)).await?;
         let status = response.status().as_u16();
+        let content_type = response.headers()[hyper::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_string();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        Some((status, String::from_utf8(body.to_vec()).unwrap()))
+        Some((
+            status,
+            content_type,
+            String::from_utf8(body.to_vec()).unwrap(),
+        ))
+    }
+
+    async fn get(probes: &Probes, path: &str) -> Option<(u16, String)> {
+        let (status, _, body) = get_as(probes, path, None).await?;
+        Some((status, body))
     }
 
     #[tokio::test]
@@ -146,6 +191,13 @@ mod tests {
             get(&probes, "/readyz").await.unwrap(),
             (503, r#"{"status":"draining"}"#.to_string())
         );
+        // not ready -> ready -> not ready (draining): two changes; repeats count nothing.
+        let _ = get(&probes, "/readyz").await;
+        let (_, metrics) = get(&probes, "/metrics").await.unwrap();
+        assert!(
+            metrics.lines().any(|l| l == "readiness_changes_total 2"),
+            "{metrics}"
+        );
         // Liveness is unaffected by readiness and draining.
         assert_eq!(
             get(&probes, "/healthz").await.unwrap(),
@@ -160,13 +212,46 @@ mod tests {
         registry.register("things_done", "Things done", counter.clone());
         counter.inc_by(3);
         let probes = Probes::new(registry, Probes::always_ready());
-        let (status, body) = get(&probes, "/metrics").await.unwrap();
+        // What Prometheus 2.x sends: OpenMetrics preferred.
+        let prometheus = "application/openmetrics-text;version=1.0.0;q=0.5,\
+            application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        let (status, content_type, body) =
+            get_as(&probes, "/metrics", Some(prometheus)).await.unwrap();
         assert_eq!(status, 200);
-        assert!(body.contains("things_done_total 3"), "{body}");
+        assert_eq!(
+            content_type,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        assert!(
+            body.starts_with("# HELP things_done Things done.\n# TYPE things_done counter\nthings_done_total 3\n"),
+            "{body}"
+        );
         assert!(body.contains("\nprocess_open_fds "), "{body}");
         assert!(body.ends_with("# EOF\n"), "{body}");
+        // curl, promtool and anything else: the text format, HELP and TYPE on the sample.
+        for accept in [
+            None,
+            Some("*/*"),
+            Some("text/plain"),
+            Some("application/openmetrics-text;q=0.1,text/plain"),
+        ] {
+            let (status, content_type, body) = get_as(&probes, "/metrics", accept).await.unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(
+                content_type, "text/plain; version=0.0.4; charset=utf-8",
+                "{accept:?}"
+            );
+            assert!(
+                body.starts_with("# HELP things_done_total Things done.\n# TYPE things_done_total counter\nthings_done_total 3\n"),
+                "{accept:?}: {body}"
+            );
+            assert!(!body.contains("# EOF"), "{body}");
+        }
         assert!(get(&probes, "/status/").await.is_none());
-        let post = probes.handle(&Method::POST, "/healthz").await.unwrap();
+        let post = probes
+            .handle(&request(Method::POST, "/healthz", None))
+            .await
+            .unwrap();
         assert_eq!(post.status(), 405);
     }
 }

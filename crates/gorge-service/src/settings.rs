@@ -28,6 +28,9 @@ pub trait Kind {
     const VALID: &'static str;
     /// Never printed: `--check-config` masks it, `--print-config` writes it empty.
     const SECRET: bool = false;
+    /// What a valid value looks like to a check outside the binary (the Helm chart's, at
+    /// template time); [`Shape::Free`] when only the binary can tell.
+    const SHAPE: Shape = Shape::Free;
     /// From an environment variable; `None` when the text is not valid.
     fn parse(text: &str) -> Option<Self::Value>;
     /// As `--check-config` prints it (secrets masked).
@@ -45,6 +48,18 @@ pub trait Kind {
     fn to_file(value: &Self::Value) -> Value {
         Value::from(Self::show(value))
     }
+}
+
+/// What valid text of a kind looks like, for checks made without the binary (the chart's
+/// settings catalog, [`chart_catalog`]). Whatever the shape, an empty value is the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Only the binary can tell (addresses, URLs, names, level lists).
+    Free,
+    /// A whole number from `.0` to `.1`.
+    Range(u64, u64),
+    /// One of these words.
+    OneOf(&'static [&'static str]),
 }
 
 /// The reason for a file value that is not valid for a kind whose values are numbers.
@@ -74,6 +89,7 @@ macro_rules! number_kind {
         impl $crate::settings::Kind for $name {
             type Value = $ty;
             const VALID: &'static str = $valid;
+            const SHAPE: $crate::settings::Shape = $crate::settings::Shape::Range($min, $max);
             fn parse(text: &str) -> Option<$ty> {
                 text.trim()
                     .parse::<u64>()
@@ -172,6 +188,7 @@ impl<K: Kind> Kind for Optional<K> {
     type Value = Option<K::Value>;
     const VALID: &'static str = K::VALID;
     const SECRET: bool = K::SECRET;
+    const SHAPE: Shape = K::SHAPE;
     fn parse(text: &str) -> Option<Self::Value> {
         K::parse(text).map(Some)
     }
@@ -215,6 +232,7 @@ pub struct LogFormatKind;
 impl Kind for LogFormatKind {
     type Value = LogFormat;
     const VALID: &'static str = "json or text";
+    const SHAPE: Shape = Shape::OneOf(&["json", "text"]);
     fn parse(text: &str) -> Option<LogFormat> {
         parse_format(Some(text)).ok()
     }
@@ -236,17 +254,23 @@ pub struct SettingInfo {
     pub secret: bool,
     /// Only from the environment, not a file key.
     pub env_only: bool,
+    /// What is valid, in words (the kind's [`Kind::VALID`]).
+    pub valid: &'static str,
+    /// What is valid, for checks outside the binary (the kind's [`Kind::SHAPE`]).
+    pub shape: Shape,
     env: Option<&'static str>,
     doc_default: Option<&'static str>,
 }
 
 impl SettingInfo {
-    /// A setting named `key`.
-    pub const fn new(key: &'static str, help: &'static str, secret: bool) -> Self {
+    /// A setting named `key` of kind `K`.
+    pub const fn new<K: Kind>(key: &'static str, help: &'static str) -> Self {
         SettingInfo {
             key,
             help,
-            secret,
+            secret: K::SECRET,
+            valid: K::VALID,
+            shape: K::SHAPE,
             env_only: false,
             env: None,
             doc_default: None,
@@ -365,10 +389,9 @@ macro_rules! settings {
         impl $crate::settings::Declared for $name {
             const PREFIX: &'static str = $prefix;
             const SETTINGS: &'static [$crate::settings::SettingInfo] = &[
-                $( $crate::settings::SettingInfo::new(
+                $( $crate::settings::SettingInfo::new::<$kind>(
                     stringify!($field),
                     $help,
-                    <$kind as $crate::settings::Kind>::SECRET,
                 ) $( .$attr( $($($arg),*)? ) )* , )*
             ];
 
@@ -709,6 +732,33 @@ fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The settings catalog the Helm chart validates `env` values with at template time
+/// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
+/// service's tests): every variable of `S` and the logging variables, with what is valid in
+/// words and, where it can be checked without the binary, as a range or a list of words.
+pub fn chart_catalog<S: Declared>() -> String {
+    let mut catalog = serde_json::Map::new();
+    let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
+    let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
+    for (info, prefix) in settings.chain(logging) {
+        let mut entry = serde_json::Map::new();
+        entry.insert("valid".into(), Value::from(info.valid));
+        match info.shape {
+            Shape::Free => {}
+            Shape::Range(min, max) => {
+                entry.insert("min".into(), Value::from(min));
+                entry.insert("max".into(), Value::from(max));
+            }
+            Shape::OneOf(words) => {
+                entry.insert("oneOf".into(), Value::from(words.to_vec()));
+            }
+        }
+        catalog.insert(info.env_var(prefix), Value::Object(entry));
+    }
+    let catalog = serde_json::json!({ "prefix": S::PREFIX, "settings": catalog });
+    serde_json::to_string_pretty(&catalog).expect("a catalog serializes") + "\n"
+}
+
 /// A service's settings table in docs/: `S`, then the logging variables every service reads.
 pub fn docs_table<S: Declared>() -> String {
     let mut rows = docs_rows::<S>();
@@ -759,6 +809,36 @@ mod tests {
             #[env_only]
             file: Optional<Text> = None, "a file";
         }
+    }
+
+    #[test]
+    fn the_chart_catalog_has_every_variable_with_what_is_valid() {
+        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
+        assert_eq!(catalog["prefix"], "DEMO_");
+        let settings = &catalog["settings"];
+        assert_eq!(
+            settings["DEMO_PORT"],
+            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
+        );
+        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
+        assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
+        assert_eq!(
+            settings["GORGE_LOG_FORMAT"],
+            serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
+        );
+        let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
+        assert_eq!(
+            names,
+            [
+                "DEMO_PORT",
+                "DEMO_NAME",
+                "DEMO_PASS",
+                "SHARED_ADDR",
+                "DEMO_FILE",
+                "GORGE_LOG_LEVEL",
+                "GORGE_LOG_FORMAT"
+            ]
+        );
     }
 
     fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {

@@ -32,7 +32,7 @@ fn handler(probes: Arc<Probes>, gate: Gate) -> Handler {
         let gate = gate.clone();
         Box::pin(async move {
             let path = request.uri().path().to_string();
-            if let Some(response) = probes.handle(request.method(), &path).await {
+            if let Some(response) = probes.handle(&request).await {
                 return response;
             }
             if path == "/slow" {

@@ -1,6 +1,7 @@
 //! Test support shared by the gorge crates (a dev-dependency only): free loopback ports,
 //! one wrapper for the child processes integration tests start, one raw HTTP/1.1 client and
-//! one scripted HTTP receiver, and one slog drain that captures events.
+//! one scripted HTTP receiver, one slog drain that captures events, and the check of the
+//! alerting rules and dashboards against a real `/metrics`.
 //!
 //! Tests speak raw HTTP/1.1 on purpose: the services' byte-level answers (status lines,
 //! header case, bodies) are part of their contract, and a full client would normalise them.
@@ -8,6 +9,7 @@
 pub mod capture;
 pub mod healthcheck;
 pub mod http;
+pub mod monitoring;
 pub mod process;
 pub mod receiver;
 

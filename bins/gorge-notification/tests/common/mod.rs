@@ -61,6 +61,24 @@ impl Endpoints {
     pub async fn ws(&self, path: &str) -> Ws {
         Ws::connect(self.client_port, path).await
     }
+
+    /// A socket subscribed to one PHID, and a message posted to it that this server relayed
+    /// to the peer on `peer_admin_port` (waits until `peer_up` of that peer is 1).
+    pub async fn relayed_to(&self, peer_admin_port: u16) -> Ws {
+        let mut ws = self.ws("/").await;
+        ws.subscribe(&["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]).await;
+        self.post_ok(
+            "",
+            r#"{"key":"1","subscribers":["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]}"#,
+        )
+        .await;
+        let up = format!("gorge_notification_peer_up{{peer=\"127.0.0.1:{peer_admin_port}\"}}");
+        gorge_testkit::eventually(PATIENCE, "the relay to the peer succeeded", || async {
+            self.metric(&up).await == Some(1.0)
+        })
+        .await;
+        ws
+    }
 }
 
 /// A running server process; killed on drop.

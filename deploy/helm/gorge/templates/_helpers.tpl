@@ -256,11 +256,47 @@ GORGE_SERVICE_TOKEN: webhook.serviceToken.existingSecret
 {{- end -}}
 
 {{/*
+`env` values the service would refuse at start (or ignore), refused here with the same words:
+files/settings/<service>.json is generated from the service's settings declaration (and
+checked against it by the service's tests/docs.rs). A variable with the service's prefix or
+GORGE_LOG_ that is not a setting is refused too: the service would only warn and ignore it.
+Arguments: (list component service envMap catalogJson).
+*/}}
+{{- define "gorge.checkEnv" -}}
+{{- $component := index . 0 -}}
+{{- $service := index . 1 -}}
+{{- $env := index . 2 -}}
+{{- $catalog := index . 3 | fromJson -}}
+{{- range $key := keys $env | sortAlpha -}}
+{{- $text := index $env $key | toString -}}
+{{- $setting := get $catalog.settings $key -}}
+{{- if $setting -}}
+{{- $where := printf "%s.env.%s=%q" $component $key $text -}}
+{{- if eq $text "" -}}
+{{- /* Empty is the service's default. */ -}}
+{{- else if hasKey $setting "min" -}}
+{{- $number := trim $text -}}
+{{- if or (not (regexMatch "^[0-9]{1,15}$" $number)) (lt (float64 $number) (float64 $setting.min)) (gt (float64 $number) (float64 $setting.max)) -}}
+{{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
+{{- end -}}
+{{- else if hasKey $setting "oneOf" -}}
+{{- if not (has (lower (trim $text)) $setting.oneOf) -}}
+{{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
+{{- end -}}
+{{- end -}}
+{{- else if or (hasPrefix $catalog.prefix $key) (hasPrefix "GORGE_LOG_" $key) -}}
+{{- fail (printf "%s.env.%s is not a setting of %s, which would ignore it (settings: docs/%s.md)" $component $key $service (trimPrefix "gorge-" $service)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Values a working install cannot do without, refused at template time with the value to set.
 */}}
 {{- define "gorge.notification.validate" -}}
 {{- $n := .Values.notification -}}
 {{- include "gorge.refuseManagedEnv" (list "notification" $n.env (include "gorge.notification.managedEnv" .)) -}}
+{{- include "gorge.checkEnv" (list "notification" "gorge-notification" $n.env (.Files.Get "files/settings/gorge-notification.json")) -}}
 {{- if and $n.networkPolicy.enabled (not $n.adminAllowedFrom) -}}
 {{- fail "notification.adminAllowedFrom is empty, so the NetworkPolicy would admit nothing but this release to the admin port and Phorge could not post notifications: list Phorge's PHP pods (e.g. --set 'notification.adminAllowedFrom[0].podSelector.matchLabels.app=phorge'), or set notification.networkPolicy.enabled=false" -}}
 {{- end -}}
@@ -275,6 +311,7 @@ Values a working install cannot do without, refused at template time with the va
 {{- define "gorge.webhook.validate" -}}
 {{- $w := .Values.webhook -}}
 {{- include "gorge.refuseManagedEnv" (list "webhook" $w.env (include "gorge.webhook.managedEnv" .)) -}}
+{{- include "gorge.checkEnv" (list "webhook" "gorge-webhook" $w.env (.Files.Get "files/settings/gorge-webhook.json")) -}}
 {{- if not $w.mysql.host -}}
 {{- fail "webhook.mysql.host is empty: set it to Phorge's database server (e.g. --set webhook.mysql.host=mariadb.phorge.svc; 127.0.0.1 only with a sidecar proxy), or set webhook.enabled=false" -}}
 {{- end -}}
