@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use gorge_hub::Hub;
 use gorge_service::http::{
     bytes_response, error_response, method_not_allowed, read_body_limited, BodyError, JSON,
 };
@@ -62,30 +63,30 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         "/" => method_not_allowed("POST"),
         "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
             // Counters include every message whose POST was answered before this request.
-            app.fanout.settled().await;
-            status(&app, request.uri().query())
+            status(&app, app.fanout.settled().await, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),
         _ => error_response(StatusCode::NOT_FOUND, "no such path"),
     }
 }
 
-fn status(app: &ServerState, query: Option<&str>) -> Response {
+/// `hub` comes from [`crate::fanout::Fanout::settled`].
+fn status(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
     let instance = instance_from_query(query);
-    let hub = app.hub.status(&instance);
+    let counters = hub.status(&instance);
     let status = Status {
         instance,
         uptime: u64::try_from(app.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        clients_active: hub.clients_active,
-        clients_total: hub.clients_total,
-        messages_in: hub.messages_in,
-        messages_out: hub.messages_out,
+        clients_active: counters.clients_active,
+        clients_total: counters.clients_total,
+        messages_in: counters.messages_in,
+        messages_out: counters.messages_out,
         version: aphlict::PROTOCOL_VERSION,
-        history_size: hub.history_size,
-        history_age: hub.history_age_ms,
+        history_size: counters.history_size,
+        history_age: counters.history_age_ms,
         server: Some(ServerState::server_name()),
     };
-    let (entries, bytes) = app.hub.history_totals();
+    let (entries, bytes) = hub.history_totals();
     app.metrics.set_history(entries, bytes);
     bytes_response(StatusCode::OK, JSON, status.to_json())
 }

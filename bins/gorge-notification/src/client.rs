@@ -81,8 +81,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     // An instance PHP has posted to is confirmed by the fan-out thread; a browser that
     // connects right after that POST was answered must find it so, not be refused as one
     // more unknown instance.
-    app.fanout.settled().await;
-    let handle = match app.hub.connect(&instance) {
+    let handle = match app.fanout.settled().await.connect(&instance) {
         Ok(handle) => handle,
         Err(err) => {
             let (status, reason) = match err {

@@ -7,10 +7,14 @@
 //! and a full hand-off refuses the POST (503) and counts it rather than grow. Messages that
 //! arrive while a pass runs share the next one, so a socket gets them in one write.
 //!
-//! A client cannot tell the hand-off from a synchronous publish: a socket's commands, and a
-//! status read, first wait until every message accepted before them has been delivered
-//! ([`Fanout::settled`]), so a `pong` still proves every earlier POST's frame went first and
-//! a socket that subscribes after a POST was answered does not get that message live.
+//! The thread holds the hub's one [`Publisher`]: nothing else can publish, so frames reach
+//! each socket in the order the POSTs were accepted.
+//!
+//! A client cannot tell the hand-off from a synchronous publish: whatever reads or changes
+//! what publishing depends on (a socket joining, its commands, a status read) gets the hub
+//! only from [`Fanout::settled`], once every message accepted before has been delivered. So
+//! a `pong` still proves every earlier POST's frame went first, and a socket that subscribes
+//! after a POST was answered does not get that message live.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -18,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use gorge_hub::{Hub, Publication, MAX_BATCH};
+use gorge_hub::{Hub, Publication, Publisher, MAX_BATCH};
 use slog::Logger;
 use tokio::sync::watch;
 
@@ -64,10 +68,10 @@ pub struct Fanout {
 pub struct Full;
 
 impl Fanout {
-    /// Starts the fan-out thread.
-    pub fn start(hub: Arc<Hub>, metrics: Metrics, log: Logger) -> Fanout {
+    /// Starts the fan-out thread, which takes the hub's publisher.
+    pub fn start(mut publisher: Publisher, metrics: Metrics, log: Logger) -> Fanout {
         let (tx, rx) = sync_channel::<Job>(HANDOFF_MESSAGES);
-        let hub_handle = hub.clone();
+        let hub = publisher.hub().clone();
         let waiting_bytes = Arc::new(AtomicUsize::new(0));
         let waiting = waiting_bytes.clone();
         let delivered = watch::Sender::new(0);
@@ -78,13 +82,13 @@ impl Fanout {
                 while let Ok(first) = rx.recv() {
                     let (batch, bytes) = take_batch(first, &rx);
                     waiting.fetch_sub(bytes, Ordering::Relaxed);
-                    deliver(&hub, &metrics, &log, &batch);
+                    deliver(&mut publisher, &metrics, &log, &batch);
                     done.send_modify(|n| *n += batch.len() as u64);
                 }
             })
             .expect("spawn the fan-out thread");
         Fanout {
-            hub: hub_handle,
+            hub,
             tx: Mutex::new(tx),
             accepted: AtomicU64::new(0),
             delivered,
@@ -92,13 +96,14 @@ impl Fanout {
         }
     }
 
-    /// Completes once every message accepted so far has been delivered.
-    pub async fn settled(&self) {
+    /// The hub, once every message accepted so far has been delivered: the one way to the
+    /// hub for whatever must see every POST already answered (see the module comment).
+    pub async fn settled(&self) -> &Hub {
         let target = self.accepted.load(Ordering::Acquire);
-        if *self.delivered.borrow() >= target {
-            return;
+        if *self.delivered.borrow() < target {
+            let _ = self.delivered.subscribe().wait_for(|n| *n >= target).await;
         }
-        let _ = self.delivered.subscribe().wait_for(|n| *n >= target).await;
+        &self.hub
     }
 
     /// Hands a message over without waiting.
@@ -142,7 +147,7 @@ fn take_batch(first: Job, rx: &Receiver<Job>) -> (Vec<Job>, usize) {
     (batch, bytes)
 }
 
-fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
+fn deliver(publisher: &mut Publisher, m: &Metrics, log: &Logger, batch: &[Job]) {
     let messages: Vec<Publication<'_>> = batch
         .iter()
         .map(|job| Publication {
@@ -152,7 +157,7 @@ fn deliver(hub: &Hub, m: &Metrics, log: &Logger, batch: &[Job]) {
             at_ms: job.at_ms,
         })
         .collect();
-    let outcomes = hub.publish_batch(&messages);
+    let outcomes = publisher.publish_batch(&messages);
     m.fanout_batch_messages.observe(batch.len() as f64);
     let mut history = None;
     for (job, outcome) in batch.iter().zip(outcomes) {

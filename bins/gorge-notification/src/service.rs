@@ -66,8 +66,8 @@ impl Server {
             log.clone(),
         );
         let probes = Probes::new(registry, Probes::always_ready());
-        let hub = Arc::new(Hub::new(config.hub.clone(), clock));
-        let fanout = Fanout::start(hub.clone(), metrics.clone(), log.clone());
+        let (hub, publisher) = Hub::new(config.hub.clone(), clock);
+        let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
         let app = Arc::new(ServerState {
             hub,
             fanout,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use gorge_hub::{CloseReason, Flush, Outbound, Push, Sink, SocketHandle};
+use gorge_hub::{CloseReason, Flush, Hub, Outbound, Push, Sink, SocketHandle};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
@@ -338,9 +338,9 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             // Messages whose POST was answered before this command was read are delivered
             // (or not) as if publishing were synchronous: before a `pong`, into the history a
             // `replay` reads, and not to a socket that subscribes only now.
-            app.fanout.settled().await;
+            let hub = app.fanout.settled().await;
             let command = aphlict::parse_client_command(&text);
-            if apply(app, handle, command) {
+            if apply(app, hub, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
                 control(app, handle.outbound(), wire::APHLICT_PONG.clone());
             }
@@ -373,17 +373,18 @@ fn counted(app: &ServerState, push: Push) {
 }
 
 /// Applies one client command; returns whether it was a `ping` that needs a `pong`.
-fn apply(app: &ServerState, handle: &SocketHandle, command: ClientCommand) -> bool {
+/// `hub` comes from [`crate::fanout::Fanout::settled`].
+fn apply(app: &ServerState, hub: &Hub, handle: &SocketHandle, command: ClientCommand) -> bool {
     let m = &app.metrics;
     match command {
         ClientCommand::Subscribe(phids) => {
-            let outcome = app.hub.subscribe(handle, phids);
+            let outcome = hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
             m.subscriptions_over_limit.inc_by(outcome.over_total as u64);
         }
-        ClientCommand::Unsubscribe(phids) => app.hub.unsubscribe(handle, &phids),
+        ClientCommand::Unsubscribe(phids) => hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {
-            let outcome = app.hub.replay(handle, age_ms);
+            let outcome = hub.replay(handle, age_ms);
             if outcome.refused {
                 m.replays_refused.inc();
             }

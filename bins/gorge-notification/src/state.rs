@@ -23,8 +23,12 @@ pub struct ConnectionLimits {
 }
 
 pub struct ServerState {
+    /// The hub as it is now, for what does not depend on messages still in the hand-off
+    /// (leaving, queue bounds, drain, gauges, counting a POST in). Whatever must see every POST
+    /// already answered takes the hub from [`Fanout::settled`] instead.
     pub hub: Arc<Hub>,
-    /// Where the admin port hands accepted messages (it never delivers them itself).
+    /// Where the admin port hands accepted messages (it never delivers them itself), and the
+    /// settled hub.
     pub fanout: Fanout,
     /// Fixed for the life of the process; peers learn it from our receipts.
     pub fingerprint: String,

@@ -2,9 +2,12 @@
 //! bounded outbound queue, the retained history, and the counters `/status/` reports.
 //!
 //! It knows nothing of HTTP or WebSocket framing so it tests in microseconds: the binary
-//! parses messages (with `phorge-wire`), calls [`Hub::publish`], and runs one writer per socket
-//! that drains that socket's [`Outbound`] queue. Publishing only pushes shared [`bytes::Bytes`]
-//! into queues under a short lock; it never waits on a socket.
+//! parses messages (with `phorge-wire`), publishes them through the hub's one [`Publisher`]
+//! (held by its fan-out thread), and runs one writer per socket that drains that socket's
+//! [`Outbound`] queue. Publishing numbers a batch and lists its targets under a short lock,
+//! then pushes shared [`bytes::Bytes`] into the queues after letting go of it; it never waits
+//! on a socket. Frames reach every socket in publish order because [`Publisher`] is the only
+//! way to publish, cannot be cloned, and publishes through `&mut self`.
 
 #![warn(missing_docs)]
 
@@ -17,7 +20,7 @@ mod subscriptions;
 pub use clock::{ManualMillisClock, MillisClock, MonotonicClock};
 pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, Publication,
-    PublishCounts, ReplayCounts, SocketHandle, SocketId, SubscribeCounts,
+    PublishCounts, Publisher, ReplayCounts, SocketHandle, SocketId, SubscribeCounts,
 };
 pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink, MAX_BATCH};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

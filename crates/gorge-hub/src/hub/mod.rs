@@ -1,0 +1,378 @@
+//! The hub itself: instances, their sockets and subscription index, and the state every other
+//! job of the hub reads under one lock.
+//!
+//! One `std::sync::Mutex` guards the state; it is held only to change it and to list a
+//! publish's targets (no I/O, no `.await`, no socket write). Publishing pushes frames into the
+//! sockets' queues after the lock is let go, so frames reach each socket in publish order only
+//! because there is one publisher: the [`Publisher`] that [`Hub::new`] hands out once, which
+//! cannot be cloned and publishes through `&mut self`. Subscriptions are indexed per instance
+//! by PHID, so delivering to one PHID among 50 000 sockets touches only the sockets that want
+//! it. Replay, which a client can ask for at will, walks history in bounded slices and lets go
+//! of the lock between them, and each socket's replays are rate-limited: no client can hold
+//! the lock the publish path needs.
+//!
+//! Instances come in two kinds: *confirmed* ones — any instance the admin port
+//! has published to, i.e. one Phorge itself names — and *anonymous* ones, named only by a
+//! browser's URL. Each kind has its own table of `Limits::instances` slots, so anonymous
+//! sockets on made-up `~names` can fill only the anonymous table and never keep a real
+//! instance out. `default` needs no slot: it is always admitted.
+//!
+//! One job per module: `publish` (the [`Publisher`], planning and delivering a batch),
+//! `replay`, `instances` (the two tables of slots), `status` (counters and gauges) and
+//! `limits`; this one holds the state and the sockets' lifecycle.
+
+mod instances;
+mod limits;
+mod publish;
+mod replay;
+mod status;
+#[cfg(test)]
+mod testing;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::MillisClock;
+use crate::history::{History, HistoryLimits};
+use crate::outbound::{Outbound, QueueCaps};
+use crate::subscriptions::{shrink_map, subscription_cost};
+
+pub use crate::subscriptions::SocketId;
+use instances::{Instance, DEFAULT_INSTANCE};
+pub use limits::{ConnectError, InstanceNameTooLong, Limits};
+pub use publish::{Publication, PublishCounts, Publisher};
+use replay::ReplayBudget;
+pub use replay::ReplayCounts;
+pub use status::{HubStatus, HubUsage};
+
+/// A joined socket: its id, instance and outbound queue. Give it back with
+/// [`Hub::disconnect`].
+#[derive(Debug)]
+pub struct SocketHandle {
+    id: SocketId,
+    instance: Arc<str>,
+    outbound: Arc<Outbound>,
+}
+
+impl SocketHandle {
+    /// This socket's id, unique for the life of the hub.
+    pub fn id(&self) -> SocketId {
+        self.id
+    }
+
+    /// The instance the socket joined.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The socket's outbound queue, which its writer drains.
+    pub fn outbound(&self) -> &Arc<Outbound> {
+        &self.outbound
+    }
+}
+
+/// What one subscribe did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SubscribeCounts {
+    /// PHIDs newly subscribed (already subscribed ones are not counted again).
+    pub added: usize,
+    /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
+    pub ignored: usize,
+    /// PHIDs refused because all sockets together hold the total subscription bytes.
+    pub over_total: usize,
+}
+
+#[derive(Debug)]
+struct Socket {
+    instance: Arc<str>,
+    outbound: Arc<Outbound>,
+    replays: ReplayBudget,
+}
+
+#[derive(Debug)]
+struct State {
+    instances: HashMap<Arc<str>, Instance>,
+    /// Confirmed instances in `instances` (`default` excluded).
+    confirmed_instances: usize,
+    sockets: HashMap<SocketId, Socket>,
+    subscription_bytes: usize,
+    history: History,
+    next_id: SocketId,
+    /// Sequence number of the last published message.
+    published: u64,
+}
+
+/// The notification hub, shared as `Arc<Hub>`; publishing is its [`Publisher`]'s.
+pub struct Hub {
+    state: Mutex<State>,
+    limits: Limits,
+    clock: Arc<dyn MillisClock>,
+    messages_in: AtomicU64,
+    messages_out: AtomicU64,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("limits", &self.limits).finish()
+    }
+}
+
+impl Hub {
+    /// A hub enforcing `limits`, reading history age from `clock`, and its one
+    /// [`Publisher`].
+    pub fn new(limits: Limits, clock: Arc<dyn MillisClock>) -> (Arc<Hub>, Publisher) {
+        let history = History::new(HistoryLimits {
+            entries: limits.history_entries,
+            age_ms: limits.history_age_ms,
+            bytes: limits.history_bytes,
+        });
+        let hub = Arc::new(Hub {
+            state: Mutex::new(State {
+                instances: HashMap::new(),
+                confirmed_instances: 0,
+                sockets: HashMap::new(),
+                subscription_bytes: 0,
+                history,
+                next_id: 1,
+                published: 0,
+            }),
+            limits,
+            clock,
+            messages_in: AtomicU64::new(0),
+            messages_out: AtomicU64::new(0),
+        });
+        (hub.clone(), Publisher::new(hub))
+    }
+
+    /// The bounds of every socket's outbound queue.
+    pub fn caps(&self) -> QueueCaps {
+        QueueCaps {
+            frames: self.limits.queue_frames,
+            bytes: self.limits.queue_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("hub lock poisoned")
+    }
+
+    /// Whether `name` is acceptable as an instance name.
+    pub fn instance_name_ok(&self, name: &str) -> bool {
+        name.len() <= self.limits.instance_name_bytes
+    }
+
+    /// Registers a new socket of `instance`.
+    pub fn connect(&self, instance: &str) -> Result<SocketHandle, ConnectError> {
+        if !self.instance_name_ok(instance) {
+            return Err(ConnectError::InstanceNameTooLong);
+        }
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        if state.sockets.len() >= self.limits.sockets {
+            return Err(ConnectError::TooManySockets);
+        }
+        let key = match state.instances.get_key_value(instance) {
+            Some((key, _)) => key.clone(),
+            None => {
+                if instance != DEFAULT_INSTANCE && !self.make_room(&mut state, false) {
+                    return Err(ConnectError::TooManyInstances);
+                }
+                let key: Arc<str> = Arc::from(instance);
+                state.instances.insert(key.clone(), Instance::default());
+                key
+            }
+        };
+        let instance = state
+            .instances
+            .get_mut(&key)
+            .expect("instance was just found or inserted");
+        instance.clients_active += 1;
+        instance.clients_total += 1;
+        let id = state.next_id;
+        state.next_id += 1;
+        let outbound = Arc::new(Outbound::default());
+        state.sockets.insert(
+            id,
+            Socket {
+                instance: key.clone(),
+                outbound: outbound.clone(),
+                replays: ReplayBudget::new(&self.limits, now),
+            },
+        );
+        Ok(SocketHandle {
+            id,
+            instance: key,
+            outbound,
+        })
+    }
+
+    /// Removes a socket and its subscriptions.
+    pub fn disconnect(&self, handle: &SocketHandle) {
+        let mut state = self.lock();
+        let Some(socket) = state.sockets.remove(&handle.id) else {
+            return;
+        };
+        if let Some(instance) = state.instances.get_mut(&socket.instance) {
+            instance.clients_active -= 1;
+            let freed = instance.subscriptions.remove_socket(handle.id);
+            state.subscription_bytes -= freed;
+        }
+        // Give the memory of a burst of sockets back once they are gone.
+        shrink_map(&mut state.sockets);
+    }
+
+    /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
+    /// limits.
+    pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeCounts {
+        let limits = &self.limits;
+        let mut outcome = SubscribeCounts::default();
+        let mut state = self.lock();
+        let State {
+            sockets,
+            instances,
+            subscription_bytes,
+            ..
+        } = &mut *state;
+        let Some(socket) = sockets.get_mut(&handle.id) else {
+            return outcome;
+        };
+        let Some(instance) = instances.get_mut(&socket.instance) else {
+            return outcome;
+        };
+        let index = &mut instance.subscriptions;
+        for phid in phids {
+            if index.contains(handle.id, &phid) {
+                continue;
+            }
+            let cost = subscription_cost(&phid);
+            let (count, bytes) = index.usage(handle.id);
+            if phid.len() > limits.phid_bytes
+                || count >= limits.subscriptions_per_socket
+                || bytes + cost > limits.subscription_bytes_per_socket
+            {
+                outcome.ignored += 1;
+                continue;
+            }
+            if *subscription_bytes + cost > limits.subscription_bytes_total {
+                outcome.over_total += 1;
+                continue;
+            }
+            *subscription_bytes += index.insert(handle.id, &socket.outbound, phid);
+            outcome.added += 1;
+        }
+        outcome
+    }
+
+    /// Removes PHIDs from a socket's subscriptions.
+    pub fn unsubscribe(&self, handle: &SocketHandle, phids: &[String]) {
+        let mut state = self.lock();
+        let State {
+            sockets,
+            instances,
+            subscription_bytes,
+            ..
+        } = &mut *state;
+        let Some(socket) = sockets.get(&handle.id) else {
+            return;
+        };
+        let Some(instance) = instances.get_mut(&socket.instance) else {
+            return;
+        };
+        for phid in phids {
+            *subscription_bytes -= instance.subscriptions.remove(handle.id, phid);
+        }
+    }
+
+    /// The hub's clock, in ms (a message accepted now and published later keeps this time).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::testing::*;
+
+    #[test]
+    fn unsubscribe_stops_delivery() {
+        let (mut hub, _) = hub();
+        let a = subscribed(&hub, &["PHID-A", "PHID-B"]);
+        hub.unsubscribe(&a, &strings(&["PHID-A", "PHID-never"]));
+        assert_eq!(publish(&mut hub, "default", &["PHID-A"], "m").queued, 0);
+        assert_eq!(publish(&mut hub, "default", &["PHID-B"], "m").queued, 1);
+    }
+
+    #[test]
+    fn disconnect_removes_subscriptions_and_updates_counters() {
+        let (mut hub, _) = hub();
+        let a = hub.connect("default").unwrap();
+        let b = hub.connect("default").unwrap();
+        hub.subscribe(&a, strings(&["PHID-A"]));
+        hub.disconnect(&a);
+        hub.disconnect(&a);
+        assert_eq!(publish(&mut hub, "default", &["PHID-A"], "m").queued, 0);
+        let status = hub.status("default");
+        assert_eq!((status.clients_active, status.clients_total), (1, 2));
+        assert_eq!(hub.open_sockets(), 1);
+        hub.disconnect(&b);
+        assert_eq!(hub.open_sockets(), 0);
+    }
+
+    #[test]
+    fn subscription_limits_ignore_and_count() {
+        let (mut hub, _) = hub_with(Limits {
+            subscriptions_per_socket: 2,
+            phid_bytes: 4,
+            ..Limits::default()
+        });
+        let s = hub.connect("default").unwrap();
+        let out = hub.subscribe(&s, strings(&["A", "toolong", "A", "B", "C"]));
+        assert_eq!(
+            out,
+            SubscribeCounts {
+                added: 2,
+                ignored: 2,
+                over_total: 0,
+            }
+        );
+        assert_eq!(publish(&mut hub, "default", &["C"], "m").queued, 0);
+        assert_eq!(publish(&mut hub, "default", &["B"], "m").queued, 1);
+    }
+
+    #[test]
+    fn subscription_bytes_are_bounded_per_socket_and_in_total() {
+        let per_phid = subscription_cost("P-00");
+        let (hub, _) = hub_with(Limits {
+            subscription_bytes_per_socket: 3 * per_phid,
+            subscription_bytes_total: 5 * per_phid,
+            ..Limits::default()
+        });
+        let a = hub.connect("default").unwrap();
+        let b = hub.connect("default").unwrap();
+        let phids = |from: usize| (from..from + 4).map(|i| format!("P-{i:02}")).collect();
+        assert_eq!(
+            hub.subscribe(&a, phids(0)),
+            SubscribeCounts {
+                added: 3,
+                ignored: 1,
+                over_total: 0
+            }
+        );
+        assert_eq!(
+            hub.subscribe(&b, phids(10)),
+            SubscribeCounts {
+                added: 2,
+                ignored: 0,
+                over_total: 2
+            }
+        );
+        assert_eq!(hub.usage().subscription_bytes, 5 * per_phid);
+        hub.unsubscribe(&a, &strings(&["P-00", "P-99"]));
+        assert_eq!(hub.usage().subscription_bytes, 4 * per_phid);
+        hub.disconnect(&a);
+        hub.disconnect(&b);
+        assert_eq!(hub.usage().subscription_bytes, 0);
+    }
+}
