@@ -28,10 +28,12 @@ gorge_service::events! {
         WEBHOOK_HANDED_OVER: Info ["why"]
             "A handed-over request is among the newest (at start, or after \
              `WEBHOOK_NOTHING_HANDED_OVER`) — once per change";
-        WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms", "request", "hook"]
-            "A database error: of a poll (`retry_in_ms`: polling backs off 0.5 s to 30 s and \
-             continues), or of one row's query (`request`, `hook`: the row is left for a later \
-             poll)";
+        WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms"]
+            "A poll failed on a database error: polling backs off (`retry_in_ms`, 0.5 s \
+             doubling to 30 s) and continues";
+        WEBHOOK_ROW_DB_ERROR: Warning ["error", "request", "hook"]
+            "A database error in one row's steps: the row is left queued for a later poll; \
+             logged for the first such row only, again after a row's steps end otherwise";
         WEBHOOK_DELIVERED: Info ["request", "hook", "code"] "A 2xx was written back";
         WEBHOOK_DELIVERY_FAILED: Warning ["request", "hook", "code", "reason", "status"]
             "A failure was written back: `code` is the `errorCode` written, `reason` the \

@@ -131,9 +131,27 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         &settings.database(),
         settings.store_options(),
     );
+    // Built in the order of dependence: readiness reads the dispatcher's progress.
+    let db_up = metrics.db_up.clone();
+    let poll_loop_up = metrics.poll_loop_up.clone();
+    let deliverer = Deliverer::with_options(
+        Arc::new(settings.outbound_policy.clone()),
+        settings.delivery_timeout,
+        metrics.delivery_counters(),
+        &ConnectionOptions {
+            extra_roots: settings.extra_roots.clone(),
+            keep_alive: true,
+        },
+    );
+    let dispatcher = Dispatcher::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        deliverer,
+        metrics,
+        DispatcherConfig::from(&settings),
+        log.clone(),
+    );
     let health = Arc::new(PollHealth::default());
-    let progress_slot: Arc<std::sync::OnceLock<Arc<Dispatcher>>> = Arc::default();
-    let stall_limit = stall_limit(&settings);
     let handover = HandoverWatch::new(log.clone());
     let probes = Probes::new(
         registry,
@@ -141,8 +159,8 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
             readiness(
                 store.clone(),
                 Arc::clone(&health),
-                Arc::clone(&progress_slot),
-                stall_limit,
+                Arc::clone(&dispatcher),
+                stall_limit(&settings),
             ),
             Arc::clone(&handover),
         ),
@@ -168,26 +186,6 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         }
     };
 
-    let db_up = metrics.db_up.clone();
-    let deliverer = Deliverer::with_options(
-        Arc::new(settings.outbound_policy.clone()),
-        settings.delivery_timeout,
-        metrics.delivery_counters(),
-        &ConnectionOptions {
-            extra_roots: settings.extra_roots.clone(),
-            keep_alive: true,
-        },
-    );
-    let poll_loop_up = metrics.poll_loop_up.clone();
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(SystemClock),
-        deliverer,
-        metrics,
-        DispatcherConfig::from(&settings),
-        log.clone(),
-    );
-    let _ = progress_slot.set(Arc::clone(&dispatcher));
     let shutdown = Shutdown::new();
     let polling = tokio::spawn(Arc::clone(&dispatcher).run(shutdown.clone()));
     let supervisor = tokio::spawn(supervise_poll_loop(
@@ -254,7 +252,7 @@ pub fn stall_limit(settings: &Settings) -> Duration {
 pub fn readiness(
     store: ClaimStore,
     health: Arc<PollHealth>,
-    dispatcher: Arc<std::sync::OnceLock<Arc<Dispatcher>>>,
+    dispatcher: Arc<Dispatcher>,
     stall_limit: Duration,
 ) -> ReadinessCheck {
     Arc::new(move || {
@@ -265,14 +263,12 @@ pub fn readiness(
             if health.is_dead() {
                 return Err("the poll loop stopped; the process is exiting".to_string());
             }
-            if let Some(dispatcher) = dispatcher.get() {
-                let idle = dispatcher.since_progress();
-                if idle > stall_limit {
-                    return Err(format!(
-                        "no poll round or result write for {} s",
-                        idle.as_secs()
-                    ));
-                }
+            let idle = dispatcher.since_progress();
+            if idle > stall_limit {
+                return Err(format!(
+                    "no poll round or result write for {} s",
+                    idle.as_secs()
+                ));
             }
             match tokio::time::timeout(READINESS_TIMEOUT, store.ping()).await {
                 Ok(Ok(())) => Ok(()),

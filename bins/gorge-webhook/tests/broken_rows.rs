@@ -135,6 +135,9 @@ async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_deliveri
 #[tokio::test]
 async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     let db = TestDb::create().await.unwrap();
+    // Readiness reads a dispatcher's progress; this one has just made some.
+    let clock = ManualUnixClock::new(T0);
+    let (dispatcher, _) = Harness::default().build(&db, &clock, &CapturedLog::default());
     for ending in ["panic", "return"] {
         let log = CapturedLog::default();
         let metrics = Metrics::unregistered();
@@ -160,7 +163,7 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
         let ready = readiness(
             db.store(),
             Arc::clone(&health),
-            Arc::default(),
+            Arc::clone(&dispatcher),
             Duration::from_secs(60),
         );
         let reason = ready().await.unwrap_err();
@@ -183,7 +186,50 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     .await;
     assert!(!health.is_dead());
     assert_eq!(log.count("WEBHOOK_POLL_LOOP_DIED"), 0);
-    let ready = readiness(db.store(), health, Arc::default(), Duration::from_secs(60));
+    let ready = readiness(db.store(), health, dispatcher, Duration::from_secs(60));
     assert_eq!(ready().await, Ok(()));
+    db.drop_database().await;
+}
+
+/// A database error in one row's steps (here the hook query, on a table gone missing) is
+/// that row's, not the poll's: `WEBHOOK_ROW_DB_ERROR`, logged once however many rounds meet
+/// it, the row left queued and delivered once the table is back. `WEBHOOK_POLL_ERROR` is kept
+/// for polls that fail and back off.
+#[tokio::test]
+async fn a_database_error_of_one_row_is_the_rows_not_a_poll_error() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-x", NEVER, T0).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let mut conn = db.conn().await.unwrap();
+    conn.query_drop("RENAME TABLE herald_webhook TO herald_webhook_away")
+        .await
+        .unwrap();
+
+    for _ in 0..3 {
+        let round = dispatcher.run_round().await.unwrap();
+        assert_eq!(round.started, 1);
+    }
+    assert_eq!(log.count("WEBHOOK_ROW_DB_ERROR"), 1, "once, not per round");
+    assert_eq!(log.count("WEBHOOK_POLL_ERROR"), 0);
+    assert_eq!(metrics.poll_errors.get(), 3);
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Queued
+    );
+
+    conn.query_drop("RENAME TABLE herald_webhook_away TO herald_webhook")
+        .await
+        .unwrap();
+    dispatcher.run_round().await.unwrap();
+    receiver.wait_for(1, Duration::from_secs(10));
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Sent
+    );
+    drop(conn);
     db.drop_database().await;
 }

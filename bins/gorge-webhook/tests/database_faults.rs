@@ -243,12 +243,10 @@ async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
     let clock = ManualUnixClock::new(T0);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
-    let slot: Arc<std::sync::OnceLock<Arc<gorge_webhook::dispatcher::Dispatcher>>> = Arc::default();
-    let _ = slot.set(Arc::clone(&dispatcher));
     let ready = gorge_webhook::service::readiness(
         db.store(),
         Arc::default(),
-        Arc::clone(&slot),
+        Arc::clone(&dispatcher),
         Duration::from_secs(45),
     );
     assert_eq!(ready().await, Ok(()));

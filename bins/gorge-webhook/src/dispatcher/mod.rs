@@ -3,6 +3,7 @@
 //! - this file: the poll loop, its back-off on database errors, and progress for readiness;
 //! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
 //! - [`row`]: the per-request steps (docs/webhook.md, "Per-request steps"), top to bottom;
+//! - [`end`]: how a row's steps ended ([`end::RowEnd`]), counted and logged in one place;
 //! - [`breaker`]: the per-hook circuit breaker;
 //! - [`state`]: what this process is working on right now.
 //!
@@ -12,6 +13,7 @@
 //! [`UnixClock`].
 
 mod breaker;
+mod end;
 mod poll;
 mod row;
 mod state;

@@ -12,17 +12,18 @@
 
 use std::time::Duration;
 
-use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
+use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::end::RowEnd;
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
 use crate::events;
 use crate::outcome;
-use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
+use crate::outcome::{Decision, InvalidRowReason, SkipReason};
 use crate::policy::PolicyError;
 use gorge_service::emit;
 
@@ -38,12 +39,6 @@ pub(super) const MAX_ROW_ATTEMPTS: u32 = 3;
 /// claim's lease protects the row: giving up earlier means a duplicate POST after the lease.
 const WRITE_RETRY_FIRST: Duration = Duration::from_millis(200);
 const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// How a row's processing ended, for logs and metrics.
-enum RowEnd {
-    Done,
-    Skipped(SkipReason),
-}
 
 /// The `properties` text for an `invalid-row` failure: every readable key kept.
 pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
@@ -70,24 +65,8 @@ impl Dispatcher {
             _permit: permit,
         };
         self.metrics.in_flight.inc();
-        match self.process(&candidate).await {
-            Ok(RowEnd::Done) => {
-                self.local_state().row_errors.remove(&candidate.id);
-            }
-            Ok(RowEnd::Skipped(reason)) => self.metrics.skip(reason),
-            Err(err) if err.is_row_data_error() => {
-                self.row_rejected(candidate.id, &err, Some(&candidate))
-                    .await;
-            }
-            Err(err) => {
-                self.metrics.poll_errors.inc();
-                if matches!(err, ClaimError::Timeout(_)) {
-                    self.metrics.db_timeouts.inc();
-                }
-                emit!(self.log, events::WEBHOOK_POLL_ERROR;
-                    "error" => %err, "request" => &candidate.phid, "hook" => &candidate.webhook_phid);
-            }
-        }
+        let end = self.process(&candidate).await.unwrap_or_else(RowEnd::from);
+        self.finish_row(&candidate, end).await;
     }
 
     /// The per-request steps for one candidate, in the order of this module's doc.
@@ -197,8 +176,9 @@ impl Dispatcher {
             }
         };
         // 7. Claim.
-        let Some(claim) = self.claim(candidate).await? else {
-            return Ok(RowEnd::Done);
+        let claim = match self.claim(candidate).await? {
+            Ok(claim) => claim,
+            Err(end) => return Ok(end),
         };
         // 8. POST.
         let mut loaded = properties.clone();
@@ -226,18 +206,7 @@ impl Dispatcher {
         }
         // 9. The outcome, in Phorge's values.
         let decision = outcome::after_attempt(properties, result, self.clock.now_sec());
-        if self.write(candidate, &claim, &decision.row).await? {
-            self.metrics.delivered(decision.outcome, decision.class);
-            if decision.outcome == DeliveryOutcome::Sent {
-                emit!(self.log, events::WEBHOOK_DELIVERED;
-                    "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code);
-            } else {
-                emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
-                    "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
-                    "reason" => decision.class, "status" => decision.row.status().as_str());
-            }
-        }
-        Ok(RowEnd::Done)
+        self.write(candidate, &claim, decision).await
     }
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
@@ -282,33 +251,31 @@ impl Dispatcher {
         }
     }
 
-    /// Claims `candidate`; `None` when lost, or when shutdown began (nothing new starts
-    /// then: only rows already claimed are finished).
-    async fn claim(&self, candidate: &Candidate) -> Result<Option<Claim>, ClaimError> {
+    /// Claims `candidate`; how the row ends instead when the claim is lost, or when
+    /// shutdown began (nothing new starts then: only rows already claimed are finished).
+    async fn claim(&self, candidate: &Candidate) -> Result<Result<Claim, RowEnd>, ClaimError> {
         if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(None);
+            return Ok(Err(RowEnd::NotClaimed { lost: false }));
         }
-        let claim = self.store.claim(candidate, self.clock.now_sec()).await?;
-        match claim {
-            Some(_) => self.metrics.claim_won(),
-            None => {
-                self.metrics.claim_lost();
-                emit!(self.log, events::WEBHOOK_CLAIM_LOST;
-                    "request" => &candidate.phid, "seen_version" => candidate.date_modified);
+        match self.store.claim(candidate, self.clock.now_sec()).await? {
+            Some(claim) => {
+                self.metrics.claim_won();
+                Ok(Ok(claim))
             }
+            None => Ok(Err(RowEnd::NotClaimed { lost: true })),
         }
-        Ok(claim)
     }
 
-    /// Writes `write` while the row is still ours. Database errors are retried for as
+    /// Writes `decision` while the row is still ours. Database errors are retried for as
     /// long as the claim's lease protects the row (never a taken-over row, never a statement
-    /// the server rejects). True when it landed.
+    /// the server rejects).
     async fn write(
         &self,
         candidate: &Candidate,
         claim: &Claim,
-        write: &ResultWrite,
-    ) -> Result<bool, ClaimError> {
+        decision: Decision,
+    ) -> Result<RowEnd, ClaimError> {
+        let write = &decision.row;
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
         let mut retries = 0u32;
@@ -348,13 +315,11 @@ impl Dispatcher {
             emit!(self.log, events::WEBHOOK_RESULT_WRITE_RECOVERED;
                 "request" => &candidate.phid, "retries" => retries);
         }
-        if !landed {
-            self.metrics.results_taken_over.inc();
-            emit!(self.log, events::WEBHOOK_RESULT_TAKEN_OVER;
-                "request" => &candidate.phid, "version" => claim.version,
-                "status" => write.status().as_str());
-        }
-        Ok(landed)
+        Ok(RowEnd::Written {
+            decision,
+            version: claim.version,
+            landed,
+        })
     }
 
     async fn fail_hook(
@@ -375,18 +340,12 @@ impl Dispatcher {
         code: HookErrorCode,
         properties: String,
     ) -> Result<RowEnd, ClaimError> {
-        let Some(claim) = self.claim(candidate).await? else {
-            return Ok(RowEnd::Done);
+        let claim = match self.claim(candidate).await? {
+            Ok(claim) => claim,
+            Err(end) => return Ok(end),
         };
         let decision = outcome::without_attempt(code, properties);
-        if self.write(candidate, &claim, &decision.row).await? {
-            self.metrics.delivered(decision.outcome, decision.class);
-            emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
-                "request" => &candidate.phid, "hook" => &candidate.webhook_phid,
-                "code" => &decision.code, "reason" => decision.class,
-                "status" => decision.row.status().as_str());
-        }
-        Ok(RowEnd::Done)
+        self.write(candidate, &claim, decision).await
     }
 
     /// The server rejected a statement about row `id` (e.g. the claim UPDATE is out of

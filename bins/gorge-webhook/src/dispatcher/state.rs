@@ -26,6 +26,8 @@ pub(super) struct LocalState {
     pub row_errors: HashMap<u64, u32>,
     /// Rows that can be neither delivered nor failed: skipped without a word from now on.
     pub quarantined: HashSet<u64>,
+    /// A row's steps last ended in a database error (logged when this turns true).
+    pub row_db_failing: bool,
     /// Keys of events logged once (`kind:key`).
     pub logged: HashSet<String>,
 }
