@@ -18,6 +18,7 @@ Exit status 1 with the exact edges to add to or remove from the block when they 
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def compare(drawn, named, leaves, actual, members):
 
 def metadata():
     out = subprocess.run(
-        ["cargo", "metadata", "--format-version", "1", "--no-deps", "--locked"],
+        # $CARGO: the cargo that runs this under `cargo test` (see gorge-testkit's tests).
+        [os.environ.get("CARGO", "cargo"), "metadata", "--format-version", "1", "--no-deps", "--locked"],
         cwd=ROOT,
         check=True,
         capture_output=True,

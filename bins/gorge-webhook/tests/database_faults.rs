@@ -116,9 +116,14 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
         .unwrap();
     proxy.outage();
     receiver.release();
-    // Longer than the old code's 0.2 + 1 + 3 s of retries; the lease (30 s of clock time)
-    // does not move meanwhile.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // More retries than the old code made (it gave up after 0.2 + 1 + 3 s); the lease (30 s
+    // of clock time) does not move meanwhile.
+    gorge_testkit::eventually(
+        Duration::from_secs(30),
+        "five result-write retries",
+        || async { metrics.result_write_retries.get() >= 5 },
+    )
+    .await;
     assert_eq!(
         db.read_request(id).await.unwrap().status,
         RequestStatus::Queued
