@@ -7,7 +7,7 @@ use std::io::Write;
 
 use gorge_testkit::healthcheck::{assert_failed_probes_say_why, assert_invalid_configuration};
 use gorge_testkit::process::run_to_end;
-use gorge_testkit::{free_port, Receiver};
+use gorge_testkit::{free_port, Receiver, RefusedPort};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gorge-notification");
 
@@ -46,7 +46,8 @@ fn the_admin_port_of_the_config_file_is_probed() {
 #[test]
 fn the_environment_wins_over_the_file() {
     let port = Receiver::start(200).port();
-    let file = aphlict_file(free_port());
+    let refused = RefusedPort::new();
+    let file = aphlict_file(refused.port());
     let output = run_to_end(
         BIN,
         &["healthcheck", "--config", file.path().to_str().unwrap()],

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use gorge_testkit::healthcheck::{assert_failed_probes_say_why, assert_invalid_configuration};
 use gorge_testkit::process::run_to_end;
-use gorge_testkit::{free_port, Receiver};
+use gorge_testkit::{Receiver, RefusedPort};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gorge-webhook");
 
@@ -34,7 +34,8 @@ fn the_listen_addr_of_the_config_file_is_probed() {
 #[test]
 fn the_environment_wins_over_the_file() {
     let port = Receiver::start(200).port();
-    let file = toml_file(&format!("listen_addr = \"127.0.0.1:{}\"\n", free_port()));
+    let refused = RefusedPort::new();
+    let file = toml_file(&format!("listen_addr = \"127.0.0.1:{}\"\n", refused.port()));
     let addr = format!("127.0.0.1:{port}");
     let output = run_to_end(
         BIN,

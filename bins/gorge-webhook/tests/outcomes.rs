@@ -232,9 +232,9 @@ async fn timeout_is_error_type_timeout() {
 
 #[tokio::test]
 async fn connection_refused_is_curl_7() {
-    let port = gorge_testkit::free_port();
+    let refused = gorge_testkit::RefusedPort::new();
     let case = Case::with_hook(
-        &format!("http://127.0.0.1:{port}/gone"),
+        &format!("http://127.0.0.1:{}/gone", refused.port()),
         HookStatus::Enabled,
     )
     .await;

@@ -85,7 +85,8 @@ async fn run(strictness: Strictness) {
     assert_eq!(cases.len(), 20);
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::with(|request, _| reply_for(request));
-    let refused_port = gorge_testkit::free_port();
+    let refused = gorge_testkit::RefusedPort::new();
+    let refused_port = refused.port();
     let mut ids = Vec::new();
     for case in &cases {
         let hook = &case["hook"];

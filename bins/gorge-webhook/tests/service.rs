@@ -106,8 +106,9 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
         .insert_request(&NewRequest::new(&hook, "PHID-TASK-later"), unix_now())
         .await
         .unwrap();
-    let port = gorge_testkit::free_port();
-    let port_text = port.to_string();
+    // Nothing answers on the database port until the test listens on it.
+    let database_port = gorge_testkit::RefusedPort::new();
+    let port_text = database_port.port().to_string();
     let mut service = Service::start(
         db.namespace(),
         &[
@@ -127,7 +128,7 @@ async fn starts_while_mariadb_is_unreachable_and_recovers_without_restart() {
 
     // The server "comes up" on the configured address.
     let opts = gorge_claim::testdb::server_opts();
-    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let listener = database_port.listen();
     forward(
         listener,
         format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
@@ -311,8 +312,9 @@ async fn healthcheck_subcommand_probes_the_status_port() {
     let addr = service.status_addr.to_string();
     let (code, _, _) = run_binary(&["healthcheck"], &[("GORGE_LISTEN_ADDR", addr.as_str())]);
     assert_eq!(code, Some(0));
-    let closed = gorge_testkit::free_port().to_string();
-    let (code, _, _) = run_binary(&["healthcheck", "--port", &closed], &[]);
+    let closed = gorge_testkit::RefusedPort::new();
+    let port = closed.port().to_string();
+    let (code, _, _) = run_binary(&["healthcheck", "--port", &port], &[]);
     assert_eq!(code, Some(1));
 }
 

@@ -428,8 +428,8 @@ async fn transport_failures_are_curl_numbers() {
     let result = post(&d, &garbage.url("http", "/x")).await;
     assert_eq!(result.unwrap_err().curl_code(), Some(8));
     // Nothing listening: 7.
-    let port = gorge_testkit::free_port();
-    let result = post(&d, &format!("http://127.0.0.1:{port}/")).await;
+    let refused = gorge_testkit::RefusedPort::new();
+    let result = post(&d, &format!("http://127.0.0.1:{}/", refused.port())).await;
     assert_eq!(result, Err(DeliveryError::ConnectionRefused));
     assert_eq!(result.unwrap_err().curl_code(), Some(7));
     // A server that answers the ClientHello with plain text: the handshake fails, 35.
@@ -694,9 +694,9 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
             })
             .collect();
         let receiver = RawReceiver::start(move |i, _| answers[i].clone()).await;
+        let refused = gorge_testkit::RefusedPort::new();
         let uri = if transport {
-            let port = gorge_testkit::free_port();
-            uri.replace("RECEIVER", &format!("127.0.0.1:{port}"))
+            uri.replace("RECEIVER", &format!("127.0.0.1:{}", refused.port()))
         } else {
             uri.replace("RECEIVER", &receiver.addr.to_string())
         };

@@ -1,7 +1,7 @@
 //! The failure messages of the `healthcheck` subcommand both services share (it lives in
 //! gorge-service): each binary's tests check them through their own way of naming the port.
 
-use crate::{free_port, Receiver};
+use crate::{Receiver, RefusedPort};
 
 /// What `healthcheck` must do with a configuration it cannot use instead of probing a
 /// default port: exit 1 with one line `healthcheck: invalid configuration: …` that names
@@ -19,7 +19,8 @@ pub fn assert_invalid_configuration(ran: (Option<i32>, String, String), culprit:
 /// code and stderr) against a closed port and a server answering 503: both fail with one
 /// line that names the URL and says why.
 pub fn assert_failed_probes_say_why(probe: impl Fn(u16) -> (Option<i32>, String)) {
-    let closed = free_port();
+    let refused = RefusedPort::new();
+    let closed = refused.port();
     let (code, text) = probe(closed);
     assert_eq!((code, text.lines().count()), (Some(1), 1), "{text}");
     let url = format!("http://127.0.0.1:{closed}/healthz");

@@ -26,8 +26,60 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A loopback port that was free a moment ago (bound, then released). Another process may
 /// take it before the caller binds it; callers that start servers on it retry on failure.
+/// Never use it as "nothing listens here": that is [`RefusedPort`].
 pub fn free_port() -> u16 {
     free_ports(1)[0]
+}
+
+/// A loopback port on which nothing listens and nothing else can: a bound TCP socket that
+/// never listens. A connection to it is refused (RST), as to a closed port, but unlike a port
+/// that was free a moment ago no parallel test can bind it meanwhile (the socket holds it, and
+/// sets no `SO_REUSEADDR`). Keep it alive for as long as the port must stay refused.
+#[derive(Debug)]
+pub struct RefusedPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl RefusedPort {
+    /// Binds a fresh loopback port without listening on it.
+    pub fn new() -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind a loopback port");
+        let port = socket.local_addr().expect("a bound address").port();
+        RefusedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts listening on the port after all (a server that "comes up" where nothing
+    /// answered before): a blocking std listener. Must run inside a Tokio runtime.
+    pub fn listen(self) -> std::net::TcpListener {
+        let listener = self
+            ._socket
+            .listen(128)
+            .expect("listen on the held port")
+            .into_std()
+            .expect("a std listener");
+        listener
+            .set_nonblocking(false)
+            .expect("a blocking listener");
+        listener
+    }
+}
+
+impl Default for RefusedPort {
+    fn default() -> Self {
+        RefusedPort::new()
+    }
 }
 
 /// `count` distinct free loopback ports, taken from the kernel together.
