@@ -788,12 +788,20 @@ mod tests {
         assert_eq!(q.flush(), Flush::Empty);
     }
 
+    /// Waits for `wait`; a lost signal fails the test instead of hanging it (the bound is
+    /// reached only then).
+    async fn within_bound(what: &str, wait: impl std::future::Future<Output = ()>) {
+        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+            .await
+            .unwrap_or_else(|_| panic!("the {what} signal sent before the wait was lost"))
+    }
+
     #[tokio::test]
     async fn signals_sent_before_waiting_are_not_lost() {
         let q = Outbound::default();
         q.push(Bytes::from_static(b"a"), 1, CAPS);
-        q.ready().await;
+        within_bound("ready", q.ready()).await;
         q.close(CloseReason::GoingAway);
-        q.closing().await;
+        within_bound("closing", q.closing()).await;
     }
 }
