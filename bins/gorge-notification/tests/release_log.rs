@@ -22,12 +22,22 @@ use gorge_testkit::http;
 /// looks at this host's platform only, so it needs nothing that is not already downloaded).
 fn resolved_features(package: &str) -> Vec<String> {
     let out = Command::new(env!("CARGO"))
-        .args(["tree", "--offline", "--locked", "-p", env!("CARGO_PKG_NAME")])
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-p",
+            env!("CARGO_PKG_NAME"),
+        ])
         .args(["-e", "features", "-i", package, "--prefix", "none"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo tree");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let prefix = format!("{package} feature \"");
     String::from_utf8(out.stdout)
         .unwrap()
