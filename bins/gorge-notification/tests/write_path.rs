@@ -175,11 +175,11 @@ async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
         }
     }
     assert!(closed, "still open after {sent} bytes of pings");
-    let give_up = Instant::now() + PATIENCE;
-    while server.metric(slow).await != Some(1.0) {
-        assert!(Instant::now() < give_up, "never counted as a slow consumer");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gorge_testkit::eventually(PATIENCE, "counted as a slow consumer", || {
+        let server = &server;
+        async move { server.metric(slow).await == Some(1.0) }
+    })
+    .await;
     server
         .assert_metric("gorge_notification_slow_consumer_disconnects_total", 1.0)
         .await;
