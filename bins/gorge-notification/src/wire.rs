@@ -107,7 +107,7 @@ pub struct Reader {
     /// Bytes of an incomplete frame (empty, and unallocated, between frames).
     buf: BytesMut,
     /// A fragmented message under way: text or binary, and what has arrived of it.
-    fragment: Option<(bool, Vec<u8>)>,
+    fragment: Option<Fragment>,
     max_bytes: usize,
 }
 
@@ -120,6 +120,12 @@ impl Reader {
             fragment: None,
             max_bytes,
         }
+    }
+
+    /// Bytes this reader holds: an incomplete frame and a fragmented message under way (each
+    /// bounded by the frame limit once the frame's header has been read).
+    pub fn held_bytes(&self) -> usize {
+        self.buf.len() + self.fragment.as_ref().map_or(0, |f| f.data.len())
     }
 
     /// Adds bytes read from the socket.
@@ -140,6 +146,11 @@ impl Reader {
                 Err(_) => return Err(Violation::Protocol),
             };
             let header_len = cursor.position() as usize;
+            // The size first, as tungstenite checks it (a frame both too large and malformed
+            // closes with 1009); the rest is refused without waiting for the payload.
+            if length > self.max_bytes as u64 {
+                return Err(Violation::TooLarge);
+            }
             if header.rsv1 || header.rsv2 || header.rsv3 {
                 return Err(Violation::Protocol);
             }
@@ -149,9 +160,6 @@ impl Reader {
             let control = matches!(header.opcode, OpCode::Control(_));
             if control && (!header.is_final || length > 125) {
                 return Err(Violation::Protocol);
-            }
-            if length > self.max_bytes as u64 {
-                return Err(Violation::TooLarge);
             }
             let length = length as usize;
             if self.buf.len() < header_len + length {
@@ -182,7 +190,7 @@ impl Reader {
         is_final: bool,
         payload: Bytes,
     ) -> Result<Option<Inbound>, Violation> {
-        let (is_text, data) = match opcode {
+        let mut message = match opcode {
             OpCode::Control(Control::Ping) => return Ok(Some(Inbound::Ping(payload))),
             OpCode::Control(Control::Pong) => return Ok(Some(Inbound::Pong)),
             OpCode::Control(Control::Close) => return close_payload(payload).map(Some),
@@ -190,32 +198,68 @@ impl Reader {
                 return Err(Violation::Protocol)
             }
             OpCode::Data(Data::Continue) => {
-                let Some((is_text, mut data)) = self.fragment.take() else {
+                let Some(mut fragment) = self.fragment.take() else {
                     return Err(Violation::Protocol);
                 };
-                if data.len() + payload.len() > self.max_bytes {
+                if fragment.data.len() + payload.len() > self.max_bytes {
                     return Err(Violation::TooLarge);
                 }
-                data.extend_from_slice(&payload);
-                (is_text, data)
+                fragment.data.extend_from_slice(&payload);
+                fragment
             }
             OpCode::Data(kind) => {
                 if self.fragment.is_some() {
                     return Err(Violation::Protocol);
                 }
-                (kind == Data::Text, payload.to_vec())
+                Fragment {
+                    is_text: kind == Data::Text,
+                    data: payload.to_vec(),
+                    valid_up_to: 0,
+                }
             }
         };
         if !is_final {
-            self.fragment = Some((is_text, data));
+            if message.is_text {
+                message.check_utf8()?;
+            }
+            self.fragment = Some(message);
             return Ok(None);
         }
-        if !is_text {
+        if !message.is_text {
             return Ok(Some(Inbound::Binary));
         }
-        String::from_utf8(data)
+        String::from_utf8(message.data)
             .map(|text| Some(Inbound::Text(text)))
             .map_err(|_| Violation::InvalidUtf8)
+    }
+}
+
+/// A fragmented message under way.
+#[derive(Debug)]
+struct Fragment {
+    is_text: bool,
+    data: Vec<u8>,
+    /// How much of a text message's `data` is known to be valid UTF-8.
+    valid_up_to: usize,
+}
+
+impl Fragment {
+    /// Fails a text message at the first fragment that makes it invalid UTF-8 (as
+    /// tungstenite does), not at its end. Only the bytes not yet checked are read again, so
+    /// a message of many small fragments costs linear time.
+    fn check_utf8(&mut self) -> Result<(), Violation> {
+        match std::str::from_utf8(&self.data[self.valid_up_to..]) {
+            Ok(_) => {
+                self.valid_up_to = self.data.len();
+                Ok(())
+            }
+            // A character cut by the fragment's end: the next fragment may complete it.
+            Err(err) if err.error_len().is_none() => {
+                self.valid_up_to += err.valid_up_to();
+                Ok(())
+            }
+            Err(_) => Err(Violation::InvalidUtf8),
+        }
     }
 }
 
@@ -224,14 +268,16 @@ fn close_payload(payload: Bytes) -> Result<Inbound, Violation> {
         0 => Ok(Inbound::Close(payload)),
         1 => Err(Violation::Protocol),
         _ => {
-            let code = u16::from_be_bytes([payload[0], payload[1]]);
-            // RFC 6455 §7.4: codes a peer may send.
-            let valid = matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999);
-            if !valid {
-                return Err(Violation::Protocol);
-            }
+            // The reason before the code, as tungstenite checks them.
             if std::str::from_utf8(&payload[2..]).is_err() {
                 return Err(Violation::InvalidUtf8);
+            }
+            let code = u16::from_be_bytes([payload[0], payload[1]]);
+            // Codes a peer may send: RFC 6455 §7.4 and the IANA registry's 1012 and 1013
+            // (what tungstenite accepts; a browser sends only 1000 and 3000-4999 anyway).
+            let valid = matches!(code, 1000..=1003 | 1007..=1013 | 3000..=4999);
+            if !valid {
+                return Err(Violation::Protocol);
             }
             Ok(Inbound::Close(payload))
         }
@@ -317,7 +363,8 @@ mod tests {
         assert_eq!(read(&client(0x83, b"a")), Err(Violation::Protocol));
         assert_eq!(read(&client(0x80, b"a")), Err(Violation::Protocol));
         assert_eq!(read(&client(0x09, b"a")), Err(Violation::Protocol));
-        assert_eq!(read(&client(0x89, &[0; 126])), Err(Violation::Protocol));
+        let mut roomy = Reader::new(Bytes::from(client(0x89, &[0; 126])), 256);
+        assert_eq!(roomy.next_frame(), Err(Violation::Protocol));
         // A close with one byte or a code no one may send.
         assert_eq!(read(&client(0x88, b"\x03")), Err(Violation::Protocol));
         assert_eq!(read(&client(0x88, b"\x03\xed")), Err(Violation::Protocol));
@@ -333,6 +380,36 @@ mod tests {
         parts.extend(client(0x80, &[b'a'; 40]));
         assert_eq!(read(&parts), Err(Violation::TooLarge));
         assert_eq!(Violation::InvalidUtf8.code(), 1007);
+    }
+
+    /// Where the reader disagreed with tungstenite (found by tests/frames_prop.rs), pinned.
+    #[test]
+    fn violations_are_coded_as_tungstenite_codes_them() {
+        // Too large and malformed (a reserved bit, no mask): the size decides, 1009.
+        let mut header = vec![0x28, 0x41];
+        header.extend([0; 65]);
+        assert_eq!(read(&header), Err(Violation::TooLarge));
+        // A close whose code is invalid and whose reason is not UTF-8: the reason, 1007.
+        assert_eq!(
+            read(b"\x88\x83\0\0\0\0\x61\xc3\xa9"),
+            Err(Violation::InvalidUtf8)
+        );
+        // 1012 and 1013 (IANA) are codes a peer may send.
+        for code in [b"\x03\xf4", b"\x03\xf5"] {
+            assert_eq!(
+                read(&client(0x88, code)),
+                Ok(Some(Inbound::Close(Bytes::copy_from_slice(code))))
+            );
+        }
+        assert_eq!(read(&client(0x88, b"\x03\xf6")), Err(Violation::Protocol));
+        // A text fragment that cannot be UTF-8 fails at once, before the ping behind it...
+        let mut bytes = client(0x01, b"a\xff");
+        bytes.extend(client(0x89, b"p"));
+        assert_eq!(read(&bytes), Err(Violation::InvalidUtf8));
+        // ...but a character cut between fragments is fine.
+        let mut bytes = client(0x01, b"\xc3");
+        bytes.extend(client(0x80, b"\xa9"));
+        assert_eq!(read(&bytes), Ok(Some(Inbound::Text("é".into()))));
     }
 
     #[test]
