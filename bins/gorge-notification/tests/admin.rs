@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Server;
+use common::InProcess;
 use gorge_testkit::http;
 use phorge_wire::aphlict::is_fingerprint;
 use serde_json::Value;
@@ -12,7 +12,7 @@ use serde_json::Value;
 /// text would be mangled by form decoding.
 #[tokio::test]
 async fn form_labelled_json_reaches_the_browser_intact() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     ws.subscribe(&["PHID-USER-a"]).await;
     let body = r#"{"type":"notification","title":"build 100% done: a=1 & b=2","subscribers":["PHID-USER-a"]}"#;
@@ -37,7 +37,7 @@ async fn form_labelled_json_reaches_the_browser_intact() {
 
 #[tokio::test]
 async fn big_integers_unicode_and_key_order_pass_through() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     ws.subscribe(&["PHID-USER-b"]).await;
     let body = r#"{"zeta":"héllo ✓ \u00e9 \"q\"","big":12345678901234567890,"neg":-98765432109876543210,"f":1.50,"e":1.0e+25,"nested":{"y":1,"x":[true,null]},"subscribers":["PHID-USER-b"],"alpha":""}"#;
@@ -53,7 +53,7 @@ async fn big_integers_unicode_and_key_order_pass_through() {
 
 #[tokio::test]
 async fn status_on_an_idle_server_has_exactly_the_aphlict_keys() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     // PHP's status GET carries Content-Length: 0 and a form Content-Type.
     let response = http::request(
         server.admin_port,
@@ -111,7 +111,7 @@ async fn status_on_an_idle_server_has_exactly_the_aphlict_keys() {
 
 #[tokio::test]
 async fn status_counts_follow_the_spec() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut a = server.ws("/~a/").await;
     a.subscribe(&["P"]).await;
     let _b = server.ws("/~b/").await;
@@ -134,7 +134,7 @@ async fn status_counts_follow_the_spec() {
 
 #[tokio::test]
 async fn receipt_is_bare_and_the_fingerprint_fixed() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let first = server.post("", "{}").await;
     let second = server.post("?instance=other", r#"{"a":1}"#).await;
     for response in [&first, &second] {
@@ -152,7 +152,7 @@ async fn receipt_is_bare_and_the_fingerprint_fixed() {
 
 #[tokio::test]
 async fn a_message_that_already_went_round_is_acknowledged_and_dropped() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     ws.subscribe(&["P"]).await;
     let body = format!(
@@ -170,7 +170,7 @@ async fn a_message_that_already_went_round_is_acknowledged_and_dropped() {
 
 #[tokio::test]
 async fn bodies_that_are_not_json_objects_get_400() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     for body in ["", "[]", "null", "1", "\"x\"", "not json", "{"] {
         let response = server.post("", body).await;
         assert_eq!(response.status, 400, "{body:?}");
@@ -185,7 +185,7 @@ async fn bodies_that_are_not_json_objects_get_400() {
 
 #[tokio::test]
 async fn every_post_is_timed_accepted_or_refused() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     server
         .assert_metric("gorge_notification_admin_post_seconds_count", 0.0)
         .await;
@@ -200,7 +200,7 @@ async fn every_post_is_timed_accepted_or_refused() {
 
 #[tokio::test]
 async fn unknown_paths_and_methods_get_envelopes() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     for path in ["/status", "/x", "/status/x"] {
         let r = http::request(server.admin_port, "GET", path, &[], b"").await;
         assert_eq!(r.status, 404, "{path}");
@@ -217,7 +217,7 @@ async fn unknown_paths_and_methods_get_envelopes() {
 
 #[tokio::test]
 async fn bodies_over_the_limit_get_413() {
-    let server = Server::start(&[("GORGE_NOTIFICATION_MAX_ADMIN_BODY_BYTES", "1000")]);
+    let server = InProcess::start(|config| config.max_admin_body_bytes = 1000).await;
     // The declared length is refused before the body is sent (Expect: 100-continue), so the
     // server never closes on unread data.
     let request = "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1001\r\n\
@@ -238,7 +238,7 @@ async fn bodies_over_the_limit_get_413() {
 
 #[tokio::test]
 async fn probes_live_on_the_admin_port() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let r = http::request(server.admin_port, "GET", "/healthz", &[], b"").await;
     assert_eq!(
         (r.status, r.body.as_slice()),

@@ -10,7 +10,7 @@ const NOT_WEBSOCKET: &[u8] = b"HTTP/501 Use Websockets\n";
 
 #[tokio::test]
 async fn non_upgrade_requests_get_the_exact_501() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     for path in ["/", "/~acme/", "/x/y", "/healthz", "/status/"] {
         for method in ["GET", "POST"] {
             let r = http::request(server.client_port, method, path, &[], b"").await;
@@ -22,7 +22,7 @@ async fn non_upgrade_requests_get_the_exact_501() {
 
 #[tokio::test]
 async fn an_h2c_upgrade_is_not_a_websocket_upgrade() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let request = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\
                    Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
     let r = http::raw(server.client_port, request.as_bytes()).await;
@@ -32,7 +32,7 @@ async fn an_h2c_upgrade_is_not_a_websocket_upgrade() {
 
 #[tokio::test]
 async fn delivery_follows_subscriptions() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut a = server.ws("/").await;
     let mut b = server.ws("/any/path").await;
     a.subscribe(&["PHID-A", "PHID-C"]).await;
@@ -69,7 +69,7 @@ async fn delivery_follows_subscriptions() {
 
 #[tokio::test]
 async fn instances_are_isolated() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut a = server.ws("/~a/").await;
     let mut b = server.ws("/ws/~b/").await;
     let mut default = server.ws("/?instance=b").await;
@@ -175,7 +175,7 @@ fn messages(frames: Vec<String>) -> Vec<String> {
 
 #[tokio::test]
 async fn bad_frames_are_ignored_and_the_socket_keeps_working() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     for frame in [
         "not json",
@@ -199,7 +199,7 @@ async fn bad_frames_are_ignored_and_the_socket_keeps_working() {
 
 #[tokio::test]
 async fn subscriptions_over_the_limit_are_ignored_and_counted() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     let phids: Vec<String> = (0..5000).map(|i| format!("P{i}")).collect();
     let command = serde_json::json!({"command": "subscribe", "data": phids});
@@ -215,7 +215,7 @@ async fn subscriptions_over_the_limit_are_ignored_and_counted() {
 
 #[tokio::test]
 async fn an_oversized_frame_closes_the_socket_with_1009() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let mut ws = server.ws("/").await;
     let mut healthy = server.ws("/").await;
     ws.send(&format!(
@@ -234,7 +234,7 @@ async fn an_oversized_frame_closes_the_socket_with_1009() {
 
 #[tokio::test]
 async fn socket_limit_refuses_upgrades_with_503() {
-    let server = Server::start(&[("GORGE_NOTIFICATION_MAX_SOCKETS", "1")]);
+    let server = InProcess::start(|config| config.hub.sockets = 1).await;
     let mut first = server.ws("/").await;
     assert_eq!(server.refused_upgrade("/").await, 503);
     assert_eq!(first.sync().await, Vec::<String>::new());
@@ -305,10 +305,11 @@ async fn silent_sockets_are_reaped_and_answering_ones_stay() {
 
 #[tokio::test]
 async fn instance_limits_are_enforced_and_counted() {
-    let server = Server::start(&[
-        ("GORGE_NOTIFICATION_MAX_INSTANCES", "1"),
-        ("GORGE_NOTIFICATION_MAX_INSTANCE_NAME_BYTES", "8"),
-    ]);
+    let server = InProcess::start(|config| {
+        config.hub.instances = 1;
+        config.hub.instance_name_bytes = 8;
+    })
+    .await;
     let mut busy = server.ws("/~first/").await;
     assert_eq!(server.refused_upgrade("/~second/").await, 503);
     assert_eq!(server.refused_upgrade("/~muchtoolong/").await, 400);

@@ -62,6 +62,11 @@ impl Endpoints {
         Ws::connect(self.client_port, path).await
     }
 
+    /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
+    pub async fn refused_upgrade(&self, path: &str) -> u16 {
+        Server::refused_upgrade_on(self.client_port, path).await
+    }
+
     /// A socket subscribed to one PHID, and a message posted to it that this server relayed
     /// to the peer on `peer_admin_port` (waits until `peer_up` of that peer is 1).
     pub async fn relayed_to(&self, peer_admin_port: u16) -> Ws {
@@ -183,12 +188,7 @@ impl Server {
         self.process.log_events(event)
     }
 
-    /// The HTTP status of a WebSocket upgrade on `path` that the server must refuse.
-    pub async fn refused_upgrade(&self, path: &str) -> u16 {
-        Server::refused_upgrade_on(self.client_port, path).await
-    }
-
-    /// [`Server::refused_upgrade`] on any client port.
+    /// [`Endpoints::refused_upgrade`] on any client port.
     pub async fn refused_upgrade_on(port: u16, path: &str) -> u16 {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let url = format!("ws://127.0.0.1:{port}{path}");
