@@ -692,7 +692,10 @@ mod tests {
             rows[9],
             "| `x_pool` | gauge | `pool`, `state`: `query`/`open`, `lock`/`held` | Pool |"
         );
-        assert_eq!(rows[10], "| `x_peers_total` | counter | `peer` | Per peer |");
+        assert_eq!(
+            rows[10],
+            "| `x_peers_total` | counter | `peer` | Per peer |"
+        );
         assert!(
             rows[11].starts_with("| `process_cpu_seconds_total` | counter |  | "),
             "{}",
