@@ -133,7 +133,7 @@ fn empty_variables_mean_default_and_check_config_prints_the_result() {
     assert_ok(&output);
     let out = &output.stdout;
     assert_eq!(value_of(out, "servers[0]"), "client 0.0.0.0:22280");
-    assert_eq!(value_of(out, "servers[1]"), "admin 0.0.0.0:22281");
+    assert_eq!(value_of(out, "servers[1]"), "admin 127.0.0.1:22281");
     assert_eq!(
         checked(out, "GORGE_NOTIFICATION_DRAIN_SECONDS"),
         ("10".to_string(), "default".to_string())
