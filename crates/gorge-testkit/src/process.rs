@@ -26,7 +26,7 @@ struct Output {
     changed: Condvar,
 }
 
-/// Most stderr bytes kept by [`Process::spawn_closing_stdout_after`].
+/// Most stderr bytes kept by [`Process::spawn_keeping_stderr`].
 const STDERR_LIMIT: usize = 64 * 1024;
 
 /// A running child process; killed (SIGKILL) and reaped when dropped.
@@ -40,21 +40,26 @@ impl Process {
     /// Spawns `command` with stdin closed, stderr discarded and stdout collected line by
     /// line (the services log JSON lines there with `GORGE_LOG_FORMAT=json`).
     pub fn spawn(command: Command) -> Process {
-        Process::start(command, None)
+        Process::start(command, None, false)
+    }
+
+    /// Like [`Process::spawn`], and keeps stderr (its first 64 KiB) for [`Process::stderr`].
+    pub fn spawn_keeping_stderr(command: Command) -> Process {
+        Process::start(command, None, true)
     }
 
     /// Like [`Process::spawn`], but stops reading stdout and closes its pipe once `event`
     /// has been logged (as `head` or a restarting journald would: the process's next write
     /// to stdout fails), and keeps stderr (its first 64 KiB) for [`Process::stderr`].
     pub fn spawn_closing_stdout_after(command: Command, event: &str) -> Process {
-        Process::start(command, Some(event.to_owned()))
+        Process::start(command, Some(event.to_owned()), true)
     }
 
-    fn start(mut command: Command, close_after: Option<String>) -> Process {
+    fn start(mut command: Command, close_after: Option<String>, keep_stderr: bool) -> Process {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(if close_after.is_some() {
+            .stderr(if keep_stderr {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -100,7 +105,8 @@ impl Process {
     }
 
     /// What the process wrote to stderr so far (only kept by
-    /// [`Process::spawn_closing_stdout_after`]; empty otherwise).
+    /// [`Process::spawn_keeping_stderr`] and [`Process::spawn_closing_stdout_after`]; empty
+    /// otherwise).
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
