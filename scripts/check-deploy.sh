@@ -116,6 +116,11 @@ expect_refusal "webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT is set by the chart; 
     -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_DELIVERY_TIMEOUT=60
 expect_refusal "webhook.env.GORGE_LISTEN_ADDR is set by the chart; use webhook.port instead" \
     -f "${minimal}" --set webhook.env.GORGE_LISTEN_ADDR=0.0.0.0:9000
+# The service's admin address defaults to loopback; the chart sets the pod address, next to
+# the NetworkPolicy, and the env cannot move it.
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR: "0.0.0.0"'
+expect_refusal "notification.env.GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR is set by the chart" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR=127.0.0.1
 # env values the service would refuse at start (or ignore), in the service's words, from the
 # settings catalog generated from its declaration (files/settings/; tests/docs.rs).
 expect_refusal 'notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS="30s": expected a whole number of seconds from 1 to 86400, e.g. 30 (gorge-notification would refuse to start)' \

@@ -13,7 +13,8 @@ gorge_service::events! {
             "A configuration warning, e.g. an unknown `GORGE_NOTIFICATION_*` variable, or \
              `--config` read instead of another `GORGE_NOTIFICATION_CONFIG_FILE`";
         NOTIFY_ADMIN_NOT_LOOPBACK: Warning ["addr", "hint"]
-            "An admin listener on a non-loopback address (the port has no authentication)";
+            "An admin listener on a non-loopback address that was not chosen for it (from \
+             `LISTEN_ADDR`, or a file entry without `listen`): the port has no authentication";
         NOTIFY_FILE_LIMIT: Info ["soft_before", "soft", "hard"]
             "The open-file limit before and after raising the soft limit to the hard one";
         NOTIFY_FILE_LIMIT_NOT_RAISED: Warning ["error"] "Raising the open-file limit failed";

@@ -1,8 +1,8 @@
 //! gorge-notification: a drop-in replacement for Phorge's Aphlict notification server.
 //!
-//! Startup order: configuration (exit 2 on any invalid value), logging, the fingerprint, the
-//! hub and metrics, every listener bound (exit 1 if any bind fails), then serve until SIGTERM
-//! and drain. See docs/notification.md for the operator's view.
+//! Startup order: configuration (exit 2 on any invalid value), logging, no other copy
+//! serving on the admin port (exit 1 if one does), the fingerprint, the hub and metrics, every
+//! listener bound (exit 1 if any bind fails), then serve until SIGTERM and drain. See docs/notification.md for the operator's view.
 
 use clap::Parser;
 use gorge_hub::MonotonicClock;
@@ -118,6 +118,16 @@ async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
         "hard" => show(limit.hard));
     if let Some(err) = raise_error {
         emit!(log, events::NOTIFY_FILE_LIMIT_NOT_RAISED; "error" => %err);
+    }
+    // The admin port is the health port: a copy serving there would share every port.
+    let admin_addrs = config
+        .servers
+        .iter()
+        .filter(|s| s.kind == config::ServerKind::Admin)
+        .map(|s| s.addr);
+    if let Err(copy) = gorge_service::takeover::refuse_if_serving(admin_addrs, log).await {
+        eprintln!("gorge-notification: {copy}");
+        return 1;
     }
     let server = match Server::bind(config, MonotonicClock::new(), log).await {
         Ok(server) => server,

@@ -87,7 +87,9 @@ impl Server {
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
-                "hint" => "the admin port has no authentication: keep it off public networks");
+                "hint" => "the admin port has no authentication: keep it off public networks, \
+                    and set GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR (or the admin server's \
+                    listen) to say this address is meant");
         }
         let specs = config
             .servers
@@ -163,13 +165,17 @@ impl Server {
     }
 }
 
-/// Admin listeners on a non-loopback address. PHP cannot authenticate, so anyone who reaches
-/// the admin port can post to every browser; operators should know when it is exposed.
+/// Admin listeners on a non-loopback address that nobody chose for the admin port (the
+/// shared `LISTEN_ADDR`, or a file entry without `listen`). PHP cannot authenticate, so anyone
+/// who reaches the admin port can post to every browser; operators should know when it is
+/// exposed by accident. An address set for the admin port itself (its `listen`, or
+/// `ADMIN_LISTEN_ADDR`, as the chart does next to its NetworkPolicy) is a decision, and a
+/// warning at every start would only teach operators to ignore warnings.
 pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
     config
         .servers
         .iter()
-        .filter(|s| s.kind == ServerKind::Admin && !s.addr.ip().is_loopback())
+        .filter(|s| s.kind == ServerKind::Admin && !s.listen_chosen && !s.addr.ip().is_loopback())
         .map(|s| s.addr)
         .collect()
 }
@@ -190,11 +196,12 @@ mod tests {
     use crate::config::ServerConfig;
 
     #[test]
-    fn only_non_loopback_admin_listeners_are_exposed() {
+    fn only_unchosen_non_loopback_admin_listeners_are_warned_about() {
         let mut config = crate::config::load(None).unwrap();
-        let server = |kind, addr: &str| ServerConfig {
-            kind,
-            addr: addr.parse().unwrap(),
+        let server = |kind, addr: &str| ServerConfig::new(kind, addr.parse().unwrap());
+        let chosen = |addr: &str| ServerConfig {
+            listen_chosen: true,
+            ..server(ServerKind::Admin, addr)
         };
         config.servers = vec![
             server(ServerKind::Admin, "127.0.0.1:1"),
@@ -202,6 +209,8 @@ mod tests {
             server(ServerKind::Admin, "0.0.0.0:3"),
             server(ServerKind::Admin, "10.1.2.3:4"),
             server(ServerKind::Client, "0.0.0.0:5"),
+            chosen("0.0.0.0:6"),
+            chosen("10.1.2.3:7"),
         ];
         let exposed: Vec<String> = exposed_admin_addrs(&config)
             .iter()

@@ -73,6 +73,21 @@ fn assert_config_error(output: &Output, key: &str, value: &str) {
 }
 
 #[test]
+fn a_client_and_an_admin_server_sharing_a_port_are_refused() {
+    // Both would bind (SO_REUSEPORT) and the kernel would pick one per connection.
+    let file = config_file(
+        r#"{"servers":[{"type":"client","port":22280,"listen":"0.0.0.0"},{"type":"admin","port":22280,"listen":"127.0.0.1"}]}"#,
+    );
+    // --check-config refuses what startup refuses, and never serves.
+    let output = run(
+        &["--check-config", "--config", file.path().to_str().unwrap()],
+        &[],
+    );
+    assert_config_error(&output, "servers[1]", "127.0.0.1:22280");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("shares port 22280"));
+}
+
+#[test]
 fn ssl_in_the_aphlict_file_is_refused() {
     let file = config_file(
         r#"{"servers":[{"type":"client","port":22280,"listen":"0.0.0.0","ssl.key":"/etc/ssl/k.pem","ssl.cert":"/etc/ssl/c.pem"},{"type":"admin","port":22281}]}"#,
@@ -133,7 +148,7 @@ fn empty_variables_mean_default_and_check_config_prints_the_result() {
     assert_ok(&output);
     let out = &output.stdout;
     assert_eq!(value_of(out, "servers[0]"), "client 0.0.0.0:22280");
-    assert_eq!(value_of(out, "servers[1]"), "admin 0.0.0.0:22281");
+    assert_eq!(value_of(out, "servers[1]"), "admin 127.0.0.1:22281");
     assert_eq!(
         checked(out, "GORGE_NOTIFICATION_DRAIN_SECONDS"),
         ("10".to_string(), "default".to_string())

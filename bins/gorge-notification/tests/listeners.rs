@@ -1,14 +1,40 @@
-//! The listeners under hostile or starved conditions: a request body that never ends, a
-//! process out of file descriptors (accept failures logged once and counted, the soft limit
-//! raised to the hard one at startup), and a burst of subscriptions and large messages.
+//! The listeners: where they bind by default, and under hostile or starved conditions: a
+//! request body that never ends, a process out of file descriptors (accept failures logged
+//! once and counted, the soft limit raised to the hard one at startup), and a burst of
+//! subscriptions and large messages.
 
 mod common;
 
+use std::process::Command;
 use std::time::Duration;
 
-use common::{InProcess, Server, PATIENCE};
-use gorge_testkit::http;
+use common::{InProcess, Server, BIN, PATIENCE};
+use gorge_testkit::{free_port, http, Process};
 use tokio::net::TcpStream;
+
+#[test]
+fn by_default_the_admin_port_listens_on_loopback_only() {
+    let (client, admin) = (free_port(), free_port());
+    let mut command = Command::new(BIN);
+    command
+        .env_clear()
+        // Only the client's address is set (a test listens on loopback); the admin's is
+        // left to the default.
+        .env("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "127.0.0.1")
+        .env("GORGE_NOTIFICATION_CLIENT_PORT", client.to_string())
+        .env("GORGE_NOTIFICATION_ADMIN_PORT", admin.to_string())
+        .env("GORGE_LOG_FORMAT", "json");
+    let server = Process::spawn(command);
+    let started = server
+        .wait_for_event("NOTIFY_STARTED", PATIENCE)
+        .expect("the server started");
+    assert_eq!(
+        started["listeners"],
+        format!("client=127.0.0.1:{client},admin=127.0.0.1:{admin}")
+    );
+    assert!(server.log_events("NOTIFY_ADMIN_NOT_LOOPBACK").is_empty());
+    assert!(server.log_events("NOTIFY_CONFIG_WARNING").is_empty());
+}
 
 #[tokio::test]
 async fn an_admin_post_whose_chunked_body_never_ends_is_closed() {

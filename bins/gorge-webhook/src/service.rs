@@ -171,6 +171,14 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         settings.service_token.clone(),
         log.clone(),
     );
+    // SO_REUSEPORT would let this copy bind beside one that serves, splitting the status
+    // port's traffic; take over only from a copy that drains.
+    if let Err(copy) =
+        gorge_service::takeover::refuse_if_serving([settings.listen_addr], &log).await
+    {
+        eprintln!("gorge-webhook: {copy}");
+        return Err(1);
+    }
     let listeners = match bind_all(vec![ListenerSpec {
         name: "status".into(),
         addr: settings.listen_addr,

@@ -1,5 +1,6 @@
 //! The real binary: no duplicate while a POST is in flight, starting before the database
-//! exists, the HTTP API, SIGTERM draining (configuration: tests/config.rs).
+//! exists, the HTTP API, SIGTERM draining, a second copy on the same status port
+//! (configuration: tests/config.rs).
 
 mod common;
 
@@ -9,7 +10,7 @@ use common::{enabled_hook, run_binary, unix_now, Service};
 use gorge_claim::testdb::{
     unique_namespace, HookStatus, NewRequest, RequestResult, RequestStatus, TestDb,
 };
-use gorge_testkit::{eventually, Receiver, Reply};
+use gorge_testkit::{eventually, Process, Receiver, Reply};
 
 const NOW: u64 = 1_700_000_000;
 
@@ -331,4 +332,56 @@ fn version_and_help() {
     for word in ["--config", "--check-config", "healthcheck"] {
         assert!(stdout.contains(word), "{stdout}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_is_refused_while_the_first_serves_and_takes_over_while_it_drains() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::with(|_, _| Reply::Hold(200));
+    let hook = enabled_hook(&db, &receiver.url("/held")).await;
+    db.insert_request(&NewRequest::new(&hook, "PHID-TASK-x"), unix_now())
+        .await
+        .unwrap();
+    let mut first = Service::start(db.namespace(), &[]);
+    let pid = first.process.id();
+    let start_second =
+        || Process::spawn_keeping_stderr(Service::command(db.namespace(), first.status_addr, &[]));
+
+    // Serving (whether its readiness says ready or not yet): refused, one line.
+    let mut refused = start_second();
+    assert_eq!(refused.exited().await.code(), Some(1));
+    let stderr = refused.stderr();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "gorge-webhook: another copy (pid {pid}) is already serving on {}",
+            first.status_addr
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("kill -TERM {pid}")), "{stderr}");
+    assert!(refused.log_events("LISTENING").is_empty());
+
+    // Draining (its delivery held by the receiver): the second copy binds beside it.
+    let waiting = receiver.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_for(1, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    first.terminate();
+    eventually(Duration::from_secs(10), "readyz draining", || async {
+        first.get("/readyz", &[]).1 == r#"{"status":"draining"}"#
+    })
+    .await;
+    let second = start_second();
+    assert!(
+        second
+            .wait_for_event("LISTENING", gorge_testkit::PATIENCE)
+            .is_some(),
+        "the second copy started: {}",
+        second.stderr()
+    );
+    assert!(first.process.try_wait().is_none(), "the first still drains");
+    receiver.release();
+    assert_eq!(first.process.exited().await.code(), Some(0));
+    db.drop_database().await;
 }

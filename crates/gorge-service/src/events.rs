@@ -145,8 +145,13 @@ macro_rules! emit {
 }
 
 crate::events! {
-    /// The shared runtime's events ([`crate::shutdown::run`], [`crate::server`]).
+    /// The shared runtime's events ([`crate::shutdown::run`], [`crate::server`],
+    /// [`crate::takeover`]).
     pub const RUNTIME = [
+        ANOTHER_COPY_SERVING: Error ["addr", "pid", "answer"]
+            "Before binding, another copy answered on the health address and did not start \
+             draining within 2 s: nothing is bound, exit 1 (a second copy on the same ports \
+             would split the traffic; restart in place with SIGTERM and start at once instead)";
         LISTENING: Info ["listener", "addr"] "A listener is bound and serving";
         ACCEPT_FAILED: Warning ["listener", "error", "failures"]
             "Accepting a connection failed (out of file descriptors…): retried every 50 ms, \

@@ -12,6 +12,7 @@
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
 //! - [`server`]: bind every listener first, then serve them all;
 //! - [`shutdown`]: the shutdown signal and [`shutdown::run`], the coordinated graceful stop;
+//! - [`takeover`]: before binding, refuse to start beside a copy that serves (not drains);
 //! - [`healthcheck`]: the container `healthcheck` subcommand (images carry no curl).
 //!
 //! Where to start reading: [`shutdown::run`], which ties the others together.
@@ -30,6 +31,7 @@ pub mod probes;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod takeover;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};

@@ -3,16 +3,24 @@
 //! per-component overrides (`info,peers=debug`), and an asynchronous drain so a slow stdout
 //! never stalls a request.
 //!
+//! Logging never panics and never stops for good: a line that cannot be written (stdout is a
+//! pipe whose reader went away, journald is restarting) is dropped and counted in
+//! [`dropped_lines`], and the next line is tried afresh. slog's usual `Fuse` would panic the
+//! log thread on the first `BrokenPipe`, and every record after it would be lost while the
+//! service went on serving.
+//!
 //! slog's compile-time cap is lifted in the workspace manifest (`max_level_trace`,
 //! `release_max_level_trace`): without it a release build drops every debug record before
 //! the runtime level is even consulted.
 
 use std::fmt;
 use std::io::{self, IsTerminal};
+use std::sync::OnceLock;
 
 use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
 use crate::config::ConfigError;
+use crate::metrics::Counter;
 use crate::settings::{Layered, LogVars};
 
 /// Environment variable with the log level and per-component overrides.
@@ -25,6 +33,18 @@ pub const COMPONENT_KEY: &str = "component";
 
 /// How many records the async drain buffers before it drops (and counts) new ones.
 const ASYNC_CHANNEL_SIZE: usize = 4096;
+
+/// A record longer than this is written out in pieces rather than held whole (records are
+/// a few hundred bytes; this only bounds the buffer).
+const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// Log lines dropped because writing them failed, in this process (stdout is the process's).
+/// Every service registry exposes it (`<prefix>_log_lines_dropped_total`, registered with the
+/// probes' families).
+pub fn dropped_lines() -> &'static Counter {
+    static DROPPED: OnceLock<Counter> = OnceLock::new();
+    DROPPED.get_or_init(Counter::default)
+}
 
 /// What `GORGE_LOG_LEVEL` may be, in plain words.
 pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical, \
@@ -120,7 +140,7 @@ pub fn init_logging(service: &'static str, version: &'static str) -> Result<Logg
     Ok(match (settings.format, terminal) {
         (LogFormat::Text, true) => {
             let decorator = slog_term::TermDecorator::new().stdout().build();
-            let text = slog_term::FullFormat::new(decorator).build().fuse();
+            let text = DropFailed(slog_term::FullFormat::new(decorator).build());
             finish(text, settings.level, service, version)
         }
         _ => build(
@@ -203,20 +223,19 @@ pub fn build<W: io::Write + Send + 'static>(
     let level = level.into();
     match format {
         LogFormat::Json => {
-            let json = slog_json::Json::new(out)
+            let json = slog_json::Json::new(WholeLines::new(out))
                 .set_newlines(true)
                 .add_key_value(o!(
                     "ts" => slog::PushFnValue(|_, ser| ser.emit(timestamp())),
                     "level" => slog::FnValue(|record| level_name(record.level())),
                     "event" => slog::PushFnValue(|record, ser| ser.emit(record.msg())),
                 ))
-                .build()
-                .fuse();
-            finish(json, level, service, version)
+                .build();
+            finish(DropFailed(json), level, service, version)
         }
         LogFormat::Text => {
-            let decorator = slog_term::PlainDecorator::new(out);
-            let text = slog_term::FullFormat::new(decorator).build().fuse();
+            let decorator = slog_term::PlainDecorator::new(WholeLines::new(out));
+            let text = DropFailed(slog_term::FullFormat::new(decorator).build());
             finish(text, level, service, version)
         }
     }
@@ -236,11 +255,76 @@ where
         .chan_size(ASYNC_CHANNEL_SIZE)
         .overflow_strategy(slog_async::OverflowStrategy::DropAndReport)
         .build_with_guard();
-    // Filtering happens before the channel, so dropped records cost no allocation.
-    let drain = LevelFilter { spec: level, drain }.fuse();
+    // Filtering happens before the channel, so dropped records cost no allocation. Only a
+    // dead log thread makes the channel fail; a record is then dropped, never a panic in the
+    // request that logged it.
+    let drain = LevelFilter { spec: level, drain }.ignore_res();
     Logging {
         logger: Logger::root(drain, o!("service" => service, "version" => version)),
         _guard: guard,
+    }
+}
+
+/// Drops, and counts in [`dropped_lines`], a record its drain could not write, instead of
+/// failing (which `Fuse` would turn into a panic of the log thread).
+struct DropFailed<D>(D);
+
+impl<D: Drain<Ok = ()>> Drain for DropFailed<D> {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
+        if self.0.log(record, values).is_err() {
+            dropped_lines().inc();
+        }
+        Ok(())
+    }
+}
+
+/// Holds what a formatter writes until its line is complete, then writes the line with one
+/// `write_all`. A record that fails is dropped whole: none of its bytes stays behind in a
+/// buffer to be glued to the front of the next line once writing works again.
+struct WholeLines<W> {
+    out: W,
+    pending: Vec<u8>,
+}
+
+impl<W: io::Write> WholeLines<W> {
+    fn new(out: W) -> Self {
+        WholeLines {
+            out,
+            pending: Vec::new(),
+        }
+    }
+
+    fn write_pending(&mut self) -> io::Result<()> {
+        let written = self
+            .out
+            .write_all(&self.pending)
+            .and_then(|()| self.out.flush());
+        self.pending.clear();
+        if self.pending.capacity() > MAX_RECORD_BYTES {
+            self.pending.shrink_to(MAX_RECORD_BYTES);
+        }
+        written
+    }
+}
+
+impl<W: io::Write> io::Write for WholeLines<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        if self.pending.ends_with(b"\n") || self.pending.len() > MAX_RECORD_BYTES {
+            self.write_pending()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            self.out.flush()
+        } else {
+            self.write_pending()
+        }
     }
 }
 
@@ -326,6 +410,55 @@ pub(crate) mod tests {
         assert_eq!(record["service"], "svc");
         assert_eq!(record["password"], "********");
         assert!(!out.contains("hunter2"));
+    }
+
+    /// Accepts writes only while `open` is set; records every accepted byte.
+    #[derive(Clone, Default)]
+    struct Flaky {
+        open: Arc<std::sync::atomic::AtomicBool>,
+        written: Capture,
+    }
+
+    impl io::Write for Flaky {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.open.load(std::sync::atomic::Ordering::SeqCst) {
+                self.written.write(buf)
+            } else {
+                Err(io::ErrorKind::BrokenPipe.into())
+            }
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn unwritable_lines_are_dropped_whole_and_counted_and_writing_resumes() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let out = Flaky::default();
+        out.open.store(true, SeqCst);
+        // Behind a LineWriter, as stdout is: what it failed to write, it would keep.
+        let json = slog_json::Json::new(WholeLines::new(io::LineWriter::new(out.clone())))
+            .set_newlines(true)
+            .add_key_value(o!("event" => slog::PushFnValue(|r, ser| ser.emit(r.msg()))))
+            .build();
+        // Synchronous, so each record's fate is known when `log` returns.
+        let logger = Logger::root(Mutex::new(DropFailed(json)).fuse(), o!());
+        let dropped = || dropped_lines().get();
+        slog::info!(logger, "BEFORE"; "n" => 1);
+        out.open.store(false, SeqCst);
+        let before = dropped();
+        slog::info!(logger, "LOST"; "n" => 2);
+        slog::info!(logger, "LOST"; "n" => 3);
+        // Other tests may drop lines meanwhile (the counter is the process's): at least ours.
+        assert!(dropped() >= before + 2);
+        out.open.store(true, SeqCst);
+        slog::info!(logger, "AFTER"; "n" => 4);
+        let written = String::from_utf8(out.written.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            written,
+            "{\"event\":\"BEFORE\",\"n\":1}\n{\"event\":\"AFTER\",\"n\":4}\n"
+        );
     }
 
     #[test]

@@ -242,6 +242,40 @@ crate::metrics! {
             "Times GET /readyz changed between ready and not ready (draining counts as not \
              ready), as seen by whoever probes it: the kubelet every few seconds, nobody on a \
              VM unless something probes";
+            log_lines_dropped: SharedCounter(crate::logging::dropped_lines()),
+            "Log lines that could not be written to stdout (a closed pipe, journald \
+             restarting) and were dropped; the next line is tried afresh";
+    }
+}
+
+/// A counter owned by the process rather than by one registry (the log writer's, which
+/// exists before any registry), exposed by every registry that registers it.
+#[derive(Clone, Debug)]
+pub struct SharedCounter(Counter);
+
+impl SharedCounter {
+    /// Exposes `counter` (a clone shares its value).
+    pub fn new(counter: &Counter) -> SharedCounter {
+        SharedCounter(counter.clone())
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl TypedMetric for SharedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for SharedCounter {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
     }
 }
 
@@ -645,21 +679,29 @@ mod tests {
             "{}",
             rows[3]
         );
-        assert_eq!(
-            rows[7],
-            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        assert!(
+            rows[4].starts_with("| `x_log_lines_dropped_total` | counter |  | Log lines"),
+            "{}",
+            rows[4]
         );
         assert_eq!(
             rows[8],
+            "| `x_claims_total` | counter | `result`: `won`, `lost` | Claims |"
+        );
+        assert_eq!(
+            rows[9],
             "| `x_pool` | gauge | `pool`, `state`: `query`/`open`, `lock`/`held` | Pool |"
         );
-        assert_eq!(rows[9], "| `x_peers_total` | counter | `peer` | Per peer |");
-        assert!(
-            rows[10].starts_with("| `process_cpu_seconds_total` | counter |  | "),
-            "{}",
-            rows[10]
+        assert_eq!(
+            rows[10],
+            "| `x_peers_total` | counter | `peer` | Per peer |"
         );
-        assert_eq!(rows.len(), 2 + 2 + 6 + 6);
+        assert!(
+            rows[11].starts_with("| `process_cpu_seconds_total` | counter |  | "),
+            "{}",
+            rows[11]
+        );
+        assert_eq!(rows.len(), 2 + 3 + 6 + 6);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use hyper::header::ACCEPT;
+use hyper::header::{HeaderValue, ACCEPT};
 use hyper::{Method, Request, StatusCode};
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -83,8 +83,8 @@ impl Probes {
             return Some(crate::http::method_not_allowed("GET, HEAD"));
         }
         Some(match path {
-            "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
-            "/readyz" => self.readyz().await,
+            "/healthz" => with_pid(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+            "/readyz" => with_pid(self.readyz().await),
             _ => {
                 let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
                 let format = Exposition::negotiate(accept);
@@ -116,6 +116,16 @@ impl Probes {
             Err(body) => json_response(StatusCode::SERVICE_UNAVAILABLE, &body),
         }
     }
+}
+
+/// Names the answering process, so that a copy about to start beside it can say which
+/// process serves (see [`crate::takeover`]).
+fn with_pid(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        crate::takeover::PID_HEADER,
+        HeaderValue::from(std::process::id()),
+    );
+    response
 }
 
 #[cfg(test)]
@@ -203,6 +213,22 @@ mod tests {
             get(&probes, "/healthz").await.unwrap(),
             (200, r#"{"status":"ok"}"#.to_string())
         );
+    }
+
+    #[tokio::test]
+    async fn health_and_readiness_answers_name_the_process() {
+        let probes = Probes::new(Registry::default(), Probes::always_ready());
+        for path in ["/healthz", "/readyz"] {
+            let response = probes
+                .handle(&request(Method::GET, path, None))
+                .await
+                .unwrap();
+            assert_eq!(
+                response.headers()[crate::takeover::PID_HEADER],
+                std::process::id().to_string().as_str(),
+                "{path}"
+            );
+        }
     }
 
     #[tokio::test]

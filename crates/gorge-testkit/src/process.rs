@@ -2,7 +2,7 @@
 //! lines on a helper thread, waits for a log event, signals through rustix (the workspace
 //! forbids `unsafe`), and a kill when the test ends however it ends.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -26,20 +26,44 @@ struct Output {
     changed: Condvar,
 }
 
+/// Most stderr bytes kept by [`Process::spawn_keeping_stderr`].
+const STDERR_LIMIT: usize = 64 * 1024;
+
 /// A running child process; killed (SIGKILL) and reaped when dropped.
 pub struct Process {
     child: Child,
     output: Arc<Output>,
+    stderr: Arc<Mutex<Vec<u8>>>,
 }
 
 impl Process {
     /// Spawns `command` with stdin closed, stderr discarded and stdout collected line by
     /// line (the services log JSON lines there with `GORGE_LOG_FORMAT=json`).
-    pub fn spawn(mut command: Command) -> Process {
+    pub fn spawn(command: Command) -> Process {
+        Process::start(command, None, false)
+    }
+
+    /// Like [`Process::spawn`], and keeps stderr (its first 64 KiB) for [`Process::stderr`].
+    pub fn spawn_keeping_stderr(command: Command) -> Process {
+        Process::start(command, None, true)
+    }
+
+    /// Like [`Process::spawn`], but stops reading stdout and closes its pipe once `event`
+    /// has been logged (as `head` or a restarting journald would: the process's next write
+    /// to stdout fails), and keeps stderr (its first 64 KiB) for [`Process::stderr`].
+    pub fn spawn_closing_stdout_after(command: Command, event: &str) -> Process {
+        Process::start(command, Some(event.to_owned()), true)
+    }
+
+    fn start(mut command: Command, close_after: Option<String>, keep_stderr: bool) -> Process {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(if keep_stderr {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
         let mut child = command
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {:?}: {e}", command.get_program()));
@@ -49,13 +73,42 @@ impl Process {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                let last = close_after.as_deref().is_some_and(|event| {
+                    !events_named(std::slice::from_ref(&line), event).is_empty()
+                });
                 collected.state.lock().unwrap().lines.push(line);
                 collected.changed.notify_all();
+                if last {
+                    break; // drops the reader: the pipe's read end closes
+                }
             }
             collected.state.lock().unwrap().ended = true;
             collected.changed.notify_all();
         });
-        Process { child, output }
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let kept = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                    let mut kept = kept.lock().unwrap();
+                    let room = STDERR_LIMIT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&chunk[..n.min(room)]);
+                }
+            });
+        }
+        Process {
+            child,
+            output,
+            stderr,
+        }
+    }
+
+    /// What the process wrote to stderr so far (only kept by
+    /// [`Process::spawn_keeping_stderr`] and [`Process::spawn_closing_stdout_after`]; empty
+    /// otherwise).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
 
     pub fn id(&self) -> u32 {

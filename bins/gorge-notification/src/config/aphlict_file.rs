@@ -159,9 +159,10 @@ fn parse_servers(value: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
             }
         };
         let port = parse_port(&at("port"), entry.get("port"))?;
-        let ip = match entry.get("listen") {
-            None | Some(Value::Null) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            Some(Value::String(s)) => parse_listen(&at("listen"), s)?,
+        // Aphlict listens on every interface when `listen` is absent.
+        let (ip, listen_chosen) = match entry.get("listen") {
+            None | Some(Value::Null) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), false),
+            Some(Value::String(s)) => (parse_listen(&at("listen"), s)?, true),
             Some(other) => {
                 return Err(ConfigError::new(
                     at("listen"),
@@ -173,6 +174,7 @@ fn parse_servers(value: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
         servers.push(ServerConfig {
             kind,
             addr: SocketAddr::new(ip, port),
+            listen_chosen,
         });
     }
     Ok(servers)

@@ -63,6 +63,22 @@ impl fmt::Display for ServerKind {
 pub struct ServerConfig {
     pub kind: ServerKind,
     pub addr: SocketAddr,
+    /// The operator chose this server's address for it: its own `listen` in the file, or
+    /// the variable of its kind. Not for the defaults, a file entry without `listen`, or
+    /// the shared `GORGE_NOTIFICATION_LISTEN_ADDR` (which may have been meant for the
+    /// client port only): an admin port exposed that way is warned about at every start.
+    pub listen_chosen: bool,
+}
+
+impl ServerConfig {
+    /// A server of `kind` on `addr` whose address nobody chose (a default).
+    pub fn new(kind: ServerKind, addr: SocketAddr) -> ServerConfig {
+        ServerConfig {
+            kind,
+            addr,
+            listen_chosen: false,
+        }
+    }
 }
 
 /// Everything the peer relay needs: static peers, DNS discovery, per-peer queue and timeout.
@@ -194,39 +210,50 @@ fn build(
     let settings = &layered.values;
     let client_port = settings.client_port;
     let admin_port = settings.admin_port;
-    let listen = settings
-        .listen_addr
-        .as_deref()
-        .map(|s| parse_listen(&env_key("listen_addr"), s))
-        .transpose()?;
+    let listen = |key: &str, value: &Option<String>| {
+        value
+            .as_deref()
+            .map(|s| parse_listen(&env_key(key), s))
+            .transpose()
+    };
+    let shared_listen = listen("listen_addr", &settings.listen_addr)?;
+    let client_listen = listen("client_listen_addr", &settings.client_listen_addr)?;
+    let admin_listen = listen("admin_listen_addr", &settings.admin_listen_addr)?;
 
     let servers_source = match (&file.servers, &config_file) {
         (Some(_), Some(path)) => Source::File(path.display().to_string()),
         _ => Source::Default,
     };
+    // Aphlict's default configuration: browsers on every interface, PHP on loopback (the
+    // admin port has no authentication).
     let mut servers = file.servers.unwrap_or_else(|| {
         vec![
-            ServerConfig {
-                kind: ServerKind::Client,
-                addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), DEFAULT_CLIENT_PORT),
-            },
-            ServerConfig {
-                kind: ServerKind::Admin,
-                addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), DEFAULT_HEALTH_PORT),
-            },
+            ServerConfig::new(
+                ServerKind::Client,
+                SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), DEFAULT_CLIENT_PORT),
+            ),
+            ServerConfig::new(
+                ServerKind::Admin,
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_HEALTH_PORT),
+            ),
         ]
     });
-    // The environment wins over the file: it overrides every server of the kind it names.
+    // The environment wins over the file: it overrides every server of the kind it names,
+    // and a kind's own address wins over the shared one.
     for server in &mut servers {
-        let port = match server.kind {
-            ServerKind::Client => client_port,
-            ServerKind::Admin => admin_port,
+        let (port, own_listen) = match server.kind {
+            ServerKind::Client => (client_port, client_listen),
+            ServerKind::Admin => (admin_port, admin_listen),
         };
         if let Some(port) = port {
             server.addr.set_port(port);
         }
-        if let Some(ip) = listen {
+        if let Some(ip) = own_listen {
             server.addr.set_ip(ip);
+            server.listen_chosen = true;
+        } else if let Some(ip) = shared_listen {
+            server.addr.set_ip(ip);
+            server.listen_chosen = false;
         }
     }
     for kind in [ServerKind::Client, ServerKind::Admin] {
@@ -245,6 +272,28 @@ fn build(
                 format!("servers[{i}]"),
                 server.addr,
                 "duplicate listen address",
+            ));
+        }
+    }
+    // Listeners bind with SO_REUSEPORT, so a client and an admin server on one port but
+    // different addresses both bind, and the kernel hands each connection to whichever
+    // matches best: PHP's POSTs would reach the WebSocket server, or browsers the admin one.
+    for (i, server) in servers.iter().enumerate() {
+        let other = servers[..i]
+            .iter()
+            .find(|o| o.kind != server.kind && o.addr.port() == server.addr.port());
+        if let Some(other) = other {
+            return Err(ConfigError::new(
+                format!("servers[{i}]"),
+                server.addr,
+                format!(
+                    "the {} server shares port {} with the {} server on {}: give each kind \
+                     its own port",
+                    server.kind,
+                    server.addr.port(),
+                    other.kind,
+                    other.addr.ip()
+                ),
             ));
         }
     }
@@ -322,14 +371,15 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
     let env_source =
         |key: &str| Some(config.settings.source(key)).filter(|s| matches!(s, Source::Env(_)));
     for (i, server) in config.servers.iter().enumerate() {
-        let port_key = match server.kind {
-            ServerKind::Client => "client_port",
-            ServerKind::Admin => "admin_port",
+        let (port_key, listen_key) = match server.kind {
+            ServerKind::Client => ("client_port", "client_listen_addr"),
+            ServerKind::Admin => ("admin_port", "admin_listen_addr"),
         };
         lines.push(CheckLine {
             name: format!("servers[{i}]"),
             value: format!("{} {}", server.kind, server.addr),
             source: env_source(port_key)
+                .or_else(|| env_source(listen_key))
                 .or_else(|| env_source("listen_addr"))
                 .unwrap_or_else(|| config.servers_source.clone()),
         });
@@ -403,7 +453,12 @@ pub fn print_config(config: &Config) -> Value {
         // Folded into servers[] and cluster[] above.
         let folded = matches!(
             info.key,
-            "client_port" | "admin_port" | "listen_addr" | "peers"
+            "client_port"
+                | "admin_port"
+                | "listen_addr"
+                | "client_listen_addr"
+                | "admin_listen_addr"
+                | "peers"
         );
         if !info.env_only && !folded {
             out.insert(info.key.into(), value);
@@ -442,17 +497,12 @@ mod tests {
     #[test]
     fn defaults() {
         let c = build_with(Settings::default(), None).unwrap();
+        // Aphlict's default configuration: the unauthenticated admin port on loopback.
         assert_eq!(
             c.servers,
             vec![
-                ServerConfig {
-                    kind: ServerKind::Client,
-                    addr: "0.0.0.0:22280".parse().unwrap()
-                },
-                ServerConfig {
-                    kind: ServerKind::Admin,
-                    addr: "0.0.0.0:22281".parse().unwrap()
-                },
+                ServerConfig::new(ServerKind::Client, "0.0.0.0:22280".parse().unwrap()),
+                ServerConfig::new(ServerKind::Admin, "127.0.0.1:22281".parse().unwrap()),
             ]
         );
         assert_eq!(c.max_frame_bytes, 65536);
@@ -495,6 +545,116 @@ mod tests {
         let c = build_with(settings, Some(file)).unwrap();
         assert_eq!(c.servers[0].addr, "127.0.0.1:1000".parse().unwrap());
         assert_eq!(c.servers[1].addr, "127.0.0.1:2001".parse().unwrap());
+    }
+
+    /// Each server as `kind addr`, with `*` when its address was chosen for it.
+    fn servers(c: &Config) -> Vec<String> {
+        c.servers
+            .iter()
+            .map(|s| {
+                let chosen = if s.listen_chosen { "*" } else { "" };
+                format!("{} {}{chosen}", s.kind, s.addr)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn listen_addresses_kind_variables_win_over_the_shared_one() {
+        let env = |vars: &[(&str, &str)]| servers(&load_env(vars).unwrap());
+        assert_eq!(env(&[]), ["client 0.0.0.0:22280", "admin 127.0.0.1:22281"]);
+        assert_eq!(
+            env(&[("GORGE_NOTIFICATION_LISTEN_ADDR", "10.0.0.1")]),
+            ["client 10.0.0.1:22280", "admin 10.0.0.1:22281"]
+        );
+        assert_eq!(
+            env(&[
+                ("GORGE_NOTIFICATION_LISTEN_ADDR", "10.0.0.1"),
+                ("GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR", "0.0.0.0"),
+            ]),
+            ["client 10.0.0.1:22280", "admin 0.0.0.0:22281*"]
+        );
+        assert_eq!(
+            env(&[
+                ("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "::"),
+                ("GORGE_NOTIFICATION_LISTEN_ADDR", "10.0.0.1"),
+            ]),
+            ["client [::]:22280*", "admin 10.0.0.1:22281"]
+        );
+        assert_eq!(
+            env(&[("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "127.0.0.1")]),
+            ["client 127.0.0.1:22280*", "admin 127.0.0.1:22281"]
+        );
+        let e = load_env(&[("GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR", "0.0.0.0:22281")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR", "0.0.0.0:22281")
+        );
+    }
+
+    #[test]
+    fn a_file_listen_is_chosen_and_the_kind_variable_overrides_it() {
+        let file = json!({"servers": [
+            {"type": "client", "port": 1000},
+            {"type": "admin", "port": 1001},
+            {"type": "admin", "port": 1002, "listen": "0.0.0.0"},
+        ]});
+        let c = build_with(Settings::default(), Some(file.clone())).unwrap();
+        // Without `listen`, Aphlict listens everywhere; nobody chose that for an admin port.
+        assert_eq!(
+            servers(&c),
+            [
+                "client 0.0.0.0:1000",
+                "admin 0.0.0.0:1001",
+                "admin 0.0.0.0:1002*"
+            ]
+        );
+        let settings = Settings {
+            admin_listen_addr: Some("127.0.0.2".into()),
+            listen_addr: Some("127.0.0.3".into()),
+            ..Settings::default()
+        };
+        let c = build_with(settings, Some(file)).unwrap();
+        assert_eq!(
+            servers(&c),
+            [
+                "client 127.0.0.3:1000",
+                "admin 127.0.0.2:1001*",
+                "admin 127.0.0.2:1002*"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_client_and_an_admin_server_on_one_port_are_refused() {
+        let e = file_error(json!({"servers": [
+            {"type": "client", "port": 22280, "listen": "0.0.0.0"},
+            {"type": "admin", "port": 22280, "listen": "127.0.0.1"},
+        ]}));
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: servers[1]=\"127.0.0.1:22280\": the admin server shares \
+             port 22280 with the client server on 0.0.0.0: give each kind its own port"
+        );
+        let e = load_env(&[
+            ("GORGE_NOTIFICATION_CLIENT_PORT", "22281"),
+            ("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "0.0.0.0"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("servers[1]", "127.0.0.1:22281")
+        );
+        // Two servers of one kind may share a port: the same handler answers either way.
+        let c = build_with(
+            Settings::default(),
+            Some(json!({"servers": [
+                {"type": "client", "port": 1, "listen": "0.0.0.0"},
+                {"type": "client", "port": 1, "listen": "127.0.0.1"},
+                {"type": "admin", "port": 2},
+            ]})),
+        )
+        .unwrap();
+        assert_eq!(c.servers.len(), 3);
     }
 
     fn file_error(file: Value) -> ConfigError {

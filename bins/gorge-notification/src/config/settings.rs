@@ -21,9 +21,16 @@ gorge_service::settings! {
         #[doc_default("`22281`")]
         admin_port: Optional<Port> = None,
             "Admin/health port; overrides every `admin` server of the file";
-        #[doc_default("`0.0.0.0`")]
         listen_addr: Optional<Text> = None,
-            "IP address (host only) to listen on; overrides every server's `listen`";
+            "IP address (host only) for every server, overriding each one's `listen`; \
+             `CLIENT_LISTEN_ADDR` / `ADMIN_LISTEN_ADDR` win over it for their kind";
+        #[doc_default("`0.0.0.0`")]
+        client_listen_addr: Optional<Text> = None,
+            "IP address (host only) of every `client` server, overriding its `listen`";
+        #[doc_default("`127.0.0.1`")]
+        admin_listen_addr: Optional<Text> = None,
+            "IP address (host only) of every `admin` server, overriding its `listen`; the \
+             admin port has no authentication, so its default is loopback (as Aphlict's)";
         peers: Optional<Text> = None,
             "Comma list of peer admin URLs `http://host:port` (or `https://`)";
         peer_dns: Optional<Text> = None,

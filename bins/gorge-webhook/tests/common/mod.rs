@@ -97,19 +97,7 @@ impl Service {
         // A port picked free can be taken before the service binds it; try a few times.
         for _ in 0..5 {
             let status_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let mut command = Command::new(BIN);
-            command
-                .env_clear()
-                .env("PATH", std::env::var("PATH").unwrap_or_default())
-                .envs(mysql_env())
-                .env("GORGE_WEBHOOK_NAMESPACE", namespace)
-                .env("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")
-                .env("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")
-                .env("GORGE_LISTEN_ADDR", status_addr.to_string())
-                .env("GORGE_LOG_FORMAT", "json")
-                .env("GORGE_LOG_LEVEL", "info")
-                .envs(extra.iter().copied());
-            let process = Process::spawn(command);
+            let process = Process::spawn(Service::command(namespace, status_addr, extra));
             if process
                 .wait_for_event("LISTENING", gorge_testkit::PATIENCE)
                 .is_some()
@@ -121,6 +109,24 @@ impl Service {
             }
         }
         panic!("gorge-webhook did not start");
+    }
+
+    /// The command [`Service::start`] runs: the binary on `namespace`, no blacklist, a poll
+    /// every 100 ms, the status port on `status_addr`, then `extra`.
+    pub fn command(namespace: &str, status_addr: SocketAddr, extra: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(mysql_env())
+            .env("GORGE_WEBHOOK_NAMESPACE", namespace)
+            .env("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")
+            .env("GORGE_WEBHOOK_POLL_INTERVAL_MS", "100")
+            .env("GORGE_LISTEN_ADDR", status_addr.to_string())
+            .env("GORGE_LOG_FORMAT", "json")
+            .env("GORGE_LOG_LEVEL", "info")
+            .envs(extra.iter().copied());
+        command
     }
 
     /// `GET` on the status port; status and body.

@@ -227,6 +227,8 @@ port or a grace period shorter than the drain).
 GORGE_NOTIFICATION_CLIENT_PORT: notification.clientPort
 GORGE_NOTIFICATION_ADMIN_PORT: notification.adminPort
 GORGE_NOTIFICATION_LISTEN_ADDR: nothing (the probes and Services need every pod address)
+GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR: nothing (the probes and Services need every pod address)
+GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR: nothing (the probes and Services need every pod address; the NetworkPolicy guards it)
 GORGE_NOTIFICATION_PEER_DNS: nothing (the chart points it at its headless Service)
 GORGE_NOTIFICATION_PEERS: nothing (peers are found through GORGE_NOTIFICATION_PEER_DNS)
 GORGE_NOTIFICATION_DRAIN_SECONDS: notification.drainSeconds
@@ -363,6 +365,10 @@ settings change.
 {{- $n := .Values.notification -}}
 GORGE_NOTIFICATION_CLIENT_PORT: {{ $n.clientPort | quote }}
 GORGE_NOTIFICATION_ADMIN_PORT: {{ $n.adminPort | quote }}
+{{- /* The service's default admin address is loopback (it has no authentication); in a pod
+the kubelet's probes, the admin Service and the peers reach it on the pod address, and the
+NetworkPolicy (notification-networkpolicy.yaml) admits only Phorge's pods and this release. */}}
+GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR: "0.0.0.0"
 GORGE_NOTIFICATION_PEER_DNS: {{ include "gorge.notification.peerDns" . | quote }}
 GORGE_NOTIFICATION_DRAIN_SECONDS: {{ $n.drainSeconds | quote }}
 {{- with include "gorge.notification.maxSockets" . }}
