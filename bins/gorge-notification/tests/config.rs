@@ -509,3 +509,27 @@ fn config_option_wins_over_the_variable_and_says_so() {
     );
     assert!(!String::from_utf8_lossy(&output.stdout).contains("warning: "));
 }
+
+#[test]
+fn env_file_is_read_as_systemd_reads_it() {
+    let mut file = tempfile::Builder::new().suffix(".env").tempfile().unwrap();
+    file.write_all(
+        b"; comment\n  GORGE_NOTIFICATION_MAX_SOCKETS = 5000  \n\
+          GORGE_LOG_LEVEL=\"info,\\\nfanout=debug\"\n",
+    )
+    .unwrap();
+    let path = file.path().to_str().unwrap();
+    let output = run(
+        &["--env-file", path, "--check-config"],
+        &[("GORGE_NOTIFICATION_MAX_SOCKETS", "7")],
+    );
+    assert_ok(&output);
+    assert_eq!(
+        checked(&output.stdout, "GORGE_NOTIFICATION_MAX_SOCKETS"),
+        ("5000".into(), "env GORGE_NOTIFICATION_MAX_SOCKETS".into())
+    );
+    assert_eq!(
+        value_of(&output.stdout, "GORGE_LOG_LEVEL"),
+        "info,fanout=debug"
+    );
+}

@@ -362,3 +362,60 @@ fn print_config_writes_a_toml_file_that_loads_back() {
     );
     assert!(!printed.contains("hunter2"), "{printed}");
 }
+
+#[test]
+fn env_file_is_read_as_systemd_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gorge-webhook.env");
+    // What broke `env $(grep … | xargs)`: a `'` in the password, a list with spaces.
+    std::fs::write(
+        &path,
+        "# /etc/gorge/gorge-webhook.env\n\
+         GORGE_WEBHOOK_MYSQL_PASS=it's \"secret\"\n\
+         GORGE_WEBHOOK_OUTBOUND_BLACKLIST=10.0.0.0/8, 192.168.0.0/16\n\
+         GORGE_WEBHOOK_MAX_CONCURRENT='3'\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run_binary(
+        &["--env-file", path.to_str().unwrap(), "--check-config"],
+        // The file replaces an inherited value, as EnvironmentFile= replaces Environment=.
+        &[("GORGE_WEBHOOK_MAX_CONCURRENT", "5")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for (name, value) in [
+        ("GORGE_WEBHOOK_MYSQL_PASS", "********"),
+        ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "2 networks"),
+        ("GORGE_WEBHOOK_MAX_CONCURRENT", "3"),
+    ] {
+        assert_eq!(
+            checked(&stdout, name),
+            (value.to_string(), format!("env {name}")),
+            "{stdout}"
+        );
+    }
+
+    // A line systemd would skip is refused, naming the file and the line.
+    std::fs::write(
+        &path,
+        "GORGE_WEBHOOK_MYSQL_PASS=x\nexport GORGE_LOG_LEVEL=debug\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = run_binary(&["--env-file", path.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "invalid configuration: --env-file={:?}: line 2: \"export GORGE_LOG_LEVEL\" is not \
+             a variable name (letters, digits and _, not starting with a digit; no `export`): \
+             systemd's EnvironmentFile= ignores this line, so the service would run without it\n",
+            path.display().to_string()
+        )
+    );
+    // healthcheck keeps exit code 1 (Docker reserves 2).
+    let (code, _, stderr) = run_binary(&["healthcheck", "--env-file", "/nonexistent.env"], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("healthcheck: invalid configuration: --env-file=\"/nonexistent.env\": cannot read the file: "),
+        "{stderr}"
+    );
+}
