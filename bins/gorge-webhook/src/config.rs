@@ -49,7 +49,7 @@ gorge_service::settings! {
         mysql_host: Text = "127.0.0.1".into(), "MariaDB/MySQL server";
         mysql_port: Port = 3306, "MariaDB/MySQL port";
         mysql_user: Text = "phorge".into(),
-            "needs the grants under [Database privileges](#database-privileges-and-connection-budget)";
+            "needs the grants of [Database grants](operations.md#database-grants)";
         mysql_pass: SecretText = Secret::default(), "never logged or printed";
         mysql_socket: Text = String::new(),
             "a Unix socket to connect through instead of host and port. Empty: always TCP to \

@@ -249,7 +249,8 @@ pub fn stall_limit(settings: &Settings) -> Duration {
 }
 
 /// `/readyz`: the poll loop is alive and has made progress within `stall_limit`, and a
-/// bounded round trip on `{namespace}_herald` succeeds. A missing database is "not ready"
+/// bounded round trip on `{namespace}_herald` shows the user has the privileges the service
+/// needs there (else the reason is the `GRANT` to run). A missing database is "not ready"
 /// (Phorge has not run `bin/storage upgrade` yet), never a crash.
 pub fn readiness(
     store: ClaimStore,
@@ -274,8 +275,12 @@ pub fn readiness(
                     ));
                 }
             }
-            match tokio::time::timeout(READINESS_TIMEOUT, store.ping()).await {
-                Ok(Ok(())) => Ok(()),
+            match tokio::time::timeout(READINESS_TIMEOUT, store.missing_grant()).await {
+                Ok(Ok(None)) => Ok(()),
+                Ok(Ok(Some(grant))) => Err(format!(
+                    "missing privilege, nothing can be claimed: {grant} \
+                     (docs/operations.md, \"Database grants\")"
+                )),
                 Ok(Err(err)) => Err(readiness_reason(&err)),
                 Err(_) => Err("database did not answer within 2 s".to_string()),
             }

@@ -330,3 +330,64 @@ fn version_and_help() {
         assert!(stdout.contains(word), "{stdout}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_missing_grant() {
+    let db = TestDb::create().await.unwrap();
+    let ns = db.namespace();
+    // A user with operations.md's SELECTs but without UPDATE on the request table.
+    let user = format!("{ns}_ro");
+    common::admin_sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    for table in ["herald_webhookrequest", "herald_webhook"] {
+        common::admin_sql(&format!(
+            "GRANT SELECT ON `{ns}_herald`.`{table}` TO '{user}'@'%'"
+        ))
+        .await;
+    }
+    let service = Service::start(
+        ns,
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "pw"),
+        ],
+    );
+    let expected = format!(
+        r#"{{"status":"unavailable","reason":"missing privilege, nothing can be claimed: GRANT UPDATE ON `{ns}_herald`.`herald_webhookrequest` TO '{user}'@'%' (docs/operations.md, \"Database grants\")"}}"#
+    );
+    eventually(
+        Duration::from_secs(20),
+        "readyz names the grant",
+        || async { service.get("/readyz", &[]) == (503, expected.clone()) },
+    )
+    .await;
+
+    // The operator runs it; readiness follows without a restart.
+    common::admin_sql(&format!(
+        "GRANT UPDATE ON `{ns}_herald`.`herald_webhookrequest` TO '{user}'@'%'"
+    ))
+    .await;
+    eventually(Duration::from_secs(20), "ready", || async {
+        service.get("/readyz", &[]).0 == 200
+    })
+    .await;
+    drop(service);
+    common::admin_sql(&format!("DROP USER '{user}'@'%'")).await;
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_gives_the_storage_upgrade_hint_for_a_missing_table() {
+    let db = TestDb::create().await.unwrap();
+    let ns = db.namespace();
+    common::admin_sql(&format!("DROP TABLE `{ns}_herald`.`herald_webhookrequest`")).await;
+    let service = Service::start(ns, &[]);
+    let expected = format!(
+        r#"{{"status":"unavailable","reason":"database error: Table '{ns}_herald.herald_webhookrequest' doesn't exist (has Phorge's `bin/storage upgrade` run?)"}}"#
+    );
+    eventually(Duration::from_secs(20), "readyz gives the hint", || async {
+        service.get("/readyz", &[]) == (503, expected.clone())
+    })
+    .await;
+    drop(service);
+    db.drop_database().await;
+}
