@@ -533,3 +533,22 @@ fn env_file_is_read_as_systemd_reads_it() {
         "info,fanout=debug"
     );
 }
+
+#[test]
+fn an_unknown_log_component_is_refused_with_a_suggestion() {
+    let output = run(
+        &["--check-config"],
+        &[("GORGE_LOG_LEVEL", "info,peer=debug")],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "invalid configuration: GORGE_LOG_LEVEL=\"info,peer=debug\": unknown component `peer` \
+         (did you mean `peers`?); this service's components: admin, clients, fanout, peers\n"
+    );
+    let output = run(
+        &["--check-config"],
+        &[("GORGE_LOG_LEVEL", "info,peers=debug")],
+    );
+    assert_ok(&output);
+}

@@ -140,7 +140,7 @@ impl Settings {
     /// Layers defaults, the optional file and the environment, then validates (the logging
     /// variables too, so `--check-config` refuses what startup refuses).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        let log = Layered::<LogVars>::from_env()?;
+        let log = gorge_service::logging::log_vars(crate::events::ALL)?;
         let mut settings = Settings::load_from(file, &|var| env_value(var))?;
         settings.log = log;
         settings.environment_warnings = unknown_env_warnings::<RawSettings>(std::env::vars());

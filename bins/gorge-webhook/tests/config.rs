@@ -419,3 +419,19 @@ fn env_file_is_read_as_systemd_reads_it() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_unknown_log_component_is_refused_with_a_suggestion() {
+    let (code, _, stderr) = run_binary(&[], &[("GORGE_LOG_LEVEL", "info,pol=debug")]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        stderr,
+        "invalid configuration: GORGE_LOG_LEVEL=\"info,pol=debug\": unknown component `pol` \
+         (did you mean `poll`?); this service's components: claim, delivery, poll\n"
+    );
+    let (code, _, stderr) = run_binary(
+        &["--check-config"],
+        &[("GORGE_LOG_LEVEL", "debug,delivery=info")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+}

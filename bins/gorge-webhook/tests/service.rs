@@ -391,3 +391,31 @@ async fn readyz_gives_the_storage_upgrade_hint_for_a_missing_table() {
     drop(service);
     db.drop_database().await;
 }
+
+/// `info,delivery=debug` logs every POST; a failure written back names the host it went to
+/// (never the URI: it may carry credentials).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_names_its_host_and_delivery_at_debug_logs_the_post() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(500);
+    let hook = enabled_hook(&db, &receiver.url("/secret-path?token=abc")).await;
+    db.insert_request(&NewRequest::new(&hook, "PHID-TASK-host"), unix_now())
+        .await
+        .unwrap();
+    let service = Service::start(
+        db.namespace(),
+        &[("GORGE_LOG_LEVEL", "info,delivery=debug")],
+    );
+    let failed = service.process.logged("WEBHOOK_DELIVERY_FAILED").await;
+    assert_eq!(failed["host"], "127.0.0.1", "{failed}");
+    assert_eq!(failed["reason"], "5xx", "{failed}");
+    let posted = service.process.logged("WEBHOOK_POSTED").await;
+    assert_eq!(posted["component"], "delivery", "{posted}");
+    assert_eq!(posted["result"], "500", "{posted}");
+    assert_eq!(posted["host"], "127.0.0.1", "{posted}");
+    assert!(!service.process.lines().join("\n").contains("secret-path"));
+    // Other components stay at info.
+    assert!(service.process.log_events("WEBHOOK_POLLED").is_empty());
+    drop(service);
+    db.drop_database().await;
+}

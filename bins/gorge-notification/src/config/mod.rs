@@ -133,7 +133,7 @@ pub fn env_key(key: &str) -> String {
 /// Loads the configuration from `cli_file` (if given), the environment and the defaults,
 /// and validates the logging variables too, so `--check-config` refuses what startup would.
 pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
-    let log = Layered::<LogVars>::from_env()?;
+    let log = gorge_service::logging::log_vars(crate::events::ALL)?;
     let mut config = load_from(cli_file, &|var| env_value(var))?;
     config.log = log;
     config

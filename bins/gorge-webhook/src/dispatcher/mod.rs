@@ -137,6 +137,10 @@ impl Dispatcher {
                     error_backoff = (error_backoff * 2).min(DB_ERROR_BACKOFF_MAX);
                 }
                 Ok(round) => {
+                    emit!(self.log, events::WEBHOOK_POLLED; "fetched" => round.fetched,
+                        "started" => round.started, "skipped_local" => round.skipped_local,
+                        "excluded_busy" => round.excluded_busy, "broken" => round.broken,
+                        "more_waiting" => round.more_waiting);
                     if db_ok != Some(true) {
                         emit!(self.log, events::WEBHOOK_DB_READY; "database" => self.store.database());
                         db_ok = Some(true);
