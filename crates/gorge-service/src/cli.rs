@@ -65,6 +65,10 @@ pub fn exit_healthcheck(
     configured: impl FnOnce() -> Result<SocketAddr, ConfigError>,
 ) -> ! {
     let addr = match port {
+        Some(0) => {
+            eprintln!("healthcheck: --port 0 is not a port: expected 1-65535");
+            std::process::exit(1)
+        }
         Some(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         None => match configured() {
             Ok(listen) => crate::healthcheck::probe_target(listen),

@@ -365,7 +365,22 @@ pub fn check_warnings(config: &Config) -> Vec<String> {
         .ignored
         .iter()
         .map(|k| format!("{} (in {file}) is ignored: {}", k.key, k.reason));
-    config.warnings.iter().cloned().chain(ignored).collect()
+    // The same warning NOTIFY_ADMIN_NOT_LOOPBACK logs at start.
+    let exposed = crate::service::exposed_admin_addrs(config)
+        .into_iter()
+        .map(|addr| {
+            format!(
+                "the admin server listens on {addr}, not loopback: it has no authentication; \
+                 keep it off public networks"
+            )
+        });
+    config
+        .warnings
+        .iter()
+        .cloned()
+        .chain(ignored)
+        .chain(exposed)
+        .collect()
 }
 
 /// An Aphlict-format file holding the effective configuration (the defaults, when nothing
