@@ -577,3 +577,27 @@ fn check_config_warns_of_an_admin_server_off_loopback() {
         ]
     );
 }
+
+#[test]
+fn peer_mistakes_get_the_fix() {
+    let output = run(
+        &["--check-config"],
+        &[("GORGE_NOTIFICATION_PEERS", "https://a:22281/path")],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "invalid configuration: GORGE_NOTIFICATION_PEERS=\"https://a:22281/path\": a peer URL \
+         has no path or query: expected http://host:port (gorge posts to the peer's admin port \
+         at /, as Aphlict does); remove \"/path\"\n"
+    );
+    let file = config_file(r#"{"cluster": ["http://a:22281"]}"#);
+    let output = run(&["--config", file.path().to_str().unwrap()], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "invalid configuration: cluster[0]=\"http://a:22281\": expected an object like \
+         {\"host\": \"a\", \"port\": 22281, \"protocol\": \"http\"} (Aphlict's format); a list \
+         of URLs goes in GORGE_NOTIFICATION_PEERS\n"
+    );
+}

@@ -162,6 +162,7 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
             Arc::clone(&health),
             Arc::default(),
             Duration::from_secs(60),
+            Default::default(),
         );
         let reason = ready().await.unwrap_err();
         assert!(reason.contains("poll loop"), "{reason}");
@@ -183,7 +184,13 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     .await;
     assert!(!health.is_dead());
     assert_eq!(log.count("WEBHOOK_POLL_LOOP_DIED"), 0);
-    let ready = readiness(db.store(), health, Arc::default(), Duration::from_secs(60));
+    let ready = readiness(
+        db.store(),
+        health,
+        Arc::default(),
+        Duration::from_secs(60),
+        Default::default(),
+    );
     assert_eq!(ready().await, Ok(()));
     db.drop_database().await;
 }

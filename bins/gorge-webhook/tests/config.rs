@@ -168,7 +168,7 @@ fn an_unknown_key_in_the_config_file_exits_2_naming_key_and_file() {
         stderr,
         format!(
             concat!(
-                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": unknown key"#,
+                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": settings are flat keys, not tables: write `mysql_host`, `mysql_port`, `mysql_user`, `mysql_pass`, `mysql_socket`, `mysql_max_connections`, `mysql_max_lock_connections`, `mysql_query_timeout_sec` at the top level"#,
                 "\n"
             ),
             json.display()
@@ -434,4 +434,38 @@ fn an_unknown_log_component_is_refused_with_a_suggestion() {
         &[("GORGE_LOG_LEVEL", "debug,delivery=info")],
     );
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn toml_shapes_an_operator_reaches_for() {
+    let dir = tempfile::tempdir().unwrap();
+    // A list for the blacklist, as TOML and the chart's value make natural: accepted.
+    let path = dir.path().join("list.toml");
+    std::fs::write(
+        &path,
+        "outbound_blacklist = [\"10.0.0.0/8\", \"192.168.0.0/16\", \"fd00::/8\"]\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) =
+        run_binary(&["--config", path.to_str().unwrap(), "--check-config"], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        checked(&stdout, "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"),
+        ("3 networks".to_string(), format!("file {}", path.display()))
+    );
+    // A [mysql] table: the flat keys to write instead.
+    let path = dir.path().join("table.toml");
+    std::fs::write(&path, "[mysql]\nhost = \"db\"\n").unwrap();
+    let (code, _, stderr) = run_binary(&["--config", path.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        stderr,
+        format!(
+            "invalid configuration: mysql (in {})=\"{{\\\"host\\\":\\\"db\\\"}}\": settings are \
+             flat keys, not tables: write `mysql_host`, `mysql_port`, `mysql_user`, `mysql_pass`, \
+             `mysql_socket`, `mysql_max_connections`, `mysql_max_lock_connections`, \
+             `mysql_query_timeout_sec` at the top level\n",
+            path.display()
+        )
+    );
 }

@@ -250,6 +250,7 @@ async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
         Arc::default(),
         Arc::clone(&slot),
         Duration::from_secs(45),
+        Default::default(),
     );
     assert_eq!(ready().await, Ok(()));
     clock.advance_sec(46);

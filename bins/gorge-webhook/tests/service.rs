@@ -419,3 +419,43 @@ async fn a_failed_delivery_names_its_host_and_delivery_at_debug_logs_the_post() 
     drop(service);
     db.drop_database().await;
 }
+
+/// An account made as Phorge's docs make them, `'user'@'localhost'`, matches only socket
+/// connections: `/readyz` says so, and how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_denied_over_tcp_explains_localhost_accounts() {
+    let db = TestDb::create().await.unwrap();
+    let user = format!("{}_lh", db.namespace());
+    common::admin_sql(&format!(
+        "CREATE USER '{user}'@'localhost' IDENTIFIED BY 'pw'"
+    ))
+    .await;
+    let service = Service::start(
+        db.namespace(),
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "pw"),
+        ],
+    );
+    let (status, body) = service.get("/readyz", &[]);
+    common::admin_sql(&format!("DROP USER '{user}'@'localhost'")).await;
+    assert_eq!(status, 503, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let reason = body["reason"].as_str().unwrap();
+    let opts = gorge_claim::testdb::server_opts();
+    let fix = format!(
+        " (connecting to {}:{} as '{user}' (GORGE_WEBHOOK_MYSQL_HOST, GORGE_WEBHOOK_MYSQL_PORT)): \
+         over TCP the server matches the account by the address it sees, shown above, never \
+         'localhost'; an account made as '{user}'@'localhost' only matches socket connections: \
+         create '{user}'@'<that address>' with the same password and grants, or set \
+         GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket (e.g. /run/mysqld/mysqld.sock)",
+        opts.ip_or_hostname(),
+        opts.tcp_port()
+    );
+    assert!(
+        reason.contains(&format!("Access denied for user '{user}'@'")) && reason.ends_with(&fix),
+        "{reason}"
+    );
+    drop(service);
+    db.drop_database().await;
+}

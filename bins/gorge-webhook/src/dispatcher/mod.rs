@@ -26,6 +26,7 @@ use slog::Logger;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::clock::UnixClock;
+use crate::dberror::DbEndpoint;
 use crate::delivery::Deliverer;
 use crate::metrics::Metrics;
 
@@ -46,6 +47,8 @@ pub struct DispatcherConfig {
     pub timing: ClaimTiming,
     pub error_backoff_sec: u64,
     pub error_threshold: u64,
+    /// Where the database is, for error messages.
+    pub db: DbEndpoint,
 }
 
 /// Polls `herald_webhookrequest` and delivers what it wins.
@@ -128,7 +131,8 @@ impl Dispatcher {
                 Err(err) => {
                     self.metrics.poll_errors.inc();
                     emit!(self.log, events::WEBHOOK_POLL_ERROR;
-                        "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
+                        "error" => crate::dberror::explain(&err, &self.config.db),
+                        "retry_in_ms" => error_backoff.as_millis() as u64);
                     db_ok = Some(false);
                     tokio::select! {
                         _ = tokio::time::sleep(error_backoff) => {}
