@@ -314,10 +314,11 @@ aphlict = json.loads((units_dir / "aphlict.json").read_text(encoding="utf-8"))
 admins = [s for s in aphlict["servers"] if s["type"] == "admin"]
 if not admins or any(s.get("listen") != "127.0.0.1" for s in admins):
     errors.append(f"{units_dir}/aphlict.json: every admin server must listen on 127.0.0.1")
-webhook = parse(units_dir / "gorge-webhook.service")
-if not any(v.startswith("GORGE_LISTEN_ADDR=127.0.0.1:")
-           for v in webhook.get(("Service", "Environment"), [])):
-    errors.append(f"{units_dir}/gorge-webhook.service: needs Environment=GORGE_LISTEN_ADDR=127.0.0.1:PORT")
+# The one env file the unit and the documented check (--env-file) both read binds the
+# unauthenticated status API to loopback.
+webhook_env = (units_dir / "gorge-webhook.env").read_text(encoding="utf-8").splitlines()
+if not any(line.startswith("GORGE_LISTEN_ADDR=127.0.0.1:") for line in webhook_env):
+    errors.append(f"{units_dir}/gorge-webhook.env: needs GORGE_LISTEN_ADDR=127.0.0.1:PORT")
 for env in units_dir.glob("*.env"):
     for number, line in enumerate(env.read_text(encoding="utf-8").splitlines(), 1):
         if not line.startswith("#") and line and (not re.fullmatch(r"[A-Z_]+=\S*", line)):

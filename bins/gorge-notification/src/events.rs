@@ -21,15 +21,15 @@ gorge_service::events! {
         NOTIFY_BIND_FAILED: Error ["addr", "error"]
             "A listener could not be bound: nothing serves, exit 1";
         NOTIFY_STOPPED: Error ["error"] "A runtime failure stopped the server (exit 1)";
-        NOTIFY_CLIENT_CONNECTED: Debug ["instance"] "A browser's WebSocket was accepted";
-        NOTIFY_CLIENT_DISCONNECTED: Debug ["instance", "reason"]
+        NOTIFY_CLIENT_CONNECTED: Debug @ "clients" ["instance"] "A browser's WebSocket was accepted";
+        NOTIFY_CLIENT_DISCONNECTED: Debug @ "clients" ["instance", "reason"]
             "A socket ended; `reason` is a `sockets_closed_total` reason";
-        NOTIFY_MESSAGE_ACCEPTED: Debug ["instance", "subscribers", "bytes"]
+        NOTIFY_MESSAGE_ACCEPTED: Debug @ "admin" ["instance", "subscribers", "bytes"]
             "The admin port accepted a message (before fan-out)";
         NOTIFY_MESSAGE_DELIVERED: Debug @ "fanout"
             ["instance", "subscribers", "queued", "slow_consumers", "batch"]
             "The fan-out thread delivered a message; `batch`: messages in the same pass";
-        NOTIFY_SLOW_CONSUMER: Info ["instance"]
+        NOTIFY_SLOW_CONSUMER: Info @ "clients" ["instance"]
             "A socket overflowed its queue and is closed with 1008";
         NOTIFY_UPGRADE_UNSUPPORTED: Warning ["reason"]
             "An upgraded connection that is not a plain TCP stream was dropped";
@@ -45,6 +45,11 @@ gorge_service::events! {
         NOTIFY_PEER_DOWN: Warning @ "peers" ["peer", "reason"]
             "A relay to the peer failed while it was not already down (once per outage; no \
              retries)";
+        NOTIFY_PEER_RELAYED: Debug @ "peers" ["peer", "instance", "bytes", "elapsed_ms"]
+            "A message was relayed to the peer (every one; `NOTIFY_PEER_UP` logs only changes)";
+        NOTIFY_PEER_RELAY_FAILED: Debug @ "peers" ["peer", "reason"]
+            "A relay to the peer failed (every one; `NOTIFY_PEER_DOWN` logs only the first of \
+             an outage)";
         NOTIFY_PEER_IS_SELF: Info @ "peers" ["peer"]
             "A listed or discovered peer answered with our own fingerprint: it is this server, \
              and is not relayed to";

@@ -51,6 +51,9 @@ enum Subcommand {
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = cli.common.apply_env_file() {
+        exit_env_file_error(&e, cli.command.as_ref());
+    }
     let config_path = cli.common.config.as_deref();
     let targets = |args: &TargetArgs| {
         config::load(config_path)
@@ -108,6 +111,16 @@ fn main() {
     let logging =
         init_logging("gorge-notification", VERSION).unwrap_or_else(|e| exit_config_error(&e));
     run_to_exit(logging, |log| async move { serve(config, &log).await });
+}
+
+/// An unreadable or refused `--env-file`: exit 1 for `healthcheck` (Docker reserves 2 of a
+/// HEALTHCHECK command), else 2 like any invalid configuration.
+fn exit_env_file_error(err: &ConfigError, command: Option<&Subcommand>) -> ! {
+    if let Some(Subcommand::Common(Command::Healthcheck { .. })) = command {
+        eprintln!("healthcheck: {err}");
+        std::process::exit(1)
+    }
+    exit_config_error(err)
 }
 
 async fn serve(config: config::Config, log: &slog::Logger) -> i32 {

@@ -268,3 +268,34 @@ async fn servers_that_list_themselves_too_deliver_exactly_once() {
         assert_eq!(found.len(), 1, "{found:?}");
     }
 }
+
+/// `GORGE_LOG_LEVEL=info,peers=debug` (operations.md's example) logs every relay, and only
+/// the `peers` component's debug events: the admin port's stay at info.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_at_debug_logs_every_relay_and_nothing_else_at_debug() {
+    let (receiver, sender) = (0..5)
+        .find_map(|_| {
+            let ports = gorge_testkit::free_ports(4);
+            let receiver = Server::start_on(ports[0], ports[1], &[])?;
+            let peer = format!("http://127.0.0.1:{}", ports[1]);
+            let env = [
+                ("GORGE_NOTIFICATION_PEERS", peer.as_str()),
+                ("GORGE_LOG_LEVEL", "info,peers=debug"),
+            ];
+            Some((receiver, Server::start_on(ports[2], ports[3], &env)?))
+        })
+        .expect("servers did not start");
+    let response = sender
+        .post(&format!("?instance={INSTANCE}"), &message("debug"))
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    let relayed = sender.wait_for_log("NOTIFY_PEER_RELAYED").await;
+    assert_eq!(
+        relayed["peer"],
+        format!("127.0.0.1:{}", receiver.admin_port),
+        "{relayed}"
+    );
+    assert_eq!(relayed["component"], "peers", "{relayed}");
+    assert_eq!(relayed["instance"], INSTANCE, "{relayed}");
+    assert!(sender.log_events("NOTIFY_MESSAGE_ACCEPTED").is_empty());
+}

@@ -84,3 +84,16 @@ fn a_failed_probe_says_why() {
         (code, stderr)
     });
 }
+
+#[test]
+fn port_0_is_refused_not_probed() {
+    let (code, stdout, stderr) = run_to_end(BIN, &["healthcheck", "--port", "0"], &[]);
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (
+            Some(1),
+            "",
+            "healthcheck: --port 0 is not a port: expected 1-65535\n"
+        )
+    );
+}

@@ -49,7 +49,7 @@ gorge_service::settings! {
         mysql_host: Text = "127.0.0.1".into(), "MariaDB/MySQL server";
         mysql_port: Port = 3306, "MariaDB/MySQL port";
         mysql_user: Text = "phorge".into(),
-            "needs the grants under [Database privileges](#database-privileges-and-connection-budget)";
+            "needs the grants of [Database grants](operations.md#database-grants)";
         mysql_pass: SecretText = Secret::default(), "never logged or printed";
         mysql_socket: Text = String::new(),
             "a Unix socket to connect through instead of host and port. Empty: always TCP to \
@@ -133,6 +133,25 @@ impl std::ops::Deref for Settings {
     }
 }
 
+/// A table (`[mysql]`, a JSON object) where the file has flat keys: names the keys to write
+/// instead.
+fn flat_keys_error(path: &Path, key: &str, value: &serde_json::Value) -> ConfigError {
+    let prefix = format!("{key}_");
+    let keys: Vec<&str> = RawSettings::file_keys()
+        .filter(|k| k.starts_with(&prefix))
+        .collect();
+    let instead = match keys.is_empty() {
+        true => String::new(),
+        false => format!(": write `{}` at the top level", keys.join("`, `")),
+    };
+    let reason = format!("settings are flat keys, not tables{instead}");
+    ConfigError::new(
+        format!("{key} (in {})", path.display()),
+        settings::value_text(value),
+        reason,
+    )
+}
+
 /// The formats `--config` reads, by extension.
 const FILE_FORMATS: [FileFormat; 2] = [FileFormat::Toml, FileFormat::Json];
 
@@ -140,7 +159,7 @@ impl Settings {
     /// Layers defaults, the optional file and the environment, then validates (the logging
     /// variables too, so `--check-config` refuses what startup refuses).
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        let log = Layered::<LogVars>::from_env()?;
+        let log = gorge_service::logging::log_vars(crate::events::ALL)?;
         let mut settings = Settings::load_from(file, &|var| env_value(var))?;
         settings.log = log;
         settings.environment_warnings = unknown_env_warnings::<RawSettings>(std::env::vars());
@@ -156,12 +175,23 @@ impl Settings {
     ) -> Result<Settings, ConfigError> {
         let mut layered = Layered::<RawSettings>::default();
         if let Some(path) = file {
-            let entries = settings::read_file(path, "--config", &FILE_FORMATS)?;
+            let mut entries = settings::read_file(path, "--config", &FILE_FORMATS)?;
+            // A list is what TOML (and the chart's value) makes natural for the blacklist;
+            // read it as the variable's comma-separated text.
+            if let Some(serde_json::Value::Array(items)) = entries.get("outbound_blacklist") {
+                if let Some(texts) = items.iter().map(|i| i.as_str()).collect::<Option<Vec<_>>>() {
+                    let joined = texts.join(", ");
+                    entries.insert("outbound_blacklist".into(), joined.into());
+                }
+            }
             let mut unknown = layered.apply_file(path, &entries)?;
             // The first in sorted order, whatever order the file has.
             unknown.sort_by(|a, b| a.0.cmp(&b.0));
             if let Some((key, value)) = unknown.first() {
-                return Err(unknown_file_key(path, key, value, RawSettings::file_keys()));
+                return Err(match value {
+                    serde_json::Value::Object(_) => flat_keys_error(path, key, value),
+                    _ => unknown_file_key(path, key, value, RawSettings::file_keys()),
+                });
             }
         }
         layered.apply_env(env, &[])?;

@@ -34,16 +34,26 @@ gorge_service::events! {
         WEBHOOK_ROW_DB_ERROR: Warning ["error", "request", "hook"]
             "A database error in one row's steps: the row is left queued for a later poll; \
              logged for the first such row only, again after a row's steps end otherwise";
+        WEBHOOK_POLLED: Debug @ "poll"
+            ["fetched", "started", "skipped_local", "excluded_busy", "broken", "more_waiting"]
+            "A poll round: candidate rows fetched, started, skipped because this process is on \
+             their hook, hooks left out as busy here, rows failed as unusable, and whether more \
+             is waiting (every round)";
+        WEBHOOK_POSTED: Debug @ "delivery" ["request", "hook", "host", "result", "elapsed_ms"]
+            "A POST ended, before its result is written: `result` is the HTTP status or the \
+             failure (every attempt)";
         WEBHOOK_DELIVERED: Info ["request", "hook", "code"] "A 2xx was written back";
-        WEBHOOK_DELIVERY_FAILED: Warning ["request", "hook", "code", "reason", "status"]
+        WEBHOOK_DELIVERY_FAILED: Warning ["request", "hook", "code", "reason", "status", "host"]
             "A failure was written back: `code` is the `errorCode` written, `reason` the \
              readable reason (the `class` label of `deliveries_total`: `4xx`, `timeout`, \
-             `hook` when no POST was made…), `status` the row's new status";
+             `hook` when no POST was made…), `status` the row's new status, `host` the hook \
+             URI's host when a POST was attempted (absent for `hook` failures). Phorge's \
+             Herald webhook pages show each request";
         WEBHOOK_INVALID_PROPERTIES: Warning ["request", "error", "bytes"]
             "A `properties` column could not be used (failed as `hook`/`invalid-properties`)";
         WEBHOOK_POLICY_BLOCKED: Warning ["request", "hook", "host", "reason"]
             "A hook URI was refused by the outbound policy";
-        WEBHOOK_CLAIM_LOST: Debug ["request", "seen_version"] "Another claimant won a row";
+        WEBHOOK_CLAIM_LOST: Debug @ "claim" ["request", "seen_version"] "Another claimant won a row";
         WEBHOOK_RESULT_TAKEN_OVER: Warning ["request", "version", "status"]
             "A result write found the row re-claimed after the lease; dropped";
         WEBHOOK_RESULT_WRITE_RETRY: Warning ["request", "error", "lease_left_ms"]

@@ -13,6 +13,7 @@
 //! - [`connector`]: connections to receivers: the pooled hyper client and the connector that
 //!   dials only checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
+//! - [`dberror`]: database errors with where the service connects and the usual fixes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing results;
 //! - [`handover`]: whether Phorge hands requests over at all (readiness, one log line);
 //! - [`outcome`]: what an attempt writes back, in Phorge's values, and the labels it is
@@ -25,6 +26,7 @@ pub mod api;
 pub mod clock;
 pub mod config;
 pub mod connector;
+pub mod dberror;
 pub mod delivery;
 pub mod dispatcher;
 pub mod events;

@@ -23,6 +23,14 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = cli.common.apply_env_file() {
+        // Docker reserves exit code 2 of a HEALTHCHECK command.
+        if let Some(Command::Healthcheck { .. }) = cli.command {
+            eprintln!("healthcheck: {e}");
+            std::process::exit(1)
+        }
+        exit_config_error(&e)
+    }
     if let Some(Command::Healthcheck { port }) = cli.command {
         exit_healthcheck(port, || {
             Settings::load(cli.common.config.as_deref()).map(|s| s.listen_addr)

@@ -103,7 +103,12 @@ impl fmt::Display for PolicyError {
             PolicyError::InvalidUri => {
                 f.write_str("not an http/https URI with a host and a valid port")
             }
-            PolicyError::Blocked(ip) => write!(f, "address {ip} is in the outbound blacklist"),
+            // Names the setting: the operator's fix is there (or in the hook's URI).
+            PolicyError::Blocked(ip) => write!(
+                f,
+                "address {ip} is in the outbound blacklist (GORGE_WEBHOOK_OUTBOUND_BLACKLIST, \
+                 Phorge's security.outbound-blacklist)"
+            ),
             PolicyError::Unresolvable => f.write_str("host did not resolve"),
         }
     }
@@ -342,6 +347,12 @@ mod tests {
             policy.check("https://localhost/", t).await.unwrap_err(),
             PolicyError::Blocked(_)
         ));
+        // WEBHOOK_POLICY_BLOCKED's reason names the setting that decides.
+        assert_eq!(
+            PolicyError::Blocked(ip("10.1.2.3")).to_string(),
+            "address 10.1.2.3 is in the outbound blacklist (GORGE_WEBHOOK_OUTBOUND_BLACKLIST, \
+             Phorge's security.outbound-blacklist)"
+        );
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
+use gorge_claim::{ClaimStore, ClaimTiming};
 use gorge_service::{bind_all, ListenerSpec, Probes, ReadinessCheck, RunOptions, Shutdown};
 use prometheus_client::metrics::gauge::Gauge;
 use slog::Logger;
@@ -21,6 +21,7 @@ use crate::api::Api;
 use crate::clock::SystemClock;
 use crate::config::Settings;
 use crate::connector::ConnectionOptions;
+use crate::dberror::{self, DbEndpoint};
 use crate::delivery::Deliverer;
 use crate::dispatcher::{Dispatcher, DispatcherConfig};
 use crate::events;
@@ -90,6 +91,7 @@ impl From<&Settings> for DispatcherConfig {
             },
             error_backoff_sec: settings.error_backoff_sec,
             error_threshold: settings.error_threshold,
+            db: DbEndpoint::of(settings),
         }
     }
 }
@@ -161,6 +163,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
                 Arc::clone(&health),
                 Arc::clone(&dispatcher),
                 stall_limit(&settings),
+                DbEndpoint::of(&settings),
             ),
             Arc::clone(&handover),
         ),
@@ -255,16 +258,20 @@ pub fn stall_limit(settings: &Settings) -> Duration {
 }
 
 /// `/readyz`: the poll loop is alive and has made progress within `stall_limit`, and a
-/// bounded round trip on `{namespace}_herald` succeeds. A missing database is "not ready"
+/// bounded round trip on `{namespace}_herald` shows the user has the privileges the service
+/// needs there (else the reason is the `GRANT` to run). A missing database is "not ready"
 /// (Phorge has not run `bin/storage upgrade` yet), never a crash.
 pub fn readiness(
     store: ClaimStore,
     health: Arc<PollHealth>,
     dispatcher: Arc<Dispatcher>,
     stall_limit: Duration,
+    at: DbEndpoint,
 ) -> ReadinessCheck {
+    let at = Arc::new(at);
     Arc::new(move || {
         let store = store.clone();
+        let at = Arc::clone(&at);
         let health = Arc::clone(&health);
         let dispatcher = Arc::clone(&dispatcher);
         Box::pin(async move {
@@ -278,18 +285,17 @@ pub fn readiness(
                     idle.as_secs()
                 ));
             }
-            match tokio::time::timeout(READINESS_TIMEOUT, store.ping()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(err)) => Err(readiness_reason(&err)),
+            match tokio::time::timeout(READINESS_TIMEOUT, store.missing_grant()).await {
+                Ok(Ok(None)) => Ok(()),
+                Ok(Ok(Some(grant))) => Err(format!(
+                    "missing privilege, nothing can be claimed: {grant} \
+                     (docs/operations.md, \"Database grants\")"
+                )),
+                Ok(Err(err)) => Err(dberror::explain(&err, &at)),
                 Err(_) => Err("database did not answer within 2 s".to_string()),
             }
         })
     })
-}
-
-fn readiness_reason(err: &ClaimError) -> String {
-    // One line, whatever the driver said.
-    err.to_string().replace(['\n', '\r'], " ")
 }
 
 async fn sample_loop(dispatcher: Arc<Dispatcher>, db_up: Gauge, shutdown: Shutdown) {

@@ -165,6 +165,7 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
             Arc::clone(&health),
             Arc::clone(&dispatcher),
             Duration::from_secs(60),
+            Default::default(),
         );
         let reason = ready().await.unwrap_err();
         assert!(reason.contains("poll loop"), "{reason}");
@@ -186,7 +187,13 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     .await;
     assert!(!health.is_dead());
     assert_eq!(log.count("WEBHOOK_POLL_LOOP_DIED"), 0);
-    let ready = readiness(db.store(), health, dispatcher, Duration::from_secs(60));
+    let ready = readiness(
+        db.store(),
+        health,
+        dispatcher,
+        Duration::from_secs(60),
+        Default::default(),
+    );
     assert_eq!(ready().await, Ok(()));
     db.drop_database().await;
 }

@@ -168,7 +168,7 @@ fn an_unknown_key_in_the_config_file_exits_2_naming_key_and_file() {
         stderr,
         format!(
             concat!(
-                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": unknown key"#,
+                r#"invalid configuration: mysql (in {})="{{\"host\":\"db\"}}": settings are flat keys, not tables: write `mysql_host`, `mysql_port`, `mysql_user`, `mysql_pass`, `mysql_socket`, `mysql_max_connections`, `mysql_max_lock_connections`, `mysql_query_timeout_sec` at the top level"#,
                 "\n"
             ),
             json.display()
@@ -361,4 +361,111 @@ fn print_config_writes_a_toml_file_that_loads_back() {
         &[("GORGE_WEBHOOK_MYSQL_PASS", "hunter2")],
     );
     assert!(!printed.contains("hunter2"), "{printed}");
+}
+
+#[test]
+fn env_file_is_read_as_systemd_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gorge-webhook.env");
+    // What broke `env $(grep … | xargs)`: a `'` in the password, a list with spaces.
+    std::fs::write(
+        &path,
+        "# /etc/gorge/gorge-webhook.env\n\
+         GORGE_WEBHOOK_MYSQL_PASS=it's \"secret\"\n\
+         GORGE_WEBHOOK_OUTBOUND_BLACKLIST=10.0.0.0/8, 192.168.0.0/16\n\
+         GORGE_WEBHOOK_MAX_CONCURRENT='3'\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run_binary(
+        &["--env-file", path.to_str().unwrap(), "--check-config"],
+        // The file replaces an inherited value, as EnvironmentFile= replaces Environment=.
+        &[("GORGE_WEBHOOK_MAX_CONCURRENT", "5")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for (name, value) in [
+        ("GORGE_WEBHOOK_MYSQL_PASS", "********"),
+        ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "2 networks"),
+        ("GORGE_WEBHOOK_MAX_CONCURRENT", "3"),
+    ] {
+        assert_eq!(
+            checked(&stdout, name),
+            (value.to_string(), format!("env {name}")),
+            "{stdout}"
+        );
+    }
+
+    // A line systemd would skip is refused, naming the file and the line.
+    std::fs::write(
+        &path,
+        "GORGE_WEBHOOK_MYSQL_PASS=x\nexport GORGE_LOG_LEVEL=debug\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = run_binary(&["--env-file", path.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "invalid configuration: --env-file={:?}: line 2: \"export GORGE_LOG_LEVEL\" is not \
+             a variable name (letters, digits and _, not starting with a digit; no `export`): \
+             systemd's EnvironmentFile= ignores this line, so the service would run without it\n",
+            path.display().to_string()
+        )
+    );
+    // healthcheck keeps exit code 1 (Docker reserves 2).
+    let (code, _, stderr) = run_binary(&["healthcheck", "--env-file", "/nonexistent.env"], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("healthcheck: invalid configuration: --env-file=\"/nonexistent.env\": cannot read the file: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_log_component_is_refused_with_a_suggestion() {
+    let (code, _, stderr) = run_binary(&[], &[("GORGE_LOG_LEVEL", "info,pol=debug")]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        stderr,
+        "invalid configuration: GORGE_LOG_LEVEL=\"info,pol=debug\": unknown component `pol` \
+         (did you mean `poll`?); this service's components: claim, delivery, poll\n"
+    );
+    let (code, _, stderr) = run_binary(
+        &["--check-config"],
+        &[("GORGE_LOG_LEVEL", "debug,delivery=info")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn toml_shapes_an_operator_reaches_for() {
+    let dir = tempfile::tempdir().unwrap();
+    // A list for the blacklist, as TOML and the chart's value make natural: accepted.
+    let path = dir.path().join("list.toml");
+    std::fs::write(
+        &path,
+        "outbound_blacklist = [\"10.0.0.0/8\", \"192.168.0.0/16\", \"fd00::/8\"]\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) =
+        run_binary(&["--config", path.to_str().unwrap(), "--check-config"], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        checked(&stdout, "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"),
+        ("3 networks".to_string(), format!("file {}", path.display()))
+    );
+    // A [mysql] table: the flat keys to write instead.
+    let path = dir.path().join("table.toml");
+    std::fs::write(&path, "[mysql]\nhost = \"db\"\n").unwrap();
+    let (code, _, stderr) = run_binary(&["--config", path.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        stderr,
+        format!(
+            "invalid configuration: mysql (in {})=\"{{\\\"host\\\":\\\"db\\\"}}\": settings are \
+             flat keys, not tables: write `mysql_host`, `mysql_port`, `mysql_user`, `mysql_pass`, \
+             `mysql_socket`, `mysql_max_connections`, `mysql_max_lock_connections`, \
+             `mysql_query_timeout_sec` at the top level\n",
+            path.display()
+        )
+    );
 }

@@ -253,6 +253,7 @@ async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
         Arc::default(),
         Arc::clone(&dispatcher),
         Duration::from_secs(45),
+        Default::default(),
     );
     assert_eq!(ready().await, Ok(()));
     clock.advance_sec(46);

@@ -385,3 +385,132 @@ async fn a_second_copy_is_refused_while_the_first_serves_and_takes_over_while_it
     assert_eq!(first.process.exited().await.code(), Some(0));
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_missing_grant() {
+    let db = TestDb::create().await.unwrap();
+    let ns = db.namespace();
+    // A user with operations.md's SELECTs but without UPDATE on the request table.
+    let user = format!("{ns}_ro");
+    common::admin_sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    for table in ["herald_webhookrequest", "herald_webhook"] {
+        common::admin_sql(&format!(
+            "GRANT SELECT ON `{ns}_herald`.`{table}` TO '{user}'@'%'"
+        ))
+        .await;
+    }
+    let service = Service::start(
+        ns,
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "pw"),
+        ],
+    );
+    let expected = format!(
+        r#"{{"status":"unavailable","reason":"missing privilege, nothing can be claimed: GRANT UPDATE ON `{ns}_herald`.`herald_webhookrequest` TO '{user}'@'%' (docs/operations.md, \"Database grants\")"}}"#
+    );
+    eventually(
+        Duration::from_secs(20),
+        "readyz names the grant",
+        || async { service.get("/readyz", &[]) == (503, expected.clone()) },
+    )
+    .await;
+
+    // The operator runs it; readiness follows without a restart.
+    common::admin_sql(&format!(
+        "GRANT UPDATE ON `{ns}_herald`.`herald_webhookrequest` TO '{user}'@'%'"
+    ))
+    .await;
+    eventually(Duration::from_secs(20), "ready", || async {
+        service.get("/readyz", &[]).0 == 200
+    })
+    .await;
+    drop(service);
+    common::admin_sql(&format!("DROP USER '{user}'@'%'")).await;
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_gives_the_storage_upgrade_hint_for_a_missing_table() {
+    let db = TestDb::create().await.unwrap();
+    let ns = db.namespace();
+    common::admin_sql(&format!("DROP TABLE `{ns}_herald`.`herald_webhookrequest`")).await;
+    let service = Service::start(ns, &[]);
+    let expected = format!(
+        r#"{{"status":"unavailable","reason":"database error: Table '{ns}_herald.herald_webhookrequest' doesn't exist (has Phorge's `bin/storage upgrade` run?)"}}"#
+    );
+    eventually(Duration::from_secs(20), "readyz gives the hint", || async {
+        service.get("/readyz", &[]) == (503, expected.clone())
+    })
+    .await;
+    drop(service);
+    db.drop_database().await;
+}
+
+/// `info,delivery=debug` logs every POST; a failure written back names the host it went to
+/// (never the URI: it may carry credentials).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_names_its_host_and_delivery_at_debug_logs_the_post() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(500);
+    let hook = enabled_hook(&db, &receiver.url("/secret-path?token=abc")).await;
+    db.insert_request(&NewRequest::new(&hook, "PHID-TASK-host"), unix_now())
+        .await
+        .unwrap();
+    let service = Service::start(
+        db.namespace(),
+        &[("GORGE_LOG_LEVEL", "info,delivery=debug")],
+    );
+    let failed = service.process.logged("WEBHOOK_DELIVERY_FAILED").await;
+    assert_eq!(failed["host"], "127.0.0.1", "{failed}");
+    assert_eq!(failed["reason"], "5xx", "{failed}");
+    let posted = service.process.logged("WEBHOOK_POSTED").await;
+    assert_eq!(posted["component"], "delivery", "{posted}");
+    assert_eq!(posted["result"], "500", "{posted}");
+    assert_eq!(posted["host"], "127.0.0.1", "{posted}");
+    assert!(!service.process.lines().join("\n").contains("secret-path"));
+    // Other components stay at info.
+    assert!(service.process.log_events("WEBHOOK_POLLED").is_empty());
+    drop(service);
+    db.drop_database().await;
+}
+
+/// An account made as Phorge's docs make them, `'user'@'localhost'`, matches only socket
+/// connections: `/readyz` says so, and how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_denied_over_tcp_explains_localhost_accounts() {
+    let db = TestDb::create().await.unwrap();
+    let user = format!("{}_lh", db.namespace());
+    common::admin_sql(&format!(
+        "CREATE USER '{user}'@'localhost' IDENTIFIED BY 'pw'"
+    ))
+    .await;
+    let service = Service::start(
+        db.namespace(),
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "pw"),
+        ],
+    );
+    let (status, body) = service.get("/readyz", &[]);
+    common::admin_sql(&format!("DROP USER '{user}'@'localhost'")).await;
+    assert_eq!(status, 503, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let reason = body["reason"].as_str().unwrap();
+    let opts = gorge_claim::testdb::server_opts();
+    let fix = format!(
+        " (connecting to {}:{} as '{user}' (GORGE_WEBHOOK_MYSQL_HOST, GORGE_WEBHOOK_MYSQL_PORT)): \
+         over TCP the server matches the account by the address it sees, shown above, never \
+         'localhost'; an account made as '{user}'@'localhost' only matches socket connections: \
+         create '{user}'@'<that address>' with the same password and grants, or set \
+         GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket (e.g. /run/mysqld/mysqld.sock)",
+        opts.ip_or_hostname(),
+        opts.tcp_port()
+    );
+    assert!(
+        reason.contains(&format!("Access denied for user '{user}'@'")) && reason.ends_with(&fix),
+        "{reason}"
+    );
+    drop(service);
+    db.drop_database().await;
+}

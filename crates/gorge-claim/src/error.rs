@@ -10,6 +10,13 @@ const ER_BAD_DB_ERROR: u16 = 1049;
 /// `ER_COLUMNACCESS_DENIED_ERROR`, `ER_NO_SUCH_TABLE`.
 const REFUSED_TABLE_ERRORS: [u16; 5] = [1044, ER_BAD_DB_ERROR, 1142, 1143, 1146];
 
+/// `ER_DBACCESS_DENIED_ERROR`, `ER_TABLEACCESS_DENIED_ERROR`, `ER_COLUMNACCESS_DENIED_ERROR`.
+const ACCESS_DENIED_ERRORS: [u16; 3] = [1044, 1142, 1143];
+
+/// `ER_NO_SUCH_TABLE`: the database exists, the table does not (an older Phorge, or
+/// `bin/storage upgrade` not finished).
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
 /// Server errors caused by a row's values: `ER_BAD_NULL_ERROR`, `ER_WARN_DATA_OUT_OF_RANGE`,
 /// `WARN_DATA_TRUNCATED`, `ER_TRUNCATED_WRONG_VALUE`, `ER_TRUNCATED_WRONG_VALUE_FOR_FIELD`,
 /// `ER_DATA_TOO_LONG`, and MariaDB's `ER_CONSTRAINT_FAILED` (e.g. a JSON check).
@@ -73,6 +80,17 @@ impl ClaimError {
         }
     }
 
+    /// True when the server refused a statement for a missing privilege on a database,
+    /// table or column (not for a table that does not exist).
+    pub fn is_access_denied(&self) -> bool {
+        match self {
+            ClaimError::Database(mysql_async::Error::Server(server)) => {
+                ACCESS_DENIED_ERRORS.contains(&server.code)
+            }
+            _ => false,
+        }
+    }
+
     /// True when the failure is the missing `{namespace}_herald` database.
     pub fn is_unknown_database(&self) -> bool {
         matches!(self, ClaimError::UnknownDatabase { .. })
@@ -86,6 +104,15 @@ impl fmt::Display for ClaimError {
                 f,
                 "unknown database `{database}` (has Phorge's `bin/storage upgrade` run?)"
             ),
+            ClaimError::Database(mysql_async::Error::Server(server))
+                if server.code == ER_NO_SUCH_TABLE =>
+            {
+                write!(
+                    f,
+                    "database error: {} (has Phorge's `bin/storage upgrade` run?)",
+                    server.message
+                )
+            }
             ClaimError::Database(err) => write!(f, "database error: {err}"),
             ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
             ClaimError::Timeout(what) => write!(f, "database timeout: {what}"),

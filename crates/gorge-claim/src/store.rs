@@ -505,6 +505,57 @@ impl ClaimStore {
         self.settle(conn, out, "readiness ping").map(|_| ())
     }
 
+    /// Readiness: the first privilege this user lacks on `{namespace}_herald`, as the
+    /// `GRANT` statement that adds it, or `None` when it has all three the service needs
+    /// (`SELECT` and `UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook`).
+    /// Each probe touches no row (`LIMIT 0`, `WHERE FALSE`); the server checks privileges
+    /// before it plans a statement, so a missing one is refused all the same. Any other
+    /// error (no database, no table, no connection) is returned as is.
+    pub async fn missing_grant(&self) -> Result<Option<String>, ClaimError> {
+        const PROBES: [(&str, &str, &str); 3] = [
+            (
+                "SELECT",
+                "herald_webhookrequest",
+                "SELECT 1 FROM herald_webhookrequest LIMIT 0",
+            ),
+            (
+                "UPDATE",
+                "herald_webhookrequest",
+                "UPDATE herald_webhookrequest SET dateModified = dateModified WHERE FALSE",
+            ),
+            (
+                "SELECT",
+                "herald_webhook",
+                "SELECT 1 FROM herald_webhook LIMIT 0",
+            ),
+        ];
+        let mut conn = self.conn().await?;
+        for (privilege, table, probe) in PROBES {
+            let out = self.timed(conn.query_drop(probe)).await;
+            match self.settle(conn, out, "privilege check") {
+                Ok((next, ())) => conn = next,
+                Err(err) if err.is_access_denied() => {
+                    let mut conn = self.conn().await?;
+                    let out = self
+                        .timed(conn.query_first::<String, _>("SELECT CURRENT_USER()"))
+                        .await;
+                    let (_, user) = self.settle(conn, out, "privilege check")?;
+                    // `gorge@127.0.0.1`, the account the server matched, as `'gorge'@'127.0.0.1'`.
+                    let account = match user.as_deref().and_then(|u| u.rsplit_once('@')) {
+                        Some((name, host)) => format!("'{name}'@'{host}'"),
+                        None => "<gorge user>".to_string(),
+                    };
+                    return Ok(Some(format!(
+                        "GRANT {privilege} ON `{}`.`{table}` TO {account}",
+                        self.database
+                    )));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(None)
+    }
+
     async fn timed<F: std::future::Future>(
         &self,
         fut: F,

@@ -1,5 +1,5 @@
-//! The command line every service binary shares — `--config PATH`, `--check-config` and the
-//! `healthcheck` subcommand — and the last step of `main`: run the service on a tokio runtime,
+//! The command line every service binary shares — `--config PATH`, `--env-file PATH`,
+//! `--check-config` and the `healthcheck` subcommand — and the last step of `main`: run the service on a tokio runtime,
 //! flush the logs, exit with the service's code.
 
 use std::future::Future;
@@ -18,6 +18,11 @@ pub struct CommonArgs {
     /// Global so that `healthcheck --config PATH` reads the same file as the service.
     #[arg(long, value_name = "PATH", global = true)]
     pub config: Option<PathBuf>,
+    /// Read NAME=value lines into the environment first, exactly as systemd's
+    /// EnvironmentFile= reads the file (its values replace inherited ones): check what the
+    /// unit's service sees with `--env-file FILE --check-config`.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub env_file: Option<PathBuf>,
     /// Validate the configuration, print the effective values (secrets masked) and exit.
     #[arg(long)]
     pub check_config: bool,
@@ -25,6 +30,17 @@ pub struct CommonArgs {
     /// defaults when nothing is set) and exit.
     #[arg(long, conflicts_with = "check_config")]
     pub print_config: bool,
+}
+
+impl CommonArgs {
+    /// Sets the variables of `--env-file`, if given, in this process's environment. Call
+    /// first in `main`, before any thread starts and before the configuration is read.
+    pub fn apply_env_file(&self) -> Result<(), ConfigError> {
+        match &self.env_file {
+            Some(path) => crate::envfile::apply(path),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Use as the binary's `#[command(subcommand)] command: Option<Command>`.
@@ -49,6 +65,10 @@ pub fn exit_healthcheck(
     configured: impl FnOnce() -> Result<SocketAddr, ConfigError>,
 ) -> ! {
     let addr = match port {
+        Some(0) => {
+            eprintln!("healthcheck: --port 0 is not a port: expected 1-65535");
+            std::process::exit(1)
+        }
         Some(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         None => match configured() {
             Ok(listen) => crate::healthcheck::probe_target(listen),

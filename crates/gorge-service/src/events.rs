@@ -176,6 +176,19 @@ crate::events! {
     ];
 }
 
+/// The components `events` and the shared runtime's events log under, sorted: the names a
+/// per-component `GORGE_LOG_LEVEL` (`info,peers=debug`) may use.
+pub fn components(events: &[Event]) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = events
+        .iter()
+        .chain(RUNTIME)
+        .filter_map(|event| event.component)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// A service's events table in docs/: `events` (the service's own), then [`RUNTIME`].
 pub fn docs_table(events: &[Event]) -> String {
     let rows: Vec<Vec<String>> = events

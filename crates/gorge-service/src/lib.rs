@@ -2,6 +2,7 @@
 //!
 //! - [`cli`]: the shared command line and the runtime `main` ends in;
 //! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
+//! - [`envfile`]: `--env-file`, read exactly as systemd's `EnvironmentFile=` reads it;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
@@ -22,6 +23,7 @@
 pub mod cli;
 pub mod config;
 pub mod docs;
+pub mod envfile;
 pub mod events;
 pub mod healthcheck;
 pub mod http;

@@ -19,7 +19,8 @@ use std::sync::OnceLock;
 
 use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
-use crate::config::ConfigError;
+use crate::config::{did_you_mean, env_value, ConfigError};
+use crate::events::Event;
 use crate::metrics::Counter;
 use crate::settings::{Layered, LogVars};
 
@@ -131,6 +132,34 @@ impl LogSettings {
         };
         Ok(LogSettings { level, format })
     }
+}
+
+/// The logging variables from the environment, for `--check-config` and startup alike. A
+/// `GORGE_LOG_LEVEL` component that none of `events` logs under is refused with a
+/// did-you-mean: `peer=debug` would otherwise change nothing, silently.
+pub fn log_vars(events: &[Event]) -> Result<Layered<LogVars>, ConfigError> {
+    let vars = Layered::<LogVars>::from_env()?;
+    let known = crate::events::components(events);
+    if let Some((unknown, _)) = vars
+        .values
+        .level
+        .components
+        .iter()
+        .find(|(name, _)| !known.contains(&name.as_str()))
+    {
+        let near = did_you_mean(unknown, known.iter().copied())
+            .map(|near| format!(" (did you mean `{near}`?)"))
+            .unwrap_or_default();
+        return Err(ConfigError::new(
+            LEVEL_VAR,
+            env_value(LEVEL_VAR).unwrap_or_default(),
+            format!(
+                "unknown component `{unknown}`{near}; this service's components: {}",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok(vars)
 }
 
 /// Reads the logging variables and builds the stdout logger.

@@ -773,7 +773,8 @@ settings! {
         #[env(crate::logging::LEVEL_VAR)]
         level: LogLevel = LevelSpec::new(slog::Level::Info),
             "`trace`, `debug`, `info`, `warn`, `error`, `critical`, optionally followed by \
-             per-component levels, `info,<component>=debug` (components: the Log events table)";
+             per-component levels, `info,<component>=debug` (components: the Component column of \
+             the Log events table; another name is refused)";
         #[env_only]
         #[env(crate::logging::FORMAT_VAR)]
         #[doc_default("`text` on a terminal, else `json`")]

@@ -149,7 +149,7 @@ pub fn env_key(key: &str) -> String {
 /// Loads the configuration from `cli_file` (if given), the environment and the defaults,
 /// and validates the logging variables too, so `--check-config` refuses what startup would.
 pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
-    let log = Layered::<LogVars>::from_env()?;
+    let log = gorge_service::logging::log_vars(crate::events::ALL)?;
     let mut config = load_from(cli_file, &|var| env_value(var))?;
     config.log = log;
     config
@@ -415,7 +415,22 @@ pub fn check_warnings(config: &Config) -> Vec<String> {
         .ignored
         .iter()
         .map(|k| format!("{} (in {file}) is ignored: {}", k.key, k.reason));
-    config.warnings.iter().cloned().chain(ignored).collect()
+    // The same warning NOTIFY_ADMIN_NOT_LOOPBACK logs at start.
+    let exposed = crate::service::exposed_admin_addrs(config)
+        .into_iter()
+        .map(|addr| {
+            format!(
+                "the admin server listens on {addr}, not loopback: it has no authentication; \
+                 keep it off public networks"
+            )
+        });
+    config
+        .warnings
+        .iter()
+        .cloned()
+        .chain(ignored)
+        .chain(exposed)
+        .collect()
 }
 
 /// An Aphlict-format file holding the effective configuration (the defaults, when nothing

@@ -60,6 +60,16 @@ pub fn parse_peer_url(key: &str, text: &str) -> Result<PeerUrl, ConfigError> {
         return Err(bad("expected a peer URL starting with http:// or https://"));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
+    // A path would otherwise be blamed on the port (`22281/path` is no number).
+    if let Some(at) = rest.find(['/', '?', '#']) {
+        if split_host_port(&rest[..at]).is_some() {
+            return Err(bad(&format!(
+                "a peer URL has no path or query: expected http://host:port (gorge posts to \
+                 the peer's admin port at /, as Aphlict does); remove {:?}",
+                &rest[at..]
+            )));
+        }
+    }
     let (host, port) =
         split_host_port(rest).ok_or_else(|| bad("expected a peer URL http://host:port"))?;
     let port = parse_port_text(port).ok_or_else(|| bad("expected a port number 1-65535"))?;

@@ -103,14 +103,20 @@ fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -
         return false;
     }
     let url = format!("{}?instance={}", link.base_url, job.instance_query);
+    let started = std::time::Instant::now();
     let observed = match post(&shared.agent, &url, &job.body) {
         Ok(fingerprint) if fingerprint == shared.own_fingerprint => return true,
         Ok(fingerprint) => {
             link.counters.ok.inc();
+            emit!(shared.log, events::NOTIFY_PEER_RELAYED; "peer" => &link.address,
+                "instance" => &*job.instance_query, "bytes" => job.body.len(),
+                "elapsed_ms" => started.elapsed().as_millis() as u64);
             Health::Up { fingerprint }
         }
         Err(reason) => {
             link.counters.failed.inc();
+            emit!(shared.log, events::NOTIFY_PEER_RELAY_FAILED; "peer" => &link.address,
+                "reason" => &reason);
             if *health != Health::Down {
                 emit!(shared.log, events::NOTIFY_PEER_DOWN; "peer" => &link.address, "reason" => reason);
             }

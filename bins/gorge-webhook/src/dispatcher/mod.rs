@@ -28,6 +28,7 @@ use slog::Logger;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::clock::UnixClock;
+use crate::dberror::DbEndpoint;
 use crate::delivery::Deliverer;
 use crate::metrics::Metrics;
 
@@ -48,6 +49,8 @@ pub struct DispatcherConfig {
     pub timing: ClaimTiming,
     pub error_backoff_sec: u64,
     pub error_threshold: u64,
+    /// Where the database is, for error messages.
+    pub db: DbEndpoint,
 }
 
 /// Polls `herald_webhookrequest` and delivers what it wins.
@@ -130,7 +133,8 @@ impl Dispatcher {
                 Err(err) => {
                     self.metrics.poll_errors.inc();
                     emit!(self.log, events::WEBHOOK_POLL_ERROR;
-                        "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
+                        "error" => crate::dberror::explain(&err, &self.config.db),
+                        "retry_in_ms" => error_backoff.as_millis() as u64);
                     db_ok = Some(false);
                     tokio::select! {
                         _ = tokio::time::sleep(error_backoff) => {}
@@ -139,6 +143,10 @@ impl Dispatcher {
                     error_backoff = (error_backoff * 2).min(DB_ERROR_BACKOFF_MAX);
                 }
                 Ok(round) => {
+                    emit!(self.log, events::WEBHOOK_POLLED; "fetched" => round.fetched,
+                        "started" => round.started, "skipped_local" => round.skipped_local,
+                        "excluded_busy" => round.excluded_busy, "broken" => round.broken,
+                        "more_waiting" => round.more_waiting);
                     if db_ok != Some(true) {
                         emit!(self.log, events::WEBHOOK_DB_READY; "database" => self.store.database());
                         db_ok = Some(true);

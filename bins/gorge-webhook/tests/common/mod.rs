@@ -220,6 +220,7 @@ impl Harness {
                 timing: self.timing,
                 error_backoff_sec: self.breaker_window_sec,
                 error_threshold: self.breaker_threshold,
+                db: Default::default(),
             },
             log.logger(),
         );

@@ -1,0 +1,137 @@
+//! Database errors as an operator reads them in `/readyz` and `WEBHOOK_POLL_ERROR`: the
+//! driver's own words say neither where it tried to connect nor what fixes the usual
+//! mistakes, so this adds the address (host and port, or the socket) and, for an account
+//! made the way Phorge's docs make them, the fix.
+
+use std::fmt;
+
+use gorge_claim::ClaimError;
+
+use crate::config::Settings;
+
+/// MySQL/MariaDB `ER_ACCESS_DENIED_ERROR`: no account matches this user, host and password.
+const ER_ACCESS_DENIED_ERROR: u16 = 1045;
+
+/// Where and as whom the service connects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DbEndpoint {
+    /// `host:port` (TCP), or the socket's path when `GORGE_WEBHOOK_MYSQL_SOCKET` is set.
+    pub address: String,
+    /// Whether `address` is a Unix socket.
+    pub socket: bool,
+    /// The MySQL user name.
+    pub user: String,
+}
+
+impl DbEndpoint {
+    /// The endpoint `settings` connect to.
+    pub fn of(settings: &Settings) -> DbEndpoint {
+        let socket = !settings.mysql_socket.is_empty();
+        let address = if socket {
+            settings.mysql_socket.clone()
+        } else if settings.mysql_host.contains(':') {
+            format!("[{}]:{}", settings.mysql_host, settings.mysql_port)
+        } else {
+            format!("{}:{}", settings.mysql_host, settings.mysql_port)
+        };
+        DbEndpoint {
+            address,
+            socket,
+            user: settings.mysql_user.clone(),
+        }
+    }
+}
+
+impl fmt::Display for DbEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.socket {
+            true => write!(
+                f,
+                "socket {} as '{}' (GORGE_WEBHOOK_MYSQL_SOCKET)",
+                self.address, self.user
+            ),
+            false => write!(
+                f,
+                "{} as '{}' (GORGE_WEBHOOK_MYSQL_HOST, GORGE_WEBHOOK_MYSQL_PORT)",
+                self.address, self.user
+            ),
+        }
+    }
+}
+
+/// `err` in one line, with where the service connects when the connection itself failed,
+/// and the fix for an access denied over TCP.
+pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
+    let text = err.to_string();
+    let line = match err {
+        ClaimError::Database(mysql_async::Error::Io(_) | mysql_async::Error::Driver(_))
+        | ClaimError::Timeout("waiting for a database connection") => {
+            format!("{text} (connecting to {at})")
+        }
+        ClaimError::Database(mysql_async::Error::Server(server))
+            if server.code == ER_ACCESS_DENIED_ERROR && !at.socket =>
+        {
+            // Phorge's docs create `'user'@'localhost'`, which MySQL matches only for socket
+            // connections; over TCP it sees the client's address instead.
+            format!(
+                "{text} (connecting to {at}): over TCP the server matches the account by the \
+                 address it sees, shown above, never 'localhost'; an account made as '{user}'@'localhost' \
+                 only matches socket connections: create '{user}'@'<that address>' with the same \
+                 password and grants, or set GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket \
+                 (e.g. /run/mysqld/mysqld.sock)",
+                user = at.user
+            )
+        }
+        ClaimError::Database(mysql_async::Error::Server(server))
+            if server.code == ER_ACCESS_DENIED_ERROR =>
+        {
+            format!("{text} (connecting to {at})")
+        }
+        _ => text,
+    };
+    // One line, whatever the driver said.
+    line.replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp() -> DbEndpoint {
+        DbEndpoint {
+            address: "127.0.0.1:3306".into(),
+            socket: false,
+            user: "gorge".into(),
+        }
+    }
+
+    #[test]
+    fn a_failed_connection_names_where_it_went() {
+        let refused = ClaimError::Database(mysql_async::Error::Io(mysql_async::IoError::Io(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        )));
+        assert_eq!(
+            explain(&refused, &tcp()),
+            format!(
+                "{refused} (connecting to 127.0.0.1:3306 as 'gorge' (GORGE_WEBHOOK_MYSQL_HOST, \
+                 GORGE_WEBHOOK_MYSQL_PORT))"
+            )
+        );
+        let socket = DbEndpoint {
+            address: "/run/mysqld/mysqld.sock".into(),
+            socket: true,
+            user: "gorge".into(),
+        };
+        let waited = ClaimError::Timeout("waiting for a database connection");
+        assert_eq!(
+            explain(&waited, &socket),
+            "database timeout: waiting for a database connection (connecting to socket \
+             /run/mysqld/mysqld.sock as 'gorge' (GORGE_WEBHOOK_MYSQL_SOCKET))"
+        );
+        // Other errors are the driver's words alone.
+        assert_eq!(
+            explain(&ClaimError::Timeout("claim"), &tcp()),
+            "database timeout: claim"
+        );
+    }
+}
