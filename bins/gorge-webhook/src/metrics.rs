@@ -82,9 +82,11 @@ gorge_service::metrics! {
             [InvalidRowReason::Unreadable.label()],
             [InvalidRowReason::Rejected.label()],
             [InvalidRowReason::HookRow.label()],
+            [InvalidRowReason::Oversized.label()],
         ], "Requests failed with hook/invalid-row: a column not UTF-8, statements the server \
-            kept rejecting (e.g. dateModified = 4294967295), or a hook row with unreadable \
-            columns";
+            kept rejecting (e.g. dateModified = 4294967295), a hook row with unreadable \
+            columns, or properties longer than the service reads (1 MiB, or the server's \
+            max_allowed_packet less 64 KiB)";
         rows_unaddressable: Counter,
             "Candidate rows whose id/dateModified could not be read (skipped; logged once)";
         rows_quarantined: Counter,

@@ -187,3 +187,81 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     assert_eq!(ready().await, Ok(()));
     db.drop_database().await;
 }
+
+/// Issue 21 item 9: a row whose `properties` is within a few bytes of the server's
+/// `max_allowed_packet` cannot travel in a result row. It is failed (`invalid-row`, counted,
+/// one log line) without its text ever being fetched, and every other row is delivered; the
+/// old code failed every poll with "Packet is larger than max_allowed_packet".
+#[tokio::test]
+async fn a_row_near_max_allowed_packet_is_failed_unread_and_the_rest_flow() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let before = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
+    let mut conn = db.conn().await.unwrap();
+    // Built by the server (a statement carrying it would not fit the packet either).
+    conn.exec_drop(
+        r#"INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,
+         lastRequestResult, lastRequestEpoch, dateCreated, dateModified)
+         SELECT 'PHID-HWBR-oversized', ?, 'PHID-TASK-x', 'queued',
+           CONCAT(?, REPEAT('x', @@max_allowed_packet - 16 - ?), '"]}'),
+           'none', 0, ?, ?"#,
+        (
+            &hook,
+            with_marker(r#"{"retry":"never","triggerPHIDs":[],"transactionPHIDs":[""#),
+            with_marker(r#"{"retry":"never","triggerPHIDs":[],"transactionPHIDs":[""#).len() + 3,
+            T0,
+            T0,
+        ),
+    )
+    .await
+    .unwrap();
+    let oversized = conn.last_insert_id().unwrap();
+    let (length, packet): (u64, u64) = conn
+        .exec_first(
+            "SELECT LENGTH(properties), @@max_allowed_packet FROM herald_webhookrequest WHERE id = ?",
+            (oversized,),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // With the row's other columns, more than a packet: the row cannot be fetched at all.
+    assert_eq!(length, packet - 16);
+    drop(conn);
+    let after = queue(&db, &hook, "PHID-TASK-b", NEVER, T0).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    for _ in 0..3 {
+        dispatcher
+            .run_round()
+            .await
+            .expect("one row never fails a poll");
+    }
+    receiver.wait_for(2, Duration::from_secs(10));
+    for id in [before, after] {
+        assert_eq!(
+            db.read_request(id).await.unwrap().status,
+            RequestStatus::Sent
+        );
+    }
+    assert_eq!(
+        state_of(&db, oversized).await,
+        (
+            "failed".to_string(),
+            "none".to_string(),
+            0,
+            with_marker(r#"{"errorType":"hook","errorCode":"invalid-row"}"#)
+        )
+    );
+    assert_eq!(
+        receiver.count(),
+        2,
+        "the oversized row itself is never POSTed"
+    );
+    assert_eq!(metrics.invalid_rows(InvalidRowReason::Oversized), 1);
+    assert_eq!(log.count("WEBHOOK_INVALID_ROW"), 1);
+    assert_eq!(log.count("WEBHOOK_POLL_ERROR"), 0);
+    db.drop_database().await;
+}

@@ -51,4 +51,5 @@ pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use store::{
     Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, ObjectLoad, PoolState,
     QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
+    MAX_PROPERTIES_BYTES,
 };

@@ -91,6 +91,9 @@ pub struct BrokenRow {
     pub properties: Option<String>,
     /// Which column is unusable, for the log.
     pub reason: &'static str,
+    /// `LENGTH(properties)` when the text was left unread because it is longer than
+    /// [`MAX_PROPERTIES_BYTES`] (or than the server's packet allows).
+    pub oversized: Option<u64>,
 }
 
 /// What one candidate query found.
@@ -295,11 +298,32 @@ impl std::fmt::Debug for ClaimStore {
     }
 }
 
-/// The candidate query up to the optional hook exclusion; [`candidates_sql`] completes it.
-/// Only rows Phorge handed over, within the two id windows of `handover.rs`.
+/// Longest `properties` text a candidate query returns. A longer row is failed unread
+/// (`invalid-row`): a row longer than the server's `max_allowed_packet` cannot be fetched at
+/// all (the driver refuses the packet and the whole query fails), and a batch of rows near it
+/// would hold hundreds of MiB. Phorge's own rows list a few dozen PHIDs (a few KiB).
+pub const MAX_PROPERTIES_BYTES: u64 = 1 << 20;
+
+/// Room left in a packet for a candidate row's other columns, when the server's
+/// `max_allowed_packet` is below [`MAX_PROPERTIES_BYTES`] plus this.
+const PACKET_HEADROOM_BYTES: u64 = 64 << 10;
+
+/// The candidate query's columns, `properties` only when it is short enough to fetch (the
+/// bound is evaluated by the server, which knows its own packet size), and its length.
+fn candidates_select() -> String {
+    format!(
+        "SELECT id, phid, webhookPHID, objectPHID, \
+         IF(LENGTH(properties) <= LEAST({MAX_PROPERTIES_BYTES}, \
+            @@max_allowed_packet - {PACKET_HEADROOM_BYTES}), properties, NULL), \
+         dateCreated, dateModified, lastRequestEpoch, LENGTH(properties) "
+    )
+}
+
+/// The candidate query after its columns, up to the optional hook exclusion;
+/// [`candidates_sql`] completes it. Only rows Phorge handed over, within the two id windows
+/// of `handover.rs`.
 const CANDIDATES_SQL_HEAD: &str = concat!(
-    "SELECT id, phid, webhookPHID, objectPHID, properties, dateCreated, dateModified, lastRequestEpoch \
-FROM herald_webhookrequest \
+    "FROM herald_webhookrequest \
 WHERE status = 'queued' AND (id <= ? OR (id > ? AND id <= ?)) AND ( \
   (dateModified = dateCreated AND lastRequestEpoch = 0) \
   OR (dateModified = lastRequestEpoch AND lastRequestEpoch <= ?) \
@@ -314,7 +338,8 @@ pub const MAX_EXCLUDED_HOOKS: usize = 1024;
 
 /// The candidate query with `excluded` placeholders in its `NOT IN` list (none: no list).
 fn candidates_sql(excluded: usize) -> String {
-    let mut sql = String::from(CANDIDATES_SQL_HEAD);
+    let mut sql = candidates_select();
+    sql.push_str(CANDIDATES_SQL_HEAD);
     if excluded > 0 {
         sql.push_str(" AND webhookPHID NOT IN (?");
         sql.push_str(&", ?".repeat(excluded - 1));
@@ -377,6 +402,9 @@ fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
     let (Some(id), Some(date_modified)) = (int(row, 0), int(row, 6)) else {
         return Err(None);
     };
+    // NULL text with a length (the column is NOT NULL): left unread by the query's bound.
+    let unread = matches!(row.as_ref(4), Some(Value::NULL));
+    let oversized = int(row, 8).filter(|_| unread);
     let properties = text(row, 4);
     let broken = |reason, properties: Option<String>| {
         Err(Some(BrokenRow {
@@ -384,8 +412,12 @@ fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
             date_modified,
             properties,
             reason,
+            oversized,
         }))
     };
+    if oversized.is_some() {
+        return broken("properties is longer than the service reads", None);
+    }
     let Some(phid) = text(row, 1) else {
         return broken("phid is not UTF-8 text", properties);
     };

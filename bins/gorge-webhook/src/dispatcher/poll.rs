@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use gorge_claim::{BrokenRow, ClaimError, MAX_EXCLUDED_HOOKS};
+use gorge_claim::{BrokenRow, ClaimError, MAX_EXCLUDED_HOOKS, MAX_PROPERTIES_BYTES};
 use phorge_wire::values::HookErrorCode;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -165,7 +165,20 @@ impl Dispatcher {
             .await
         {
             Ok(true) => {
-                self.invalid_row(broken.id, InvalidRowReason::Unreadable, broken.reason);
+                match broken.oversized {
+                    Some(bytes) => self.invalid_row(
+                        broken.id,
+                        InvalidRowReason::Oversized,
+                        &format!(
+                            "{} ({bytes} bytes; at most {MAX_PROPERTIES_BYTES}, or the \
+                             server's max_allowed_packet less 64 KiB)",
+                            broken.reason
+                        ),
+                    ),
+                    None => {
+                        self.invalid_row(broken.id, InvalidRowReason::Unreadable, broken.reason)
+                    }
+                }
                 Ok(true)
             }
             Ok(false) => Ok(false),

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use gorge_claim::handover::with_marker;
 use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, ResultWrite, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
@@ -45,13 +46,15 @@ enum RowEnd {
     Skipped(SkipReason),
 }
 
-/// The `properties` text for an `invalid-row` failure: every readable key kept.
+/// The `properties` text for an `invalid-row` failure: every readable key kept. Text that
+/// was not read (not UTF-8, too long) is replaced by the error keys after the hand-over
+/// marker, so the row still says whose it is.
 pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
     let code = HookErrorCode::InvalidRow;
     match text.map(RequestProperties::parse) {
         Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code.as_str()),
         Some(Err(err)) => err.rewritten_with(code),
-        None => PropertiesError::NotAnObject.rewritten_with(code),
+        None => with_marker(&PropertiesError::NotAnObject.rewritten_with(code)),
     }
 }
 
