@@ -69,6 +69,13 @@ gorge_service::metrics! {
             "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every \
              one was checked against the blacklist)";
         breaker_open_hooks: Gauge, "Hooks this process saw with an open breaker";
+        lock_unavailable_hooks: Gauge,
+            "Hooks with rows waiting whose per-hook lock was held by another session at their \
+             last try (another replica, Phorge's worker, or a session left behind by a dead \
+             connection; sampled every 5 s)";
+        lock_unavailable_seconds: Gauge,
+            "How long the longest of those hooks has found its lock held (0 when none): longer \
+             than the claim lease means the lock is not held for a delivery";
         in_flight: Gauge, "Rows being worked on in this process";
         queue_depth: Gauge,
             "Queued rows, handed over or still Phorge's (sampled every 5 s; keeps its last \

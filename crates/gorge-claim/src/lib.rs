@@ -34,6 +34,7 @@
 
 #![warn(missing_docs)]
 
+mod conn;
 mod error;
 pub mod handover;
 mod lock;

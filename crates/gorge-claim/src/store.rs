@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, Row, Value};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, Row, Value};
 use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
+use crate::conn::{discard, lock_session_setup, pool_opts, Sessions};
 use crate::error::ClaimError;
 use crate::handover::{
     handed_over_sql, CandidateWindow, HandoverSample, NEWEST_ROWS_SQL, SAMPLE_ROWS,
@@ -45,6 +46,10 @@ pub struct StoreOptions {
     pub max_lock_connections: usize,
     /// Idle connections above one (queries) or zero (locks) are closed after this long.
     pub idle_timeout: Duration,
+    /// The server's `wait_timeout` for lock connections: a lock session silent for longer
+    /// is ended by the server, which frees its lock. Must exceed the longest a lock is
+    /// held without a statement (a POST, result-write retries within the claim's lease).
+    pub lock_session_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -54,6 +59,7 @@ impl Default for StoreOptions {
             max_connections: 4,
             max_lock_connections: 16,
             idle_timeout: Duration::from_secs(30),
+            lock_session_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -283,6 +289,8 @@ pub struct PoolState {
 pub struct ClaimStore {
     pool: Pool,
     locks: Pool,
+    /// Ends the sessions of lock connections given up on.
+    sessions: Sessions,
     locks_held: Arc<AtomicUsize>,
     window: Arc<CandidateWindow>,
     database: String,
@@ -374,19 +382,6 @@ WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
 /// Most transaction PHIDs looked up in one statement.
 const XACTION_CHUNK: usize = 500;
 
-/// Bound on closing a connection that timed out (it may be dead: nothing is waited for).
-const DISCARD_TIMEOUT: Duration = Duration::from_secs(1);
-
-fn pool_opts(min: usize, max: usize, idle: Duration) -> PoolOpts {
-    let max = max.max(1);
-    let constraints =
-        PoolConstraints::new(min.min(max), max).unwrap_or(mysql_async::DEFAULT_POOL_CONSTRAINTS);
-    PoolOpts::default()
-        .with_constraints(constraints)
-        .with_inactive_connection_ttl(idle)
-        .with_ttl_check_interval(idle.max(Duration::from_secs(1)))
-}
-
 /// A column as text; `None` when NULL, missing or not UTF-8.
 fn text(row: &mut Row, index: usize) -> Option<String> {
     let bytes: Vec<u8> = row.take_opt(index)?.ok()?;
@@ -466,14 +461,21 @@ impl ClaimStore {
         let queries =
             base.clone()
                 .pool_opts(pool_opts(1, options.max_connections, options.idle_timeout));
-        let locks = base.pool_opts(pool_opts(
-            0,
-            options.max_lock_connections,
-            options.idle_timeout,
-        ));
+        let lock_timeout = options.lock_session_timeout.as_secs().max(1);
+        let locks = base
+            .clone()
+            .setup(vec![lock_session_setup(options.lock_session_timeout)])
+            // The driver does not hand out a pooled connection the server has ended.
+            .wait_timeout(Some(lock_timeout as usize))
+            .pool_opts(pool_opts(
+                0,
+                options.max_lock_connections,
+                options.idle_timeout,
+            ));
         ClaimStore {
             pool: Pool::new(queries),
             locks: Pool::new(locks),
+            sessions: Sessions::new(base.into(), options.query_timeout),
             locks_held: Arc::new(AtomicUsize::new(0)),
             window: Arc::default(),
             database: database.to_owned(),
@@ -896,13 +898,22 @@ impl ClaimStore {
         let out = self
             .timed(conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (&name,)))
             .await;
-        let (conn, got) = self.settle(conn, out, "GET_LOCK")?;
+        let got = match out {
+            Ok(Ok(got)) => got,
+            Ok(Err(err)) => return Err(self.err(err)),
+            Err(_) => {
+                // The server may have granted the lock to a session we cannot hear from.
+                self.sessions.discard(conn);
+                return Err(ClaimError::Timeout("GET_LOCK"));
+            }
+        };
         match got.flatten() {
             Some(1) => Ok(Some(HookLock::held(
                 conn,
                 name,
                 Arc::clone(&self.locks_held),
                 self.options.query_timeout,
+                self.sessions.clone(),
             ))),
             Some(_) => Ok(None),
             None => Err(ClaimError::UnexpectedNull("GET_LOCK")),
@@ -985,18 +996,6 @@ impl ClaimStore {
         // Errors here mean connections were already gone: nothing left to clean up.
         let _ = self.pool.disconnect().await;
         let _ = self.locks.disconnect().await;
-    }
-}
-
-/// Closes a connection whose statement timed out, in the background and bounded: it may be
-/// dead, and returning it to the pool would hand a dead session to the next caller.
-/// `disconnect` marks it closed before any I/O, so even if the close itself times out the
-/// pool only counts it as gone.
-pub(crate) fn discard(conn: Conn) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(DISCARD_TIMEOUT, conn.disconnect()).await;
-        });
     }
 }
 

@@ -178,9 +178,15 @@ impl Dispatcher {
         Ok(round)
     }
 
-    /// Samples the queue depth, pool state and open breakers into the metrics.
+    /// Samples the queue depth, pool state, hooks whose lock is held elsewhere and open
+    /// breakers into the metrics.
     pub async fn sample(&self) -> Result<(), ClaimError> {
         self.metrics.set_pool(&self.store.pool_state());
+        let (hooks, longest_ms) = self.local_state().lock_busy_summary(self.clock.now_ms());
+        self.metrics.lock_unavailable_hooks.set(hooks as i64);
+        self.metrics
+            .lock_unavailable_seconds
+            .set((longest_ms / 1000) as i64);
         let depth = self.store.queue_depth(self.clock.now_sec()).await?;
         self.metrics.queue_depth.set(depth.queued as i64);
         self.metrics

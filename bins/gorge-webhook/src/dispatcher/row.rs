@@ -136,9 +136,12 @@ impl Dispatcher {
         }
         // 3. One delivery per hook across every process (and Phorge's own worker).
         let Some(lock) = self.store.try_hook_lock(&hook.phid).await? else {
+            let now = self.clock.now_ms();
+            self.local_state().lock_busy(&hook.phid, now);
             self.rest(&hook.phid, self.config.poll_interval);
             return Ok(RowEnd::Skipped(SkipReason::HookBusy));
         };
+        self.local_state().lock_busy.remove(&hook.phid);
         let result = self.deliver_locked(candidate, &hook, &properties).await;
         if let Err(err) = lock.release().await {
             // The server frees the lock with the session that the release just closed.
