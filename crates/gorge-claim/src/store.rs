@@ -1,14 +1,18 @@
-//! `ClaimStore`: every SQL statement the webhook service runs against `{namespace}_herald`.
+//! `ClaimStore`: the statements the webhook service runs against `{namespace}_herald`
+//! (rows, hooks, breaker counts, stats), and the statement helpers the other modules share.
 //!
-//! Only `SELECT`/`UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook` and on
-//! the object and transaction tables of Phorge's applications (see `objects.rs`), plus
-//! `GET_LOCK` (see `lock.rs`). See the crate doc for the row states.
+//! Only `SELECT`/`UPDATE` on `herald_webhookrequest` and `SELECT` on `herald_webhook` here;
+//! `SELECT` on the object and transaction tables of Phorge's applications is in
+//! `object_load.rs`, `GET_LOCK` in `lock.rs`, connections in `conn.rs`. See the crate doc
+//! for the row states. Reads that a poll round needs for each of its rows (hooks, breaker
+//! counts, objects) take every row of the round at once.
 //!
 //! Every statement is bounded by [`StoreOptions::query_timeout`]; a connection whose
 //! statement timed out is closed, never returned to the pool (a silently dead connection
 //! would otherwise be handed out again). Columns are read as bytes and checked here, so a
 //! row holding bytes that are not UTF-8 is reported as a [`BrokenRow`], never a panic.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +28,6 @@ use crate::handover::{
     WINDOW_BOUNDS_SQL,
 };
 use crate::lock::{hook_lock_name, HookLock};
-use crate::objects::{object_kind, phid_type, ObjectKind};
 
 /// Lease and backoff, in seconds; independent of each other (see the crate doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,16 +382,34 @@ WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
     handed_over_sql!()
 );
 
-/// Most transaction PHIDs looked up in one statement.
-const XACTION_CHUNK: usize = 500;
+/// Most values in one `IN` list.
+pub(crate) const IN_CHUNK: usize = 512;
+
+/// `values` as statement parameters, padded to a power of two by repeating the last one
+/// (an `IN` list means the same), so the prepared-statement cache sees a few shapes.
+pub(crate) fn padded<'a>(values: impl ExactSizeIterator<Item = &'a str>) -> Vec<Value> {
+    let len = values.len().next_power_of_two();
+    let mut out: Vec<Value> = values.map(Value::from).collect();
+    if let Some(last) = out.last().cloned() {
+        out.resize(len, last);
+    }
+    out
+}
+
+/// `?, ?, …` for `n` parameters.
+pub(crate) fn placeholders(n: usize) -> String {
+    let mut list = "?, ".repeat(n);
+    list.truncate(list.len().saturating_sub(2));
+    list
+}
 
 /// A column as text; `None` when NULL, missing or not UTF-8.
-fn text(row: &mut Row, index: usize) -> Option<String> {
+pub(crate) fn text(row: &mut Row, index: usize) -> Option<String> {
     let bytes: Vec<u8> = row.take_opt(index)?.ok()?;
     String::from_utf8(bytes).ok()
 }
 
-fn int(row: &mut Row, index: usize) -> Option<u64> {
+pub(crate) fn int(row: &mut Row, index: usize) -> Option<u64> {
     row.take_opt(index)?.ok()
 }
 
@@ -497,7 +518,7 @@ impl ClaimStore {
         &self.namespace
     }
 
-    async fn conn(&self) -> Result<Conn, ClaimError> {
+    pub(crate) async fn conn(&self) -> Result<Conn, ClaimError> {
         Self::conn_from(&self.pool, &self.options, &self.database).await
     }
 
@@ -508,12 +529,12 @@ impl ClaimStore {
         }
     }
 
-    fn err(&self, err: mysql_async::Error) -> ClaimError {
+    pub(crate) fn err(&self, err: mysql_async::Error) -> ClaimError {
         ClaimError::from_driver(err, &self.database)
     }
 
     /// Finishes a timed statement: on timeout the connection is closed (never reused).
-    fn settle<T>(
+    pub(crate) fn settle<T>(
         &self,
         conn: Conn,
         out: Timed<T>,
@@ -539,7 +560,7 @@ impl ClaimStore {
         self.settle(conn, out, "readiness ping").map(|_| ())
     }
 
-    async fn timed<F: std::future::Future>(
+    pub(crate) async fn timed<F: std::future::Future>(
         &self,
         fut: F,
     ) -> Result<F::Output, tokio::time::error::Elapsed> {
@@ -728,145 +749,49 @@ impl ClaimStore {
     /// The hook row, or `None` when it does not exist. A hook whose columns are not UTF-8
     /// text is [`ClaimError::InvalidRow`].
     pub async fn load_hook(&self, phid: &str) -> Result<Option<Hook>, ClaimError> {
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<Row, _, _>(
-                "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid = ?",
-                (phid,),
-            ))
-            .await;
-        let (_conn, row) = self.settle(conn, out, "hook query")?;
-        let Some(mut row) = row else {
-            return Ok(None);
-        };
-        let hook = (|| {
-            Some(Hook {
-                phid: text(&mut row, 0)?,
-                uri: text(&mut row, 1)?,
-                status: text(&mut row, 2)?,
-                hmac_key: text(&mut row, 3)?,
-            })
-        })();
-        hook.map(Some).ok_or(ClaimError::InvalidRow(
-            "a herald_webhook column is not UTF-8 text",
-        ))
-    }
-
-    /// Loads the request's object as Phorge's worker does: the object must exist in its
-    /// application's table, and the payload lists only the stored transaction PHIDs that
-    /// exist for that object, newest first (`ORDER BY id DESC`).
-    ///
-    /// When that cannot be checked (a type Phorge's table does not list, a table the
-    /// server refuses), the object counts as found and the stored list is used as is;
-    /// `unchecked` says why, for the caller to log and count.
-    pub async fn load_object(
-        &self,
-        object_phid: &str,
-        stored: &[String],
-    ) -> Result<ObjectLoad, ClaimError> {
-        let kind = phid_type(object_phid).unwrap_or("????").to_owned();
-        let unchecked = |why: Unchecked| ObjectLoad::Found {
-            transactions: stored.to_vec(),
-            unchecked: Some(why),
-        };
-        let tables = match object_kind(object_phid) {
-            ObjectKind::Malformed => return Ok(ObjectLoad::Missing),
-            ObjectKind::Stored(tables) => tables,
-            ObjectKind::Virtual => return Ok(unchecked(Unchecked::NoTable(kind))),
-            ObjectKind::Unknown => return Ok(unchecked(Unchecked::UnknownType(kind))),
-        };
-        let database = format!("{}_{}", self.namespace, tables.database);
-        let sql = format!(
-            "SELECT 1 FROM `{database}`.`{}` WHERE phid = ? LIMIT 1",
-            tables.object_table
-        );
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<u8, _, _>(sql, (object_phid,)))
-            .await;
-        let found = match self.settle(conn, out, "object query") {
-            Ok((_, found)) => found.is_some(),
-            Err(err) => {
-                return self.refused(err, &database, tables.object_table, stored);
-            }
-        };
-        if !found {
-            return Ok(ObjectLoad::Missing);
-        }
-        let Some((xaction_db, xaction_table)) = tables.transactions else {
-            return Ok(unchecked(Unchecked::NoTable(kind)));
-        };
-        if stored.is_empty() {
-            return Ok(ObjectLoad::Found {
-                transactions: Vec::new(),
-                unchecked: None,
-            });
-        }
-        let xaction_database = format!("{}_{}", self.namespace, xaction_db);
-        match self
-            .existing_transactions(&xaction_database, xaction_table, object_phid, stored)
-            .await
-        {
-            Ok(transactions) => Ok(ObjectLoad::Found {
-                transactions,
-                unchecked: None,
-            }),
-            Err(err) => self.refused(err, &xaction_database, xaction_table, stored),
+        match self.load_hooks(&[phid]).await?.remove(phid) {
+            None => Ok(None),
+            Some(Ok(hook)) => Ok(Some(hook)),
+            Some(Err(why)) => Err(ClaimError::InvalidRow(why)),
         }
     }
 
-    /// The PHIDs of `stored` that exist in `table` for `object_phid`, newest (highest id)
-    /// first.
-    async fn existing_transactions(
+    /// The hook rows of `phids` that exist, by PHID, in one query; `Err` for a hook whose
+    /// columns are not UTF-8 text.
+    pub async fn load_hooks(
         &self,
-        database: &str,
-        table: &str,
-        object_phid: &str,
-        stored: &[String],
-    ) -> Result<Vec<String>, ClaimError> {
-        let mut found: Vec<(u64, String)> = Vec::new();
-        for chunk in stored.chunks(XACTION_CHUNK) {
+        phids: &[&str],
+    ) -> Result<HashMap<String, Result<Hook, &'static str>>, ClaimError> {
+        let mut hooks = HashMap::new();
+        for chunk in phids.chunks(IN_CHUNK) {
+            let params = padded(chunk.iter().copied());
             let sql = format!(
-                "SELECT id, phid FROM `{database}`.`{table}` WHERE objectPHID = ? AND phid IN (?{})",
-                ", ?".repeat(chunk.len() - 1)
+                "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({})",
+                placeholders(params.len())
             );
-            let mut params: Vec<Value> = Vec::with_capacity(chunk.len() + 1);
-            params.push(object_phid.into());
-            params.extend(chunk.iter().map(|phid| Value::from(phid.as_str())));
             let mut conn = self.conn().await?;
             let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
-            let (_conn, rows) = self.settle(conn, out, "transaction query")?;
+            let (_conn, rows) = self.settle(conn, out, "hook query")?;
             for mut row in rows {
-                if let (Some(id), Some(phid)) = (int(&mut row, 0), text(&mut row, 1)) {
-                    found.push((id, phid));
-                }
+                // A PHID that matched a UTF-8 one is UTF-8 itself (the column is binary).
+                let Some(phid) = text(&mut row, 0) else {
+                    continue;
+                };
+                let hook = (|| {
+                    Some(Hook {
+                        phid: phid.clone(),
+                        uri: text(&mut row, 1)?,
+                        status: text(&mut row, 2)?,
+                        hmac_key: text(&mut row, 3)?,
+                    })
+                })();
+                hooks.insert(
+                    phid,
+                    hook.ok_or("a herald_webhook column is not UTF-8 text"),
+                );
             }
         }
-        found.sort_by_key(|row| std::cmp::Reverse(row.0));
-        found.dedup_by(|a, b| a.1 == b.1);
-        Ok(found.into_iter().map(|(_, phid)| phid).collect())
-    }
-
-    /// Maps a refused or unknown application table to [`Unchecked::Refused`] (deliver with
-    /// the stored list); any other error is returned.
-    fn refused(
-        &self,
-        err: ClaimError,
-        database: &str,
-        table: &str,
-        stored: &[String],
-    ) -> Result<ObjectLoad, ClaimError> {
-        if !err.is_refused_table() {
-            return Err(err);
-        }
-        Ok(ObjectLoad::Found {
-            transactions: stored.to_vec(),
-            unchecked: Some(Unchecked::Refused {
-                database: database.to_owned(),
-                grant: format!("GRANT SELECT ON `{database}`.`{table}` TO <gorge user>"),
-                error: err.to_string(),
-            }),
-        })
+        Ok(hooks)
     }
 
     /// Circuit breaker input: rows of this hook whose last request failed at or after
@@ -876,16 +801,39 @@ impl ClaimStore {
         hook_phid: &str,
         since_epoch: u64,
     ) -> Result<u64, ClaimError> {
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<u64, _, _>(
-                "SELECT COUNT(*) FROM herald_webhookrequest \
-                 WHERE webhookPHID = ? AND lastRequestResult = 'fail' AND lastRequestEpoch >= ?",
-                (hook_phid, since_epoch),
-            ))
-            .await;
-        let (_conn, count) = self.settle(conn, out, "breaker query")?;
-        Ok(count.unwrap_or(0))
+        let counts = self
+            .recent_failures_by_hook(&[hook_phid], since_epoch)
+            .await?;
+        Ok(counts.get(hook_phid).copied().unwrap_or(0))
+    }
+
+    /// [`ClaimStore::recent_failures`] of each hook in `hook_phids`, in one query per
+    /// 512 hooks; hooks without recent failures are absent.
+    pub async fn recent_failures_by_hook(
+        &self,
+        hook_phids: &[&str],
+        since_epoch: u64,
+    ) -> Result<HashMap<String, u64>, ClaimError> {
+        let mut counts = HashMap::new();
+        for chunk in hook_phids.chunks(IN_CHUNK) {
+            let mut params = padded(chunk.iter().copied());
+            let sql = format!(
+                "SELECT webhookPHID, COUNT(*) FROM herald_webhookrequest \
+                 WHERE webhookPHID IN ({}) AND lastRequestResult = 'fail' \
+                 AND lastRequestEpoch >= ? GROUP BY webhookPHID",
+                placeholders(params.len())
+            );
+            params.push(since_epoch.into());
+            let mut conn = self.conn().await?;
+            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
+            let (_conn, rows) = self.settle(conn, out, "breaker query")?;
+            for mut row in rows {
+                if let (Some(hook), Some(count)) = (text(&mut row, 0), int(&mut row, 1)) {
+                    counts.insert(hook, count);
+                }
+            }
+        }
+        Ok(counts)
     }
 
     /// Takes the per-hook named lock (Phorge's name, see [`hook_lock_name`]) without

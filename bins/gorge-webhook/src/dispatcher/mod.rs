@@ -112,20 +112,31 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut error_backoff = DB_ERROR_BACKOFF_MIN;
         let mut db_ok: Option<bool> = None;
+        let mut backlog = false;
         loop {
-            // Wait for a free slot first: polling without one only re-reads rows.
-            let permit = tokio::select! {
-                permit = self.slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
+            // Wait for a free slot first: polling without one only re-reads rows. In a
+            // backlog, wait for half of them, so that each round (a candidate query and
+            // one read per table for all its rows) starts several rows, not one.
+            let wanted = if backlog {
+                u32::try_from((self.config.max_concurrent / 2).max(1)).unwrap_or(1)
+            } else {
+                1
+            };
+            let mut slots = tokio::select! {
+                slots = self.slots.clone().acquire_many_owned(wanted) => match slots {
+                    Ok(slots) => slots,
                     Err(_) => break,
                 },
                 _ = shutdown.triggered() => break,
             };
+            // Keep one for the round; the others go back for it to take.
+            let permit = slots.split(1).unwrap_or(slots);
             if shutdown.is_triggered() {
                 break;
             }
             match self.poll_round(Some(permit)).await {
                 Err(err) => {
+                    backlog = false;
                     self.metrics.poll_errors.inc();
                     emit!(self.log, events::WEBHOOK_POLL_ERROR;
                         "error" => %err, "retry_in_ms" => error_backoff.as_millis() as u64);
@@ -142,7 +153,8 @@ impl Dispatcher {
                         db_ok = Some(true);
                     }
                     error_backoff = DB_ERROR_BACKOFF_MIN;
-                    if round.more_waiting && round.started > 0 {
+                    backlog = round.more_waiting && round.started > 0;
+                    if backlog {
                         // Backlog: poll again as soon as a slot is free (top of the loop).
                         continue;
                     }
