@@ -18,18 +18,38 @@ pub fn mysql_host_port() -> (String, u16) {
     (opts.ip_or_hostname().to_string(), opts.tcp_port())
 }
 
+/// Transactions per task: a Herald rule's request lists the transactions of one edit.
+const TRANSACTIONS_PER_TASK: usize = 3;
+
+/// The task of row `seq`; it exists in `{namespace}_maniphest`.
+fn task_phid(seq: usize) -> String {
+    format!("PHID-TASK-bench{seq:010}")
+}
+
+/// The transactions of row `seq`'s task, oldest first (the order the editor queues them).
+/// The first is [`transaction_phid`]; the others only add letters, so the row's number
+/// still follows the marker in the body whichever comes first.
+fn transaction_phids(seq: usize) -> Vec<String> {
+    let first = transaction_phid(seq);
+    (0..TRANSACTIONS_PER_TASK)
+        .map(|i| match i {
+            0 => first.clone(),
+            _ => format!("{first}x{i}"),
+        })
+        .collect()
+}
+
 /// Row `spec` as Phorge's Herald rule would queue it.
 fn new_request(spec: &RequestSpec) -> NewRequest {
     let properties = serde_json::json!({
         "retry": if spec.retry_forever { "forever" } else { "never" },
-        "transactionPHIDs": [transaction_phid(spec.seq)],
+        "transactionPHIDs": transaction_phids(spec.seq),
         "triggerPHIDs": ["PHID-HRUL-bench0000000001"],
         "silent": false,
         "secure": false,
         "test": false,
     });
-    let object = format!("PHID-TASK-bench{:010}", spec.seq);
-    NewRequest::new(&spec.hook_phid, &object)
+    NewRequest::new(&spec.hook_phid, &task_phid(spec.seq))
         .with_phid(&request_phid(spec.seq))
         .with_properties(&properties.to_string())
 }
@@ -85,11 +105,15 @@ pub struct HeraldDb {
 }
 
 impl HeraldDb {
-    /// Creates a fresh `gt<random>_herald` database with Phorge's tables.
+    /// Creates a fresh `gt<random>_herald` database with Phorge's tables, and
+    /// `gt<random>_maniphest` with Phorge's task and transaction tables.
     pub async fn create() -> Result<HeraldDb, String> {
         let db = TestDb::create()
             .await
             .map_err(|e| format!("create database: {e}"))?;
+        db.create_maniphest()
+            .await
+            .map_err(|e| format!("create maniphest tables: {e}"))?;
         Ok(HeraldDb {
             namespace: db.namespace().to_string(),
             database: db.database().to_string(),
@@ -111,14 +135,23 @@ impl HeraldDb {
         Ok(())
     }
 
-    /// Inserts rows as Lisk does (`dateCreated = dateModified = now`), in chunks;
-    /// `after_chunk` runs right after each chunk is committed.
+    /// Inserts rows as Lisk does (`dateCreated = dateModified = now`), in chunks, each
+    /// after the task and transactions it names; `after_chunk` runs right after each chunk
+    /// is committed.
     pub async fn insert_requests(
         &self,
         rows: &[RequestSpec],
         mut after_chunk: impl FnMut(&[RequestSpec]),
     ) -> Result<(), String> {
         for chunk in rows.chunks(INSERT_CHUNK) {
+            let tasks: Vec<(String, Vec<String>)> = chunk
+                .iter()
+                .map(|spec| (task_phid(spec.seq), transaction_phids(spec.seq)))
+                .collect();
+            self.db
+                .insert_tasks(&tasks)
+                .await
+                .map_err(|e| format!("insert tasks: {e}"))?;
             let requests: Vec<NewRequest> = chunk.iter().map(new_request).collect();
             self.db
                 .insert_requests(&requests, unix_now())
@@ -127,6 +160,20 @@ impl HeraldDb {
             after_chunk(chunk);
         }
         Ok(())
+    }
+
+    /// The server's statement counters (`SHOW GLOBAL STATUS`) that say what a run cost:
+    /// `Questions` and the `Com_*` of the statements the service sends. Server-wide: other
+    /// clients of the server count too.
+    pub async fn statement_counters(&self) -> Result<Vec<(String, u64)>, String> {
+        let mut conn = self.conn().await?;
+        conn.query(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select', \
+             'Com_update', 'Com_do', 'Com_stmt_prepare', 'Com_stmt_execute', 'Com_stmt_close', \
+             'Com_kill')",
+        )
+        .await
+        .map_err(|e| format!("status: {e}"))
     }
 
     /// Rows still `queued`.
@@ -223,6 +270,18 @@ mod tests {
         db.insert_requests(&rows, |_| chunks += 1).await.unwrap();
         assert_eq!(chunks, 1);
         assert_eq!(db.queued().await.unwrap(), 3);
+        // Each row names a task that exists and its transactions, as Phorge queues them.
+        let store = gorge_claim::ClaimStore::new(testdb::server_opts(), &db.database);
+        let stored = transaction_phids(2);
+        let mut newest_first = stored.clone();
+        newest_first.reverse();
+        assert_eq!(
+            store.load_object(&task_phid(2), &stored).await.unwrap(),
+            gorge_claim::ObjectLoad::Found {
+                transactions: newest_first,
+                unchecked: None
+            }
+        );
         let stored = db.rows().await.unwrap();
         let seen: Vec<(usize, &str, &str)> = stored
             .iter()

@@ -415,10 +415,18 @@ pub async fn run(args: WebhookArgs) -> Value {
         Ok(rig) => rig,
         Err(e) => return json!({"ok": false, "error": e}),
     };
+    if !args.trickle {
+        // Seeding (rows, tasks, transactions) stays out of the measured costs.
+        if let Err(e) = seed(&mut rig, &args).await {
+            return json!({"ok": false, "error": e});
+        }
+    }
     let mariadb_pid = mariadb_pid();
     let cpu = |pid: Option<u32>| pid.and_then(|p| crate::sys::cpu_seconds(p).ok());
     let (mariadb_before, bench_before) = (cpu(mariadb_pid), cpu(Some(std::process::id())));
+    let counters_before = rig.db.statement_counters().await.unwrap_or_default();
     let outcome = drive(&mut rig, &args, deadline).await;
+    let counters_after = rig.db.statement_counters().await.unwrap_or_default();
     // Where the CPU went during the run (the processes started inside it, so their total
     // is their share).
     let webhook_cpu: f64 = rig.processes.iter().filter_map(|p| cpu(Some(p.pid))).sum();
@@ -489,7 +497,26 @@ pub async fn run(args: WebhookArgs) -> Value {
         },
         "webhook_cpu_us_per_delivery": (report.delivered > 0)
             .then(|| round3(webhook_cpu * 1e6 / report.delivered as f64)),
+        "mariadb_cpu_us_per_delivery": mariadb_cpu
+            .filter(|_| report.delivered > 0)
+            .map(|cpu| round3(cpu * 1e6 / report.delivered as f64)),
+        "statements_per_delivery": per_delivery(&counters_before, &counters_after, report.delivered),
     })
+}
+
+/// Each counter's growth over the run, per delivery (server-wide counters: anything else
+/// using the server during the run counts too).
+fn per_delivery(before: &[(String, u64)], after: &[(String, u64)], delivered: u64) -> Value {
+    let mut out = serde_json::Map::new();
+    for (name, end) in after {
+        let start = before
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v);
+        let per = end.saturating_sub(start) as f64 / delivered.max(1) as f64;
+        out.insert(name.clone(), json!(round3(per)));
+    }
+    Value::Object(out)
 }
 
 /// The local MariaDB server's process, for its share of the CPU.
@@ -501,7 +528,22 @@ fn mariadb_pid() -> Option<u32> {
         .ok()
 }
 
-/// Seeds and runs; returns (seconds from first process start to all rows final, all final).
+/// Seeds the backlog of a drain run.
+async fn seed(rig: &mut Rig, args: &WebhookArgs) -> Result<(), String> {
+    let seeding = Instant::now();
+    rig.insert_rows(0..args.rows, true).await?;
+    eprintln!(
+        "webhook: seeded {} rows over {} hooks in {:.1}s; starting {} process(es)",
+        args.rows,
+        args.hooks,
+        seeding.elapsed().as_secs_f64(),
+        args.processes
+    );
+    Ok(())
+}
+
+/// Runs (a trickle seeds as it goes; a drain was seeded by [`seed`]); returns (seconds
+/// from first process start to all rows final, all final).
 async fn drive(
     rig: &mut Rig,
     args: &WebhookArgs,
@@ -527,15 +569,6 @@ async fn drive(
         let all_final = rig.wait_final(wait_until).await;
         return Ok((started.elapsed().as_secs_f64(), all_final));
     }
-    let seeding = Instant::now();
-    rig.insert_rows(0..args.rows, true).await?;
-    eprintln!(
-        "webhook: seeded {} rows over {} hooks in {:.1}s; starting {} process(es)",
-        args.rows,
-        args.hooks,
-        seeding.elapsed().as_secs_f64(),
-        args.processes
-    );
     let started = Instant::now();
     for _ in 0..args.processes.max(1) {
         rig.start_process().await?;

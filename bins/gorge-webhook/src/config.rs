@@ -294,7 +294,16 @@ impl Settings {
             max_connections: self.mysql_max_connections,
             max_lock_connections: self.mysql_max_lock_connections,
             idle_timeout: POOL_IDLE_TTL,
+            lock_session_timeout: self.lock_session_timeout(),
         }
+    }
+
+    /// The server-side idle limit of lock sessions: longer than a lock is ever held without
+    /// a statement — the claim's lease (the POST and the result-write retries fall within
+    /// it) plus the statements before the claim (breaker, object, transactions, claim) and
+    /// the last write, each bounded by the query timeout.
+    pub fn lock_session_timeout(&self) -> Duration {
+        Duration::from_secs(self.claim_lease_sec) + self.mysql_query_timeout * 5
     }
 
     /// The most database connections one process opens (query pool + lock pool, the lock

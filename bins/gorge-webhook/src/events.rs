@@ -84,7 +84,8 @@ gorge_service::events! {
             "A hook's breaker opened — once per change, never per row";
         WEBHOOK_BREAKER_CLOSED: Info ["hook", "failures"] "A hook's breaker closed again";
         WEBHOOK_LOCK_RELEASE_FAILED: Warning ["hook", "error"]
-            "`RELEASE_LOCK` failed; the session is closed, which frees it";
+            "`RELEASE_LOCK` failed; the connection is closed and its session killed from a \
+             fresh connection, which frees the lock";
         WEBHOOK_API_DB_ERROR: Warning ["path", "error"]
             "An API call hit a database error (the client gets a 500 without details)";
         WEBHOOK_POLL_LOOP_DIED: Error ["why", "exit_code"]

@@ -69,6 +69,13 @@ gorge_service::metrics! {
             "Resolved receiver addresses beyond the 256 dialled per URI or redirect hop (every \
              one was checked against the blacklist)";
         breaker_open_hooks: Gauge, "Hooks this process saw with an open breaker";
+        lock_unavailable_hooks: Gauge,
+            "Hooks with rows waiting whose per-hook lock was held by another session at their \
+             last try (another replica, Phorge's worker, or a session left behind by a dead \
+             connection; sampled every 5 s)";
+        lock_unavailable_seconds: Gauge,
+            "How long the longest of those hooks has found its lock held (0 when none): longer \
+             than the claim lease means the lock is not held for a delivery";
         in_flight: Gauge, "Rows being worked on in this process";
         queue_depth: Gauge,
             "Queued rows, handed over or still Phorge's (sampled every 5 s; keeps its last \
@@ -82,9 +89,11 @@ gorge_service::metrics! {
             [InvalidRowReason::Unreadable.label()],
             [InvalidRowReason::Rejected.label()],
             [InvalidRowReason::HookRow.label()],
+            [InvalidRowReason::Oversized.label()],
         ], "Requests failed with hook/invalid-row: a column not UTF-8, statements the server \
-            kept rejecting (e.g. dateModified = 4294967295), or a hook row with unreadable \
-            columns";
+            kept rejecting (e.g. dateModified = 4294967295), a hook row with unreadable \
+            columns, or properties longer than the service reads (1 MiB, or the server's \
+            max_allowed_packet less 64 KiB)";
         rows_unaddressable: Counter,
             "Candidate rows whose id/dateModified could not be read (skipped; logged once)";
         rows_quarantined: Counter,

@@ -74,6 +74,9 @@ pub enum InvalidRowReason {
     Rejected,
     /// The row's hook has columns that are not readable.
     HookRow,
+    /// The row's `properties` is longer than the service reads (`MAX_PROPERTIES_BYTES`, or
+    /// the server's `max_allowed_packet`): failed without reading it.
+    Oversized,
 }
 
 impl InvalidRowReason {
@@ -83,6 +86,7 @@ impl InvalidRowReason {
             InvalidRowReason::Unreadable => "unreadable",
             InvalidRowReason::Rejected => "rejected",
             InvalidRowReason::HookRow => "hook-row",
+            InvalidRowReason::Oversized => "oversized",
         }
     }
 }

@@ -198,10 +198,11 @@ async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     db.drop_database().await;
 }
 
-/// A database error in one row's steps (here the hook query, on a table gone missing) is
+/// A database error in one row's steps (here the claim UPDATE, refused by a trigger; the
+/// hook, breaker and object reads are the round's own since the round preloads them) is
 /// that row's, not the poll's: `WEBHOOK_ROW_DB_ERROR`, logged once however many rounds meet
-/// it, the row left queued and delivered once the table is back. `WEBHOOK_POLL_ERROR` is kept
-/// for polls that fail and back off.
+/// it, the row left queued and delivered once the statement works again. `WEBHOOK_POLL_ERROR`
+/// is kept for polls that fail and back off.
 #[tokio::test]
 async fn a_database_error_of_one_row_is_the_rows_not_a_poll_error() {
     let db = TestDb::create().await.unwrap();
@@ -212,9 +213,13 @@ async fn a_database_error_of_one_row_is_the_rows_not_a_poll_error() {
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
     let mut conn = db.conn().await.unwrap();
-    conn.query_drop("RENAME TABLE herald_webhook TO herald_webhook_away")
-        .await
-        .unwrap();
+    // SIGNAL is error 1644: a database error, not one of the row's data (which would fail it).
+    conn.query_drop(
+        "CREATE TRIGGER refuse_claims BEFORE UPDATE ON herald_webhookrequest \
+         FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'claims refused'",
+    )
+    .await
+    .unwrap();
 
     for _ in 0..3 {
         let round = dispatcher.run_round().await.unwrap();
@@ -228,9 +233,7 @@ async fn a_database_error_of_one_row_is_the_rows_not_a_poll_error() {
         RequestStatus::Queued
     );
 
-    conn.query_drop("RENAME TABLE herald_webhook_away TO herald_webhook")
-        .await
-        .unwrap();
+    conn.query_drop("DROP TRIGGER refuse_claims").await.unwrap();
     dispatcher.run_round().await.unwrap();
     receiver.wait_for(1, Duration::from_secs(10));
     assert_eq!(
@@ -238,5 +241,83 @@ async fn a_database_error_of_one_row_is_the_rows_not_a_poll_error() {
         RequestStatus::Sent
     );
     drop(conn);
+    db.drop_database().await;
+}
+
+/// Issue 21 item 9: a row whose `properties` is within a few bytes of the server's
+/// `max_allowed_packet` cannot travel in a result row. It is failed (`invalid-row`, counted,
+/// one log line) without its text ever being fetched, and every other row is delivered; the
+/// old code failed every poll with "Packet is larger than max_allowed_packet".
+#[tokio::test]
+async fn a_row_near_max_allowed_packet_is_failed_unread_and_the_rest_flow() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let before = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
+    let mut conn = db.conn().await.unwrap();
+    // Built by the server (a statement carrying it would not fit the packet either).
+    conn.exec_drop(
+        r#"INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,
+         lastRequestResult, lastRequestEpoch, dateCreated, dateModified)
+         SELECT 'PHID-HWBR-oversized', ?, 'PHID-TASK-x', 'queued',
+           CONCAT(?, REPEAT('x', @@max_allowed_packet - 16 - ?), '"]}'),
+           'none', 0, ?, ?"#,
+        (
+            &hook,
+            with_marker(r#"{"retry":"never","triggerPHIDs":[],"transactionPHIDs":[""#),
+            with_marker(r#"{"retry":"never","triggerPHIDs":[],"transactionPHIDs":[""#).len() + 3,
+            T0,
+            T0,
+        ),
+    )
+    .await
+    .unwrap();
+    let oversized = conn.last_insert_id().unwrap();
+    let (length, packet): (u64, u64) = conn
+        .exec_first(
+            "SELECT LENGTH(properties), @@max_allowed_packet FROM herald_webhookrequest WHERE id = ?",
+            (oversized,),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // With the row's other columns, more than a packet: the row cannot be fetched at all.
+    assert_eq!(length, packet - 16);
+    drop(conn);
+    let after = queue(&db, &hook, "PHID-TASK-b", NEVER, T0).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    for _ in 0..3 {
+        dispatcher
+            .run_round()
+            .await
+            .expect("one row never fails a poll");
+    }
+    receiver.wait_for(2, Duration::from_secs(10));
+    for id in [before, after] {
+        assert_eq!(
+            db.read_request(id).await.unwrap().status,
+            RequestStatus::Sent
+        );
+    }
+    assert_eq!(
+        state_of(&db, oversized).await,
+        (
+            "failed".to_string(),
+            "none".to_string(),
+            0,
+            with_marker(r#"{"errorType":"hook","errorCode":"invalid-row"}"#)
+        )
+    );
+    assert_eq!(
+        receiver.count(),
+        2,
+        "the oversized row itself is never POSTed"
+    );
+    assert_eq!(metrics.invalid_rows(InvalidRowReason::Oversized), 1);
+    assert_eq!(log.count("WEBHOOK_INVALID_ROW"), 1);
+    assert_eq!(log.count("WEBHOOK_POLL_ERROR"), 0);
     db.drop_database().await;
 }

@@ -24,6 +24,8 @@ fn options(query_timeout: Duration) -> StoreOptions {
         max_connections: 2,
         max_lock_connections: 3,
         idle_timeout: Duration::from_secs(1),
+        // Long: where a test needs locks freed, something else must free them.
+        lock_session_timeout: Duration::from_secs(600),
     }
 }
 
@@ -262,5 +264,181 @@ async fn readiness_fails_when_the_dispatcher_makes_no_progress() {
     // One completed round is progress again.
     dispatcher.run_round().await.unwrap();
     assert_eq!(ready().await, Ok(()));
+    db.drop_database().await;
+}
+
+/// Issue 21 item 10: lock connections that die silently mid-delivery (a fail-over behind
+/// NAT) leave their server sessions holding Phorge's per-hook locks. The release times out,
+/// the connection is discarded, and its session is killed from a fresh connection, so the
+/// hooks' other rows go out within seconds; the old code left the locks to the server's
+/// `wait_timeout` (8 h): one row per hook, then nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_of_silently_dead_connections_are_freed_within_seconds() {
+    let db = TestDb::create().await.unwrap();
+    let proxy = DbProxy::start().await;
+    let receiver = Receiver::with(|_, _| Reply::Hold(200));
+    let mut ids = Vec::new();
+    for tag in 0..4 {
+        let hook = db.tagged_hook_phid(tag);
+        db.insert_hook(
+            &hook,
+            &receiver.url(&format!("/{tag}")),
+            HookStatus::Enabled,
+            "k",
+        )
+        .await
+        .unwrap();
+        for _ in 0..4 {
+            ids.push(queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await);
+        }
+    }
+    let store = ClaimStore::with_options(
+        proxy.opts(),
+        db.database(),
+        StoreOptions {
+            max_lock_connections: 4,
+            ..options(Duration::from_secs(1))
+        },
+    );
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, _metrics) = Harness::default().build_with_store(store, &clock, &log);
+    let round = {
+        let dispatcher = Arc::clone(&dispatcher);
+        tokio::spawn(async move { dispatcher.run_round().await })
+    };
+    let waiting = receiver.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_for(4, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // Every connection open now (4 locks held, the query pool's) goes silent.
+    proxy.blackhole_existing();
+    receiver.release();
+    tokio::time::timeout(Duration::from_secs(30), round)
+        .await
+        .expect("the round ends: every statement is bounded")
+        .unwrap()
+        .unwrap();
+    let started = std::time::Instant::now();
+    gorge_testkit::eventually(Duration::from_secs(30), "all 16 rows sent", || async {
+        // Hooks found locked rest until the clock moves on.
+        clock.advance_sec(1);
+        let _ = dispatcher.run_round().await;
+        let mut sent = 0;
+        for id in &ids {
+            sent += usize::from(db.read_request(*id).await.unwrap().status == RequestStatus::Sent);
+        }
+        sent == ids.len()
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(receiver.count(), 16, "each row once");
+    db.drop_database().await;
+}
+
+/// Issue 21 item 10, the backstop: when the process cannot end a dead lock session itself
+/// (it is gone, or the server is unreachable from it), the server ends the session after
+/// the lock connections' short `wait_timeout`, and the lock with it. The old code's lock
+/// sessions had the server's default (8 h).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_holder_went_silent_is_freed_by_the_server() {
+    let db = TestDb::create().await.unwrap();
+    let proxy = DbProxy::start().await;
+    let hook = db.hook_phid();
+    let store = ClaimStore::with_options(
+        proxy.opts(),
+        db.database(),
+        StoreOptions {
+            lock_session_timeout: Duration::from_secs(2),
+            ..options(Duration::from_secs(1))
+        },
+    );
+    let lock = store.try_hook_lock(&hook).await.unwrap().expect("free");
+    let name = lock.name().to_owned();
+    proxy.blackhole_existing();
+    // The holder vanishes without a word: no release, no kill.
+    std::mem::forget(lock);
+    let admin = mysql_async::Pool::new(server_opts());
+    let is_free = |admin: mysql_async::Pool, name: String| async move {
+        let mut conn = admin.get_conn().await.unwrap();
+        let free: Option<Option<i64>> = conn
+            .exec_first("SELECT IS_FREE_LOCK(?)", (name,))
+            .await
+            .unwrap();
+        free.flatten()
+    };
+    assert_eq!(
+        is_free(admin.clone(), name.clone()).await,
+        Some(0),
+        "held by the silent session"
+    );
+    let started = std::time::Instant::now();
+    gorge_testkit::eventually(Duration::from_secs(30), "the lock freed", || {
+        let check = is_free(admin.clone(), name.clone());
+        async move { check.await == Some(1) }
+    })
+    .await;
+    // The server checks idle sessions about once a second.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = admin.disconnect().await;
+    db.drop_database().await;
+}
+
+/// Issue 21 item 10: a hook whose lock another session keeps (here a session standing in
+/// for a zombie or Phorge's worker) shows in the gauges, with how long it has been held;
+/// both return to 0 once the lock is free and the row is delivered.
+#[tokio::test]
+async fn hooks_whose_lock_is_held_elsewhere_show_in_the_gauges() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let id = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
+    let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
+    let mut holder = mysql_async::Conn::new(server_opts()).await.unwrap();
+    let got: Option<i64> = holder
+        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(1));
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let gauges = |metrics: &gorge_webhook::metrics::Metrics| {
+        (
+            metrics.lock_unavailable_hooks.get(),
+            metrics.lock_unavailable_seconds.get(),
+        )
+    };
+
+    dispatcher.run_round().await.unwrap();
+    dispatcher.sample().await.unwrap();
+    assert_eq!(gauges(&metrics), (1, 0));
+    clock.advance_sec(40);
+    dispatcher.run_round().await.unwrap();
+    dispatcher.sample().await.unwrap();
+    assert_eq!(gauges(&metrics), (1, 40));
+    assert_eq!(receiver.count(), 0);
+
+    holder
+        .exec_drop("DO RELEASE_LOCK(?)", (&name,))
+        .await
+        .unwrap();
+    let _ = holder.disconnect().await;
+    clock.advance_sec(1);
+    dispatcher.run_round().await.unwrap();
+    dispatcher.sample().await.unwrap();
+    assert_eq!(gauges(&metrics), (0, 0));
+    assert_eq!(
+        db.read_request(id).await.unwrap().status,
+        RequestStatus::Sent
+    );
     db.drop_database().await;
 }

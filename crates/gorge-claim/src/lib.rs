@@ -15,7 +15,7 @@
 //!   independent settings.
 //! - [`ClaimStore::try_hook_lock`] serialises deliveries per hook across replicas (and with
 //!   Phorge's own PHP worker) with Phorge's MySQL named lock, held on a dedicated connection.
-//! - [`ClaimStore::load_object`] loads a request's object and transactions as Phorge's
+//! - [`ClaimStore::load_objects`] loads requests' objects and transactions as Phorge's
 //!   worker does ([`objects`] says where each PHID type is stored).
 //!
 //! Every query takes `now` (Unix seconds) from the caller: time is injected, never read with
@@ -34,9 +34,11 @@
 
 #![warn(missing_docs)]
 
+mod conn;
 mod error;
 pub mod handover;
 mod lock;
+mod object_load;
 pub mod objects;
 mod store;
 #[cfg(feature = "test-support")]
@@ -51,4 +53,5 @@ pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use store::{
     Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, ObjectLoad, PoolState,
     QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
+    MAX_PROPERTIES_BYTES,
 };

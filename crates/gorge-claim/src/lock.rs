@@ -4,7 +4,10 @@
 //! taken on until released. If the process dies, the server frees the lock with the session.
 //! If a [`HookLock`] is dropped without [`HookLock::release`], the lock is released in the
 //! background and, as a second line, the connection is reset when it returns to the pool
-//! (`COM_RESET_CONNECTION` frees named locks), so a lock never outlives its holder.
+//! (`COM_RESET_CONNECTION` frees named locks), so a lock never outlives its holder. If the
+//! release fails or times out, the connection is given up and its session killed from a
+//! fresh connection (`conn.rs`): a session whose network path died would otherwise keep the
+//! lock until the server's `wait_timeout`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use ring::digest;
 
+use crate::conn::Sessions;
 use crate::error::ClaimError;
 
 /// Characters of Phorge's `PhabricatorHash::digestForIndex`, indexed by `byte & 0x3F`.
@@ -55,6 +59,8 @@ pub struct HookLock {
     /// The store's gauge of held locks; decremented when the connection is given up.
     held: Arc<AtomicUsize>,
     timeout: Duration,
+    /// Ends the session of a connection whose release failed.
+    sessions: Sessions,
 }
 
 impl std::fmt::Debug for HookLock {
@@ -72,8 +78,9 @@ impl HookLock {
         name: String,
         held: Arc<AtomicUsize>,
         timeout: Duration,
+        sessions: Sessions,
     ) -> HookLock {
-        // Whatever the pool options say, a connection that carried a lock is reset
+        // Until the lock is released, a connection that returns to the pool is reset
         // (which frees the lock) before anyone else gets it.
         conn.reset_connection(true);
         held.fetch_add(1, Ordering::SeqCst);
@@ -82,6 +89,7 @@ impl HookLock {
             name,
             held,
             timeout,
+            sessions,
         }
     }
 
@@ -95,23 +103,32 @@ impl HookLock {
         let Some(conn) = self.conn.take() else {
             return Ok(());
         };
-        let released = release_on(conn, &self.name, self.timeout).await;
+        let released = release_on(conn, &self.name, self.timeout, &self.sessions).await;
         self.held.fetch_sub(1, Ordering::SeqCst);
         released
     }
 }
 
-/// `RELEASE_LOCK(name)` on `conn`, then back to the pool. On error or timeout the session
-/// may still hold the lock: it is ended so that the server frees the lock.
-async fn release_on(mut conn: Conn, name: &str, timeout: Duration) -> Result<(), ClaimError> {
+/// `RELEASE_LOCK(name)` on `conn`, then back to the pool (without a reset: nothing is held
+/// any more). On error or timeout the session may still hold the lock: the connection is
+/// given up and its session killed, so that the server frees the lock.
+async fn release_on(
+    mut conn: Conn,
+    name: &str,
+    timeout: Duration,
+    sessions: &Sessions,
+) -> Result<(), ClaimError> {
     match tokio::time::timeout(timeout, conn.exec_drop("DO RELEASE_LOCK(?)", (name,))).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            conn.reset_connection(false);
+            Ok(())
+        }
         Ok(Err(err)) => {
-            crate::store::discard(conn);
+            sessions.discard(conn);
             Err(ClaimError::Database(err))
         }
         Err(_) => {
-            crate::store::discard(conn);
+            sessions.discard(conn);
             Err(ClaimError::Timeout("RELEASE_LOCK"))
         }
     }
@@ -124,9 +141,10 @@ impl Drop for HookLock {
         };
         let name = std::mem::take(&mut self.name);
         let (held, timeout) = (Arc::clone(&self.held), self.timeout);
+        let sessions = self.sessions.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = release_on(conn, &name, timeout).await;
+                let _ = release_on(conn, &name, timeout, &sessions).await;
                 held.fetch_sub(1, Ordering::SeqCst);
             });
         } else {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 const TABLES_TSV: &str = include_str!("../../../compat/phorge-object-tables.tsv");
 
 /// The tables of one PHID type. Database names are without the `{namespace}_` prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ObjectTables {
     /// The database holding the objects (`maniphest`, `differential`…).
     pub database: &'static str,

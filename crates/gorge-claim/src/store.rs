@@ -1,29 +1,33 @@
-//! `ClaimStore`: every SQL statement the webhook service runs against `{namespace}_herald`.
+//! `ClaimStore`: the statements the webhook service runs against `{namespace}_herald`
+//! (rows, hooks, breaker counts, stats), and the statement helpers the other modules share.
 //!
-//! Only `SELECT`/`UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook` and on
-//! the object and transaction tables of Phorge's applications (see `objects.rs`), plus
-//! `GET_LOCK` (see `lock.rs`). See the crate doc for the row states.
+//! Only `SELECT`/`UPDATE` on `herald_webhookrequest` and `SELECT` on `herald_webhook` here;
+//! `SELECT` on the object and transaction tables of Phorge's applications is in
+//! `object_load.rs`, `GET_LOCK` in `lock.rs`, connections in `conn.rs`. See the crate doc
+//! for the row states. Reads that a poll round needs for each of its rows (hooks, breaker
+//! counts, objects) take every row of the round at once.
 //!
 //! Every statement is bounded by [`StoreOptions::query_timeout`]; a connection whose
 //! statement timed out is closed, never returned to the pool (a silently dead connection
 //! would otherwise be handed out again). Columns are read as bytes and checked here, so a
 //! row holding bytes that are not UTF-8 is reported as a [`BrokenRow`], never a panic.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, Row, Value};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, Row, Value};
 use phorge_wire::values::{HookStatus, RequestResult, RequestStatus};
 
+use crate::conn::{discard, lock_session_setup, pool_opts, Sessions};
 use crate::error::ClaimError;
 use crate::handover::{
     handed_over_sql, CandidateWindow, HandoverSample, NEWEST_ROWS_SQL, SAMPLE_ROWS,
     WINDOW_BOUNDS_SQL,
 };
 use crate::lock::{hook_lock_name, HookLock};
-use crate::objects::{object_kind, phid_type, ObjectKind};
 
 /// Lease and backoff, in seconds; independent of each other (see the crate doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +49,10 @@ pub struct StoreOptions {
     pub max_lock_connections: usize,
     /// Idle connections above one (queries) or zero (locks) are closed after this long.
     pub idle_timeout: Duration,
+    /// The server's `wait_timeout` for lock connections: a lock session silent for longer
+    /// is ended by the server, which frees its lock. Must exceed the longest a lock is
+    /// held without a statement (a POST, result-write retries within the claim's lease).
+    pub lock_session_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -54,6 +62,7 @@ impl Default for StoreOptions {
             max_connections: 4,
             max_lock_connections: 16,
             idle_timeout: Duration::from_secs(30),
+            lock_session_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -91,6 +100,9 @@ pub struct BrokenRow {
     pub properties: Option<String>,
     /// Which column is unusable, for the log.
     pub reason: &'static str,
+    /// `LENGTH(properties)` when the text was left unread because it is longer than
+    /// [`MAX_PROPERTIES_BYTES`] (or than the server's packet allows).
+    pub oversized: Option<u64>,
 }
 
 /// What one candidate query found.
@@ -280,6 +292,8 @@ pub struct PoolState {
 pub struct ClaimStore {
     pool: Pool,
     locks: Pool,
+    /// Ends the sessions of lock connections given up on.
+    sessions: Sessions,
     locks_held: Arc<AtomicUsize>,
     window: Arc<CandidateWindow>,
     database: String,
@@ -295,11 +309,32 @@ impl std::fmt::Debug for ClaimStore {
     }
 }
 
-/// The candidate query up to the optional hook exclusion; [`candidates_sql`] completes it.
-/// Only rows Phorge handed over, within the two id windows of `handover.rs`.
+/// Longest `properties` text a candidate query returns. A longer row is failed unread
+/// (`invalid-row`): a row longer than the server's `max_allowed_packet` cannot be fetched at
+/// all (the driver refuses the packet and the whole query fails), and a batch of rows near it
+/// would hold hundreds of MiB. Phorge's own rows list a few dozen PHIDs (a few KiB).
+pub const MAX_PROPERTIES_BYTES: u64 = 1 << 20;
+
+/// Room left in a packet for a candidate row's other columns, when the server's
+/// `max_allowed_packet` is below [`MAX_PROPERTIES_BYTES`] plus this.
+const PACKET_HEADROOM_BYTES: u64 = 64 << 10;
+
+/// The candidate query's columns, `properties` only when it is short enough to fetch (the
+/// bound is evaluated by the server, which knows its own packet size), and its length.
+fn candidates_select() -> String {
+    format!(
+        "SELECT id, phid, webhookPHID, objectPHID, \
+         IF(LENGTH(properties) <= LEAST({MAX_PROPERTIES_BYTES}, \
+            @@max_allowed_packet - {PACKET_HEADROOM_BYTES}), properties, NULL), \
+         dateCreated, dateModified, lastRequestEpoch, LENGTH(properties) "
+    )
+}
+
+/// The candidate query after its columns, up to the optional hook exclusion;
+/// [`candidates_sql`] completes it. Only rows Phorge handed over, within the two id windows
+/// of `handover.rs`.
 const CANDIDATES_SQL_HEAD: &str = concat!(
-    "SELECT id, phid, webhookPHID, objectPHID, properties, dateCreated, dateModified, lastRequestEpoch \
-FROM herald_webhookrequest \
+    "FROM herald_webhookrequest \
 WHERE status = 'queued' AND (id <= ? OR (id > ? AND id <= ?)) AND ( \
   (dateModified = dateCreated AND lastRequestEpoch = 0) \
   OR (dateModified = lastRequestEpoch AND lastRequestEpoch <= ?) \
@@ -314,7 +349,8 @@ pub const MAX_EXCLUDED_HOOKS: usize = 1024;
 
 /// The candidate query with `excluded` placeholders in its `NOT IN` list (none: no list).
 fn candidates_sql(excluded: usize) -> String {
-    let mut sql = String::from(CANDIDATES_SQL_HEAD);
+    let mut sql = candidates_select();
+    sql.push_str(CANDIDATES_SQL_HEAD);
     if excluded > 0 {
         sql.push_str(" AND webhookPHID NOT IN (?");
         sql.push_str(&", ?".repeat(excluded - 1));
@@ -346,29 +382,34 @@ WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
     handed_over_sql!()
 );
 
-/// Most transaction PHIDs looked up in one statement.
-const XACTION_CHUNK: usize = 500;
+/// Most values in one `IN` list.
+pub(crate) const IN_CHUNK: usize = 512;
 
-/// Bound on closing a connection that timed out (it may be dead: nothing is waited for).
-const DISCARD_TIMEOUT: Duration = Duration::from_secs(1);
+/// `values` as statement parameters, padded to a power of two by repeating the last one
+/// (an `IN` list means the same), so the prepared-statement cache sees a few shapes.
+pub(crate) fn padded<'a>(values: impl ExactSizeIterator<Item = &'a str>) -> Vec<Value> {
+    let len = values.len().next_power_of_two();
+    let mut out: Vec<Value> = values.map(Value::from).collect();
+    if let Some(last) = out.last().cloned() {
+        out.resize(len, last);
+    }
+    out
+}
 
-fn pool_opts(min: usize, max: usize, idle: Duration) -> PoolOpts {
-    let max = max.max(1);
-    let constraints =
-        PoolConstraints::new(min.min(max), max).unwrap_or(mysql_async::DEFAULT_POOL_CONSTRAINTS);
-    PoolOpts::default()
-        .with_constraints(constraints)
-        .with_inactive_connection_ttl(idle)
-        .with_ttl_check_interval(idle.max(Duration::from_secs(1)))
+/// `?, ?, …` for `n` parameters.
+pub(crate) fn placeholders(n: usize) -> String {
+    let mut list = "?, ".repeat(n);
+    list.truncate(list.len().saturating_sub(2));
+    list
 }
 
 /// A column as text; `None` when NULL, missing or not UTF-8.
-fn text(row: &mut Row, index: usize) -> Option<String> {
+pub(crate) fn text(row: &mut Row, index: usize) -> Option<String> {
     let bytes: Vec<u8> = row.take_opt(index)?.ok()?;
     String::from_utf8(bytes).ok()
 }
 
-fn int(row: &mut Row, index: usize) -> Option<u64> {
+pub(crate) fn int(row: &mut Row, index: usize) -> Option<u64> {
     row.take_opt(index)?.ok()
 }
 
@@ -377,6 +418,9 @@ fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
     let (Some(id), Some(date_modified)) = (int(row, 0), int(row, 6)) else {
         return Err(None);
     };
+    // NULL text with a length (the column is NOT NULL): left unread by the query's bound.
+    let unread = matches!(row.as_ref(4), Some(Value::NULL));
+    let oversized = int(row, 8).filter(|_| unread);
     let properties = text(row, 4);
     let broken = |reason, properties: Option<String>| {
         Err(Some(BrokenRow {
@@ -384,8 +428,12 @@ fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
             date_modified,
             properties,
             reason,
+            oversized,
         }))
     };
+    if oversized.is_some() {
+        return broken("properties is longer than the service reads", None);
+    }
     let Some(phid) = text(row, 1) else {
         return broken("phid is not UTF-8 text", properties);
     };
@@ -434,14 +482,21 @@ impl ClaimStore {
         let queries =
             base.clone()
                 .pool_opts(pool_opts(1, options.max_connections, options.idle_timeout));
-        let locks = base.pool_opts(pool_opts(
-            0,
-            options.max_lock_connections,
-            options.idle_timeout,
-        ));
+        let lock_timeout = options.lock_session_timeout.as_secs().max(1);
+        let locks = base
+            .clone()
+            .setup(vec![lock_session_setup(options.lock_session_timeout)])
+            // The driver does not hand out a pooled connection the server has ended.
+            .wait_timeout(Some(lock_timeout as usize))
+            .pool_opts(pool_opts(
+                0,
+                options.max_lock_connections,
+                options.idle_timeout,
+            ));
         ClaimStore {
             pool: Pool::new(queries),
             locks: Pool::new(locks),
+            sessions: Sessions::new(base.into(), options.query_timeout),
             locks_held: Arc::new(AtomicUsize::new(0)),
             window: Arc::default(),
             database: database.to_owned(),
@@ -463,7 +518,7 @@ impl ClaimStore {
         &self.namespace
     }
 
-    async fn conn(&self) -> Result<Conn, ClaimError> {
+    pub(crate) async fn conn(&self) -> Result<Conn, ClaimError> {
         Self::conn_from(&self.pool, &self.options, &self.database).await
     }
 
@@ -474,12 +529,12 @@ impl ClaimStore {
         }
     }
 
-    fn err(&self, err: mysql_async::Error) -> ClaimError {
+    pub(crate) fn err(&self, err: mysql_async::Error) -> ClaimError {
         ClaimError::from_driver(err, &self.database)
     }
 
     /// Finishes a timed statement: on timeout the connection is closed (never reused).
-    fn settle<T>(
+    pub(crate) fn settle<T>(
         &self,
         conn: Conn,
         out: Timed<T>,
@@ -556,7 +611,7 @@ impl ClaimStore {
         Ok(None)
     }
 
-    async fn timed<F: std::future::Future>(
+    pub(crate) async fn timed<F: std::future::Future>(
         &self,
         fut: F,
     ) -> Result<F::Output, tokio::time::error::Elapsed> {
@@ -745,145 +800,49 @@ impl ClaimStore {
     /// The hook row, or `None` when it does not exist. A hook whose columns are not UTF-8
     /// text is [`ClaimError::InvalidRow`].
     pub async fn load_hook(&self, phid: &str) -> Result<Option<Hook>, ClaimError> {
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<Row, _, _>(
-                "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid = ?",
-                (phid,),
-            ))
-            .await;
-        let (_conn, row) = self.settle(conn, out, "hook query")?;
-        let Some(mut row) = row else {
-            return Ok(None);
-        };
-        let hook = (|| {
-            Some(Hook {
-                phid: text(&mut row, 0)?,
-                uri: text(&mut row, 1)?,
-                status: text(&mut row, 2)?,
-                hmac_key: text(&mut row, 3)?,
-            })
-        })();
-        hook.map(Some).ok_or(ClaimError::InvalidRow(
-            "a herald_webhook column is not UTF-8 text",
-        ))
-    }
-
-    /// Loads the request's object as Phorge's worker does: the object must exist in its
-    /// application's table, and the payload lists only the stored transaction PHIDs that
-    /// exist for that object, newest first (`ORDER BY id DESC`).
-    ///
-    /// When that cannot be checked (a type Phorge's table does not list, a table the
-    /// server refuses), the object counts as found and the stored list is used as is;
-    /// `unchecked` says why, for the caller to log and count.
-    pub async fn load_object(
-        &self,
-        object_phid: &str,
-        stored: &[String],
-    ) -> Result<ObjectLoad, ClaimError> {
-        let kind = phid_type(object_phid).unwrap_or("????").to_owned();
-        let unchecked = |why: Unchecked| ObjectLoad::Found {
-            transactions: stored.to_vec(),
-            unchecked: Some(why),
-        };
-        let tables = match object_kind(object_phid) {
-            ObjectKind::Malformed => return Ok(ObjectLoad::Missing),
-            ObjectKind::Stored(tables) => tables,
-            ObjectKind::Virtual => return Ok(unchecked(Unchecked::NoTable(kind))),
-            ObjectKind::Unknown => return Ok(unchecked(Unchecked::UnknownType(kind))),
-        };
-        let database = format!("{}_{}", self.namespace, tables.database);
-        let sql = format!(
-            "SELECT 1 FROM `{database}`.`{}` WHERE phid = ? LIMIT 1",
-            tables.object_table
-        );
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<u8, _, _>(sql, (object_phid,)))
-            .await;
-        let found = match self.settle(conn, out, "object query") {
-            Ok((_, found)) => found.is_some(),
-            Err(err) => {
-                return self.refused(err, &database, tables.object_table, stored);
-            }
-        };
-        if !found {
-            return Ok(ObjectLoad::Missing);
-        }
-        let Some((xaction_db, xaction_table)) = tables.transactions else {
-            return Ok(unchecked(Unchecked::NoTable(kind)));
-        };
-        if stored.is_empty() {
-            return Ok(ObjectLoad::Found {
-                transactions: Vec::new(),
-                unchecked: None,
-            });
-        }
-        let xaction_database = format!("{}_{}", self.namespace, xaction_db);
-        match self
-            .existing_transactions(&xaction_database, xaction_table, object_phid, stored)
-            .await
-        {
-            Ok(transactions) => Ok(ObjectLoad::Found {
-                transactions,
-                unchecked: None,
-            }),
-            Err(err) => self.refused(err, &xaction_database, xaction_table, stored),
+        match self.load_hooks(&[phid]).await?.remove(phid) {
+            None => Ok(None),
+            Some(Ok(hook)) => Ok(Some(hook)),
+            Some(Err(why)) => Err(ClaimError::InvalidRow(why)),
         }
     }
 
-    /// The PHIDs of `stored` that exist in `table` for `object_phid`, newest (highest id)
-    /// first.
-    async fn existing_transactions(
+    /// The hook rows of `phids` that exist, by PHID, in one query; `Err` for a hook whose
+    /// columns are not UTF-8 text.
+    pub async fn load_hooks(
         &self,
-        database: &str,
-        table: &str,
-        object_phid: &str,
-        stored: &[String],
-    ) -> Result<Vec<String>, ClaimError> {
-        let mut found: Vec<(u64, String)> = Vec::new();
-        for chunk in stored.chunks(XACTION_CHUNK) {
+        phids: &[&str],
+    ) -> Result<HashMap<String, Result<Hook, &'static str>>, ClaimError> {
+        let mut hooks = HashMap::new();
+        for chunk in phids.chunks(IN_CHUNK) {
+            let params = padded(chunk.iter().copied());
             let sql = format!(
-                "SELECT id, phid FROM `{database}`.`{table}` WHERE objectPHID = ? AND phid IN (?{})",
-                ", ?".repeat(chunk.len() - 1)
+                "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({})",
+                placeholders(params.len())
             );
-            let mut params: Vec<Value> = Vec::with_capacity(chunk.len() + 1);
-            params.push(object_phid.into());
-            params.extend(chunk.iter().map(|phid| Value::from(phid.as_str())));
             let mut conn = self.conn().await?;
             let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
-            let (_conn, rows) = self.settle(conn, out, "transaction query")?;
+            let (_conn, rows) = self.settle(conn, out, "hook query")?;
             for mut row in rows {
-                if let (Some(id), Some(phid)) = (int(&mut row, 0), text(&mut row, 1)) {
-                    found.push((id, phid));
-                }
+                // A PHID that matched a UTF-8 one is UTF-8 itself (the column is binary).
+                let Some(phid) = text(&mut row, 0) else {
+                    continue;
+                };
+                let hook = (|| {
+                    Some(Hook {
+                        phid: phid.clone(),
+                        uri: text(&mut row, 1)?,
+                        status: text(&mut row, 2)?,
+                        hmac_key: text(&mut row, 3)?,
+                    })
+                })();
+                hooks.insert(
+                    phid,
+                    hook.ok_or("a herald_webhook column is not UTF-8 text"),
+                );
             }
         }
-        found.sort_by_key(|row| std::cmp::Reverse(row.0));
-        found.dedup_by(|a, b| a.1 == b.1);
-        Ok(found.into_iter().map(|(_, phid)| phid).collect())
-    }
-
-    /// Maps a refused or unknown application table to [`Unchecked::Refused`] (deliver with
-    /// the stored list); any other error is returned.
-    fn refused(
-        &self,
-        err: ClaimError,
-        database: &str,
-        table: &str,
-        stored: &[String],
-    ) -> Result<ObjectLoad, ClaimError> {
-        if !err.is_refused_table() {
-            return Err(err);
-        }
-        Ok(ObjectLoad::Found {
-            transactions: stored.to_vec(),
-            unchecked: Some(Unchecked::Refused {
-                database: database.to_owned(),
-                grant: format!("GRANT SELECT ON `{database}`.`{table}` TO <gorge user>"),
-                error: err.to_string(),
-            }),
-        })
+        Ok(hooks)
     }
 
     /// Circuit breaker input: rows of this hook whose last request failed at or after
@@ -893,16 +852,39 @@ impl ClaimStore {
         hook_phid: &str,
         since_epoch: u64,
     ) -> Result<u64, ClaimError> {
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_first::<u64, _, _>(
-                "SELECT COUNT(*) FROM herald_webhookrequest \
-                 WHERE webhookPHID = ? AND lastRequestResult = 'fail' AND lastRequestEpoch >= ?",
-                (hook_phid, since_epoch),
-            ))
-            .await;
-        let (_conn, count) = self.settle(conn, out, "breaker query")?;
-        Ok(count.unwrap_or(0))
+        let counts = self
+            .recent_failures_by_hook(&[hook_phid], since_epoch)
+            .await?;
+        Ok(counts.get(hook_phid).copied().unwrap_or(0))
+    }
+
+    /// [`ClaimStore::recent_failures`] of each hook in `hook_phids`, in one query per
+    /// 512 hooks; hooks without recent failures are absent.
+    pub async fn recent_failures_by_hook(
+        &self,
+        hook_phids: &[&str],
+        since_epoch: u64,
+    ) -> Result<HashMap<String, u64>, ClaimError> {
+        let mut counts = HashMap::new();
+        for chunk in hook_phids.chunks(IN_CHUNK) {
+            let mut params = padded(chunk.iter().copied());
+            let sql = format!(
+                "SELECT webhookPHID, COUNT(*) FROM herald_webhookrequest \
+                 WHERE webhookPHID IN ({}) AND lastRequestResult = 'fail' \
+                 AND lastRequestEpoch >= ? GROUP BY webhookPHID",
+                placeholders(params.len())
+            );
+            params.push(since_epoch.into());
+            let mut conn = self.conn().await?;
+            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
+            let (_conn, rows) = self.settle(conn, out, "breaker query")?;
+            for mut row in rows {
+                if let (Some(hook), Some(count)) = (text(&mut row, 0), int(&mut row, 1)) {
+                    counts.insert(hook, count);
+                }
+            }
+        }
+        Ok(counts)
     }
 
     /// Takes the per-hook named lock (Phorge's name, see [`hook_lock_name`]) without
@@ -915,13 +897,22 @@ impl ClaimStore {
         let out = self
             .timed(conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (&name,)))
             .await;
-        let (conn, got) = self.settle(conn, out, "GET_LOCK")?;
+        let got = match out {
+            Ok(Ok(got)) => got,
+            Ok(Err(err)) => return Err(self.err(err)),
+            Err(_) => {
+                // The server may have granted the lock to a session we cannot hear from.
+                self.sessions.discard(conn);
+                return Err(ClaimError::Timeout("GET_LOCK"));
+            }
+        };
         match got.flatten() {
             Some(1) => Ok(Some(HookLock::held(
                 conn,
                 name,
                 Arc::clone(&self.locks_held),
                 self.options.query_timeout,
+                self.sessions.clone(),
             ))),
             Some(_) => Ok(None),
             None => Err(ClaimError::UnexpectedNull("GET_LOCK")),
@@ -1004,18 +995,6 @@ impl ClaimStore {
         // Errors here mean connections were already gone: nothing left to clean up.
         let _ = self.pool.disconnect().await;
         let _ = self.locks.disconnect().await;
-    }
-}
-
-/// Closes a connection whose statement timed out, in the background and bounded: it may be
-/// dead, and returning it to the pool would hand a dead session to the next caller.
-/// `disconnect` marks it closed before any I/O, so even if the close itself times out the
-/// pool only counts it as gone.
-pub(crate) fn discard(conn: Conn) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(DISCARD_TIMEOUT, conn.disconnect()).await;
-        });
     }
 }
 

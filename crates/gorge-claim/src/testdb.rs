@@ -37,6 +37,25 @@ use crate::store::ClaimStore;
 
 const SCHEMA: &str = include_str!("../../../compat/herald-schema.sql");
 
+/// Phorge's Maniphest task and transaction tables (see [`TestDb::create_maniphest`]).
+const MANIPHEST_SCHEMA: &str = include_str!("../../../compat/maniphest-schema.sql");
+
+/// Runs the statements of a `compat/*-schema.sql` file for `namespace`.
+async fn run_schema(conn: &mut Conn, sql: &str, namespace: &str) -> mysql_async::Result<()> {
+    let schema = sql.replace("{$NAMESPACE}", namespace);
+    let without_comments: String = schema
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for statement in without_comments.split(';').map(str::trim) {
+        if !statement.is_empty() {
+            conn.query_drop(statement).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Default server for database tests.
 pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306";
 
@@ -209,17 +228,9 @@ impl TestDb {
         let database = format!("{namespace}_herald");
         let map = |e| ClaimError::from_driver(e, &database);
         let mut admin = Conn::new(server_opts()).await.map_err(map)?;
-        let schema = SCHEMA.replace("{$NAMESPACE}", &namespace);
-        let without_comments: String = schema
-            .lines()
-            .filter(|line| !line.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for statement in without_comments.split(';').map(str::trim) {
-            if !statement.is_empty() {
-                admin.query_drop(statement).await.map_err(map)?;
-            }
-        }
+        run_schema(&mut admin, SCHEMA, &namespace)
+            .await
+            .map_err(map)?;
         let _ = admin.disconnect().await;
         let pool = Pool::new(OptsBuilder::from_opts(server_opts()).db_name(Some(&database)));
         Ok(TestDb {
@@ -360,6 +371,78 @@ impl TestDb {
         .await
         .map_err(map)?;
         Ok(qualified)
+    }
+
+    /// Creates `{namespace}_maniphest` with Phorge's own task and transaction tables
+    /// (`compat/maniphest-schema.sql`); dropped with the database.
+    pub async fn create_maniphest(&self) -> Result<(), ClaimError> {
+        let database = format!("{}_maniphest", self.namespace);
+        let mut conn = self.conn().await?;
+        run_schema(&mut conn, MANIPHEST_SCHEMA, &self.namespace)
+            .await
+            .map_err(|e| ClaimError::from_driver(e, &database))?;
+        let mut extra = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+        if !extra.contains(&database) {
+            extra.push(database);
+        }
+        Ok(())
+    }
+
+    /// Inserts tasks into the tables of [`TestDb::create_maniphest`], each with its
+    /// transactions (ids ascending in the order given), as Phorge's editor saves them; one
+    /// statement per table.
+    pub async fn insert_tasks(&self, tasks: &[(String, Vec<String>)]) -> Result<(), ClaimError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let database = format!("{}_maniphest", self.namespace);
+        let map = |e| ClaimError::from_driver(e, &database);
+        let mut conn = self.conn().await?;
+        let task_rows = vec![
+            "(?, 'PHID-USER-bench', 'open', 50, 'bench task', '', 0, 0, \
+             'aaaaaaaaaaaaaaaaaaaa', 0, 'users', 'users', '{}', 'default')";
+            tasks.len()
+        ];
+        let params: Vec<mysql_async::Value> =
+            tasks.iter().map(|(phid, _)| phid.as_str().into()).collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO `{database}`.maniphest_task (phid, authorPHID, status, priority, \
+                 title, description, dateCreated, dateModified, mailKey, subpriority, \
+                 viewPolicy, editPolicy, properties, subtype) VALUES {}",
+                task_rows.join(", ")
+            ),
+            params,
+        )
+        .await
+        .map_err(map)?;
+        let xactions: Vec<(&str, &str)> = tasks
+            .iter()
+            .flat_map(|(task, xactions)| xactions.iter().map(move |x| (x.as_str(), task.as_str())))
+            .collect();
+        if xactions.is_empty() {
+            return Ok(());
+        }
+        let rows = vec![
+            "(?, 'PHID-USER-bench', ?, 'users', 'users', 0, 'core:comment', \
+             'null', 'null', '{}', '{}', 0, 0)";
+            xactions.len()
+        ];
+        let params: Vec<mysql_async::Value> = xactions
+            .iter()
+            .flat_map(|(phid, task)| [(*phid).into(), (*task).into()])
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO `{database}`.maniphest_transaction (phid, authorPHID, objectPHID, \
+                 viewPolicy, editPolicy, commentVersion, transactionType, oldValue, newValue, \
+                 contentSource, metadata, dateCreated, dateModified) VALUES {}",
+                rows.join(", ")
+            ),
+            params,
+        )
+        .await
+        .map_err(map)
     }
 
     /// Makes the object `phid` exist in its application's table (see `objects`). Objects

@@ -640,3 +640,79 @@ async fn ping_reports_a_missing_database_clearly() {
     store.close().await;
     db.drop_database().await;
 }
+
+/// Issue 19: a round's objects and transactions in one query per table. Each request gets
+/// what its own two queries return as Phorge's worker runs them: a missing object is
+/// `Missing`; the stored transactions that exist *for its object*, newest (highest id)
+/// first — a stored PHID of another object, or one not in the table, is left out.
+#[tokio::test]
+async fn objects_of_a_round_are_loaded_together_as_each_alone() {
+    use gorge_claim::{ObjectLoad, Unchecked};
+    let db = fresh_db().await;
+    let (a, b, gone) = (
+        "PHID-TASK-aaaaaaaaaaaaaaaaaaaa",
+        "PHID-TASK-bbbbbbbbbbbbbbbbbbbb",
+        "PHID-TASK-gggggggggggggggggggg",
+    );
+    db.insert_object(a).await.unwrap();
+    db.insert_object(b).await.unwrap();
+    // Interleaved ids: order comes from the id, not the stored list or the object.
+    for (id, phid, object) in [
+        (1, "PHID-XACT-TASK-a1", a),
+        (2, "PHID-XACT-TASK-b1", b),
+        (3, "PHID-XACT-TASK-a2", a),
+        (4, "PHID-XACT-TASK-b2", b),
+        (5, "PHID-XACT-TASK-a3", a),
+    ] {
+        db.insert_transaction(id, phid, object).await.unwrap();
+    }
+    let list = |phids: &[&str]| phids.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let stored_a = list(&[
+        "PHID-XACT-TASK-a1",
+        "PHID-XACT-TASK-a3",
+        "PHID-XACT-TASK-b1",
+        "PHID-XACT-TASK-nope",
+    ]);
+    let stored_b = list(&[
+        "PHID-XACT-TASK-b2",
+        "PHID-XACT-TASK-b1",
+        "PHID-XACT-TASK-a2",
+    ]);
+    let stored_gone = list(&["PHID-XACT-TASK-a1"]);
+    let stored_apps = list(&["PHID-XACT-XXXX-1"]);
+    let none: Vec<String> = Vec::new();
+    let store = db.store();
+    let loads = store
+        .load_objects(&[
+            (a, &stored_a),
+            (gone, &stored_gone),
+            (b, &stored_b),
+            ("PHID-APPS-PhabricatorHeraldApplication", &stored_apps),
+            (b, &none),
+            ("not-a-phid", &none),
+        ])
+        .await
+        .unwrap();
+    let found = |phids: &[&str]| ObjectLoad::Found {
+        transactions: list(phids),
+        unchecked: None,
+    };
+    assert_eq!(
+        loads,
+        vec![
+            found(&["PHID-XACT-TASK-a3", "PHID-XACT-TASK-a1"]),
+            ObjectLoad::Missing,
+            found(&["PHID-XACT-TASK-b2", "PHID-XACT-TASK-b1"]),
+            ObjectLoad::Found {
+                transactions: stored_apps.clone(),
+                unchecked: Some(Unchecked::NoTable("APPS".into())),
+            },
+            found(&[]),
+            ObjectLoad::Missing,
+        ]
+    );
+    // One at a time, the same answers.
+    assert_eq!(store.load_object(a, &stored_a).await.unwrap(), loads[0]);
+    assert_eq!(store.load_object(b, &stored_b).await.unwrap(), loads[2]);
+    db.drop_database().await;
+}

@@ -117,20 +117,31 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut error_backoff = DB_ERROR_BACKOFF_MIN;
         let mut db_ok: Option<bool> = None;
+        let mut backlog = false;
         loop {
-            // Wait for a free slot first: polling without one only re-reads rows.
-            let permit = tokio::select! {
-                permit = self.slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
+            // Wait for a free slot first: polling without one only re-reads rows. In a
+            // backlog, wait for half of them, so that each round (a candidate query and
+            // one read per table for all its rows) starts several rows, not one.
+            let wanted = if backlog {
+                u32::try_from((self.config.max_concurrent / 2).max(1)).unwrap_or(1)
+            } else {
+                1
+            };
+            let mut slots = tokio::select! {
+                slots = self.slots.clone().acquire_many_owned(wanted) => match slots {
+                    Ok(slots) => slots,
                     Err(_) => break,
                 },
                 _ = shutdown.triggered() => break,
             };
+            // Keep one for the round; the others go back for it to take.
+            let permit = slots.split(1).unwrap_or(slots);
             if shutdown.is_triggered() {
                 break;
             }
             match self.poll_round(Some(permit)).await {
                 Err(err) => {
+                    backlog = false;
                     self.metrics.poll_errors.inc();
                     emit!(self.log, events::WEBHOOK_POLL_ERROR;
                         "error" => crate::dberror::explain(&err, &self.config.db),
@@ -152,7 +163,8 @@ impl Dispatcher {
                         db_ok = Some(true);
                     }
                     error_backoff = DB_ERROR_BACKOFF_MIN;
-                    if round.more_waiting && round.started > 0 {
+                    backlog = round.more_waiting && round.started > 0;
+                    if backlog {
                         // Backlog: poll again as soon as a slot is free (top of the loop).
                         continue;
                     }
@@ -188,9 +200,15 @@ impl Dispatcher {
         Ok(round)
     }
 
-    /// Samples the queue depth, pool state and open breakers into the metrics.
+    /// Samples the queue depth, pool state, hooks whose lock is held elsewhere and open
+    /// breakers into the metrics.
     pub async fn sample(&self) -> Result<(), ClaimError> {
         self.metrics.set_pool(&self.store.pool_state());
+        let (hooks, longest_ms) = self.local_state().lock_busy_summary(self.clock.now_ms());
+        self.metrics.lock_unavailable_hooks.set(hooks as i64);
+        self.metrics
+            .lock_unavailable_seconds
+            .set((longest_ms / 1000) as i64);
         let depth = self.store.queue_depth(self.clock.now_sec()).await?;
         self.metrics.queue_depth.set(depth.queued as i64);
         self.metrics

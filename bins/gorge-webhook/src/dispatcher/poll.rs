@@ -7,10 +7,14 @@
 
 use std::sync::Arc;
 
-use gorge_claim::{BrokenRow, ClaimError, MAX_EXCLUDED_HOOKS};
+use gorge_claim::{
+    BrokenRow, Candidate, ClaimError, ObjectLoad, MAX_EXCLUDED_HOOKS, MAX_PROPERTIES_BYTES,
+};
 use phorge_wire::values::HookErrorCode;
+use phorge_wire::webhook::{PropertiesError, RequestProperties};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::row::Preload;
 use super::Dispatcher;
 use crate::events;
 use crate::outcome::{InvalidRowReason, SkipReason};
@@ -88,6 +92,7 @@ impl Dispatcher {
             }
         }
         let mut first = first;
+        let mut starts = Vec::new();
         for candidate in batch.rows {
             {
                 let state = self.local_state();
@@ -123,12 +128,86 @@ impl Dispatcher {
                 state.rows.insert(candidate.id);
                 state.hooks.insert(candidate.webhook_phid.clone());
             }
-            round.started += 1;
+            starts.push((candidate, permit));
+        }
+        let preloads = match self.preload(&starts).await {
+            Ok(preloads) => preloads,
+            Err(err) => {
+                // Nothing was done with these rows yet: leave them for the next poll.
+                let mut state = self.local_state();
+                for (candidate, _) in &starts {
+                    state.rows.remove(&candidate.id);
+                    state.hooks.remove(&candidate.webhook_phid);
+                }
+                return Err(err);
+            }
+        };
+        round.started = starts.len();
+        for ((candidate, permit), preload) in starts.into_iter().zip(preloads) {
             let this = Arc::clone(self);
-            tokio::spawn(async move { this.work(candidate, permit).await });
+            tokio::spawn(async move { this.work(candidate, permit, preload).await });
         }
         self.metrics.polls.inc();
         Ok(round)
+    }
+
+    /// The per-row reads for every row the round starts, in one query each: the hooks,
+    /// their recent failures (breaker input), and each request's object and transactions.
+    async fn preload(
+        &self,
+        starts: &[(Candidate, OwnedSemaphorePermit)],
+    ) -> Result<Vec<Preload>, ClaimError> {
+        if starts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let properties: Vec<Result<RequestProperties, PropertiesError>> = starts
+            .iter()
+            .map(|(candidate, _)| RequestProperties::parse(&candidate.properties))
+            .collect();
+        let hooks: Vec<&str> = starts
+            .iter()
+            .map(|(candidate, _)| candidate.webhook_phid.as_str())
+            .collect();
+        let since = self
+            .clock
+            .now_sec()
+            .saturating_sub(self.config.error_backoff_sec);
+        let mut loaded_hooks = self.store.load_hooks(&hooks).await?;
+        let failures = self.store.recent_failures_by_hook(&hooks, since).await?;
+        // Objects only for rows that will get that far (readable properties).
+        let wanted: Vec<(usize, (&str, &[String]))> = starts
+            .iter()
+            .zip(&properties)
+            .enumerate()
+            .filter_map(|(i, ((candidate, _), properties))| {
+                let properties = properties.as_ref().ok()?;
+                Some((
+                    i,
+                    (
+                        candidate.object_phid.as_str(),
+                        properties.transaction_phids.as_slice(),
+                    ),
+                ))
+            })
+            .collect();
+        let requests: Vec<(&str, &[String])> = wanted.iter().map(|(_, r)| *r).collect();
+        let mut objects: Vec<Option<ObjectLoad>> = vec![None; starts.len()];
+        for ((i, _), load) in wanted.iter().zip(self.store.load_objects(&requests).await?) {
+            objects[*i] = Some(load);
+        }
+        Ok(starts
+            .iter()
+            .zip(properties)
+            .zip(objects)
+            .map(|(((candidate, _), properties), object)| Preload {
+                // Every row with usable properties has its object.
+                properties: properties
+                    .map(|properties| (properties, object.unwrap_or(ObjectLoad::Missing))),
+                // One row per hook starts per round: each hook is taken once.
+                hook: loaded_hooks.remove(&candidate.webhook_phid),
+                failures: failures.get(&candidate.webhook_phid).copied().unwrap_or(0),
+            })
+            .collect())
     }
 
     /// The hooks this round would skip, for the candidate query: hooks with a delivery
@@ -165,7 +244,20 @@ impl Dispatcher {
             .await
         {
             Ok(true) => {
-                self.invalid_row(broken.id, InvalidRowReason::Unreadable, broken.reason);
+                match broken.oversized {
+                    Some(bytes) => self.invalid_row(
+                        broken.id,
+                        InvalidRowReason::Oversized,
+                        &format!(
+                            "{} ({bytes} bytes; at most {MAX_PROPERTIES_BYTES}, or the \
+                             server's max_allowed_packet less 64 KiB)",
+                            broken.reason
+                        ),
+                    ),
+                    None => {
+                        self.invalid_row(broken.id, InvalidRowReason::Unreadable, broken.reason)
+                    }
+                }
                 Ok(true)
             }
             Ok(false) => Ok(false),

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use gorge_claim::handover::with_marker;
 use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, Unchecked};
 use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
@@ -40,13 +41,24 @@ pub(super) const MAX_ROW_ATTEMPTS: u32 = 3;
 const WRITE_RETRY_FIRST: Duration = Duration::from_millis(200);
 const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// The `properties` text for an `invalid-row` failure: every readable key kept.
+/// What the poll round read for a row, for all its rows at once (see `poll.rs`): its
+/// parsed properties with its object (loaded for usable properties only), its hook
+/// (`None`: no such hook; `Err`: unreadable columns), and the hook's recent failures.
+pub(super) struct Preload {
+    pub properties: Result<(RequestProperties, ObjectLoad), PropertiesError>,
+    pub hook: Option<Result<Hook, &'static str>>,
+    pub failures: u64,
+}
+
+/// The `properties` text for an `invalid-row` failure: every readable key kept. Text that
+/// was not read (not UTF-8, too long) is replaced by the error keys after the hand-over
+/// marker, so the row still says whose it is.
 pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
     let code = HookErrorCode::InvalidRow;
     match text.map(RequestProperties::parse) {
         Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code.as_str()),
         Some(Err(err)) => err.rewritten_with(code),
-        None => PropertiesError::NotAnObject.rewritten_with(code),
+        None => with_marker(&PropertiesError::NotAnObject.rewritten_with(code)),
     }
 }
 
@@ -55,6 +67,7 @@ impl Dispatcher {
         self: std::sync::Arc<Self>,
         candidate: Candidate,
         permit: OwnedSemaphorePermit,
+        preload: Preload,
     ) {
         // Cleans up on every exit, a panic included, so a row or hook is never stuck as
         // "in flight here".
@@ -65,15 +78,18 @@ impl Dispatcher {
             _permit: permit,
         };
         self.metrics.in_flight.inc();
-        let end = self.process(&candidate).await.unwrap_or_else(RowEnd::from);
+        let end = self
+            .process(&candidate, preload)
+            .await
+            .unwrap_or_else(RowEnd::from);
         self.finish_row(&candidate, end).await;
     }
 
     /// The per-request steps for one candidate, in the order of this module's doc.
-    async fn process(&self, candidate: &Candidate) -> Result<RowEnd, ClaimError> {
+    async fn process(&self, candidate: &Candidate, preload: Preload) -> Result<RowEnd, ClaimError> {
         // 1. Properties.
-        let properties = match RequestProperties::parse(&candidate.properties) {
-            Ok(properties) => properties,
+        let (properties, object) = match preload.properties {
+            Ok(loaded) => loaded,
             Err(err) => {
                 emit!(self.log, events::WEBHOOK_INVALID_PROPERTIES;
                     "request" => &candidate.phid, "error" => %err,
@@ -85,14 +101,14 @@ impl Dispatcher {
             }
         };
         // 2. The hook.
-        let hook = match self.store.load_hook(&candidate.webhook_phid).await {
-            Ok(Some(hook)) => hook,
-            Ok(None) => {
+        let hook = match preload.hook {
+            Some(Ok(hook)) => hook,
+            None => {
                 return self
                     .fail_hook(candidate, &properties, HookErrorCode::NotFound)
                     .await
             }
-            Err(ClaimError::InvalidRow(why)) => {
+            Some(Err(why)) => {
                 let end = self
                     .fail_hook(candidate, &properties, HookErrorCode::InvalidRow)
                     .await?;
@@ -102,7 +118,6 @@ impl Dispatcher {
                     "why" => why, "hook" => &candidate.webhook_phid);
                 return Ok(end);
             }
-            Err(err) => return Err(err),
         };
         // Phorge's `isDisabled()` compares with `disabled` only; other values deliver.
         if hook.hook_status() == Some(HookStatus::Disabled) {
@@ -112,10 +127,15 @@ impl Dispatcher {
         }
         // 3. One delivery per hook across every process (and Phorge's own worker).
         let Some(lock) = self.store.try_hook_lock(&hook.phid).await? else {
+            let now = self.clock.now_ms();
+            self.local_state().lock_busy(&hook.phid, now);
             self.rest(&hook.phid, self.config.poll_interval);
             return Ok(RowEnd::Skipped(SkipReason::HookBusy));
         };
-        let result = self.deliver_locked(candidate, &hook, &properties).await;
+        self.local_state().lock_busy.remove(&hook.phid);
+        let result = self
+            .deliver_locked(candidate, &hook, &properties, preload.failures, object)
+            .await;
         if let Err(err) = lock.release().await {
             // The server frees the lock with the session that the release just closed.
             emit!(self.log, events::WEBHOOK_LOCK_RELEASE_FAILED; "hook" => &hook.phid, "error" => %err);
@@ -129,13 +149,10 @@ impl Dispatcher {
         candidate: &Candidate,
         hook: &Hook,
         properties: &RequestProperties,
+        failures: u64,
+        object: ObjectLoad,
     ) -> Result<RowEnd, ClaimError> {
-        // 4. Breaker.
-        let since = self
-            .clock
-            .now_sec()
-            .saturating_sub(self.config.error_backoff_sec);
-        let failures = self.store.recent_failures(&hook.phid, since).await?;
+        // 4. Breaker (failures counted when the round started).
         if self.note_breaker(&hook.phid, failures) {
             self.rest(&hook.phid, BREAKER_REST);
             return Ok(RowEnd::Skipped(SkipReason::BreakerOpen));
@@ -155,11 +172,7 @@ impl Dispatcher {
             }
         };
         // 6. The object and its transactions, as Phorge's worker loads them.
-        let transactions = match self
-            .store
-            .load_object(&candidate.object_phid, &properties.transaction_phids)
-            .await?
-        {
+        let transactions = match object {
             ObjectLoad::Missing => {
                 return self
                     .fail_hook(candidate, properties, HookErrorCode::Object)

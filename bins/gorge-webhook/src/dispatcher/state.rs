@@ -30,7 +30,15 @@ pub(super) struct LocalState {
     pub row_db_failing: bool,
     /// Keys of events logged once (`kind:key`).
     pub logged: HashSet<String>,
+    /// Hooks whose lock was held elsewhere at their last try: since when, and when last
+    /// tried (clock milliseconds). A lock held for longer than any delivery takes is held
+    /// by something that is not delivering (a session left behind by a dead connection).
+    pub lock_busy: HashMap<String, (u64, u64)>,
 }
+
+/// A hook not tried again within this long (clock milliseconds) is forgotten by
+/// [`LocalState::lock_busy_summary`]: its rows are gone or its lock is no longer asked for.
+const LOCK_BUSY_STALE_MS: u64 = 30_000;
 
 impl LocalState {
     /// True the first time `key` is seen (bounded: once full, nothing more is logged).
@@ -49,6 +57,27 @@ impl LocalState {
         let count = self.row_errors.entry(row).or_insert(0);
         *count += 1;
         *count
+    }
+
+    /// `hook`'s lock was held elsewhere at `now`.
+    pub fn lock_busy(&mut self, hook: &str, now: u64) {
+        if let Some(entry) = self.lock_busy.get_mut(hook) {
+            entry.1 = now;
+        } else if self.lock_busy.len() < MAX_REMEMBERED {
+            self.lock_busy.insert(hook.to_owned(), (now, now));
+        }
+    }
+
+    /// Hooks whose lock is still held elsewhere, and for how long the longest has been
+    /// (milliseconds); forgets hooks not tried again lately.
+    pub fn lock_busy_summary(&mut self, now: u64) -> (usize, u64) {
+        self.lock_busy
+            .retain(|_, (_, last)| now.saturating_sub(*last) < LOCK_BUSY_STALE_MS);
+        let longest = self
+            .lock_busy
+            .values()
+            .map(|(since, _)| now.saturating_sub(*since));
+        (self.lock_busy.len(), longest.max().unwrap_or(0))
     }
 
     pub fn quarantine(&mut self, row: u64) {

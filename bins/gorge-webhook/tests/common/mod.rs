@@ -254,6 +254,9 @@ struct ProxyState {
     /// Connections opened before this generation stop forwarding, silently.
     frozen_before: std::sync::atomic::AtomicU64,
     generation: std::sync::atomic::AtomicU64,
+    /// Sides of frozen flows whose other end closed, kept open as a dead network path
+    /// keeps them: the far end never learns of the close (until the proxy is dropped).
+    held: std::sync::Mutex<Vec<tokio::net::tcp::OwnedWriteHalf>>,
 }
 
 impl DbProxy {
@@ -353,9 +356,11 @@ async fn pump(
             Ok(Ok(n)) => n,
         };
         if generation < state.frozen_before.load(SeqCst) {
-            // Swallow everything from now on, keep the socket open.
+            // Swallow everything from now on, keep the socket open; when this side closes,
+            // the other side is still not told (no FIN passes a dead path).
             loop {
                 if from.read(&mut buf).await.unwrap_or(0) == 0 {
+                    state.held.lock().unwrap().push(to);
                     return;
                 }
             }
