@@ -32,10 +32,11 @@ gorge_service::metrics! {
         ], "Upgrades refused, by reason";
         sockets_closed: Counter[reason] = [
             ["client"], ["slow_consumer"], ["drain"], ["oversized_frame"], ["protocol_error"],
-            ["invalid_utf8"], ["idle"],
+            ["invalid_utf8"], ["inbound_frames"], ["inbound_bytes"], ["idle"],
         ], "Sockets closed, by reason: protocol_error is close 1002 (unmasked frame, reserved \
             bits or opcode, bad control frame, stray continuation, bad close code), \
-            invalid_utf8 close 1007";
+            invalid_utf8 close 1007, inbound_frames and inbound_bytes close 1008 (the socket \
+            sent more than its inbound budget)";
         messages_in: Counter, "Messages accepted";
         messages_duplicate: Counter, "Messages that already carried our fingerprint";
         messages_out: Counter, "Frames queued for live delivery (replay excluded)";
@@ -48,8 +49,8 @@ gorge_service::metrics! {
             "Accepted POST to last frame written or queued (buckets 10 µs to 0.65 s)";
         // 25 µs .. ~0.8 s.
         admin_post_seconds: Histogram(exponential_buckets(0.000_025, 2.0, 16)),
-            "Time the admin port took to answer a POST once its head arrived: body, parse, \
-             encode, hand-off to the fan-out; refusals included (buckets 25 µs to 0.8 s). What \
+            "Time the admin port took to answer a POST from the accept of its connection: \
+             head, body, parse, encode, hand-off to the fan-out; refusals included (buckets 25 µs to 0.8 s). What \
              PHP waits for, minus the network";
         // 1 .. 64 messages (the fan-out's batch limit).
         fanout_batch_messages: Histogram(exponential_buckets(1.0, 2.0, 7)),

@@ -16,6 +16,7 @@ use rand::RngCore;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::admin_runtime::AdminRuntime;
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
@@ -36,6 +37,8 @@ pub struct Server {
     drain_window: Duration,
     drain_deadline: Duration,
     static_peers: usize,
+    /// Serves the admin listeners; lives as long as the server runs.
+    admin_runtime: AdminRuntime,
 }
 
 impl Server {
@@ -77,6 +80,7 @@ impl Server {
             relay,
             limits: ConnectionLimits {
                 max_frame_bytes: config.max_frame_bytes,
+                inbound: config.inbound,
                 max_admin_body_bytes: config.max_admin_body_bytes,
                 ping_interval: config.ping_interval,
                 idle_timeout: config.idle_timeout,
@@ -98,12 +102,24 @@ impl Server {
                 handler: handler(app.clone(), server.kind),
             })
             .collect();
+        let admin_runtime = AdminRuntime::start().map_err(|source| BindError {
+            name: ServerKind::Admin.to_string(),
+            addr: config.admin_addr().unwrap_or(([0, 0, 0, 0], 0).into()),
+            source,
+        })?;
+        let admin_name = ServerKind::Admin.to_string();
         let listeners = bind_all(specs)
             .await?
             .into_iter()
             .map(|l| {
-                l.close_at_drain_start()
-                    .with_accept_error_counter(app.metrics.accept_errors.clone())
+                let l = l
+                    .close_at_drain_start()
+                    .with_accept_error_counter(app.metrics.accept_errors.clone());
+                if l.name() == admin_name {
+                    l.on_runtime(admin_runtime.handle())
+                } else {
+                    l
+                }
             })
             .collect();
         Ok(Server {
@@ -112,6 +128,7 @@ impl Server {
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
             static_peers: config.peers.static_peers.len(),
+            admin_runtime,
         })
     }
 
@@ -159,7 +176,9 @@ impl Server {
         let drain_app = app.clone();
         let hook: gorge_service::DrainHook =
             Box::new(move || Box::pin(drain::drain(drain_app, window)));
-        run(self.listeners, app.probes.clone(), hook, options, &log).await
+        let result = run(self.listeners, app.probes.clone(), hook, options, &log).await;
+        drop(self.admin_runtime);
+        result
     }
 }
 

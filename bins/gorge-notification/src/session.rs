@@ -22,6 +22,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::budget::{Budget, Over};
 use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
@@ -84,6 +85,8 @@ enum End {
     Hub(CloseReason),
     /// The client broke the protocol or a limit.
     Violation(Violation),
+    /// The client sent more than its inbound budget.
+    Inbound(Over),
     /// No inbound traffic (not even a pong) within the idle timeout.
     Idle,
 }
@@ -97,6 +100,8 @@ impl End {
             End::Violation(Violation::TooLarge) => "oversized_frame",
             End::Violation(Violation::Protocol) => "protocol_error",
             End::Violation(Violation::InvalidUtf8) => "invalid_utf8",
+            End::Inbound(Over::Frames) => "inbound_frames",
+            End::Inbound(Over::Bytes) => "inbound_bytes",
             End::Idle => "idle",
         }
     }
@@ -119,6 +124,8 @@ impl End {
                     Violation::InvalidUtf8 => "invalid UTF-8",
                 },
             ),
+            End::Inbound(Over::Frames) => wire::close(1008, "too many frames"),
+            End::Inbound(Over::Bytes) => wire::close(1008, "too many bytes"),
             End::Idle => wire::close(1001, "idle timeout"),
         })
     }
@@ -213,6 +220,8 @@ async fn finish(
                 Ok(None) => break,
             }
         }
+        // A client that floods while we close must not keep the worker either.
+        tokio::task::consume_budget().await;
     }
 }
 
@@ -257,6 +266,7 @@ async fn serve(
 ) -> End {
     let outbound = handle.outbound();
     let limits = &app.limits;
+    let mut budget = Budget::new(limits.inbound, Instant::now());
     let mut last_heard = Instant::now();
     let mut next_ping = last_heard + limits.ping_interval;
     // Whether the socket's buffers were full (and the queue not empty) since it last took
@@ -299,24 +309,38 @@ async fn serve(
                 if readable.is_err() {
                     return End::Gone;
                 }
-                match read_some(stream, reader) {
+                let read = match read_some(stream, reader) {
                     Ok(0) => return End::Gone,
-                    Ok(_) => {}
+                    Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(_) => return End::Gone,
+                };
+                if let Err(over) = budget.charge(0, read as u64, Instant::now()) {
+                    return End::Inbound(over);
                 }
                 loop {
-                    match reader.next_frame() {
+                    let next = reader.next_frame();
+                    // Charged before the frame is acted on: over the budget, it is not.
+                    let now = Instant::now();
+                    if let Err(over) = budget.charge(reader.take_frames(), 0, now) {
+                        return End::Inbound(over);
+                    }
+                    match next {
                         Ok(None) => break,
                         Ok(Some(inbound)) => {
-                            last_heard = Instant::now();
+                            last_heard = now;
                             if let Some(end) = inbound_frame(app, handle, inbound).await {
                                 return end;
                             }
                         }
                         Err(violation) => return End::Violation(violation),
                     }
+                    // Bounded work per wake-up: readiness alone never makes this task give
+                    // its worker back while bytes keep arriving, and the other sockets (and,
+                    // on one worker, the client port's accepts) would wait for it.
+                    tokio::task::consume_budget().await;
                 }
+                tokio::task::consume_budget().await;
             }
             () = outbound.ready(), if !blocked => {}
             writable = stream.0.writable(), if blocked => {

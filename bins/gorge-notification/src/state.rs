@@ -9,6 +9,7 @@ use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::budget::InboundLimits;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
@@ -17,6 +18,8 @@ use crate::peers::PeerRelay;
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     pub max_frame_bytes: usize,
+    /// Each socket's inbound budget (frames and bytes per second, with a burst).
+    pub inbound: InboundLimits,
     pub max_admin_body_bytes: usize,
     pub ping_interval: Duration,
     pub idle_timeout: Duration,

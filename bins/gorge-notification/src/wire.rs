@@ -109,6 +109,9 @@ pub struct Reader {
     /// A fragmented message under way: text or binary, and what has arrived of it.
     fragment: Option<(bool, Vec<u8>)>,
     max_bytes: usize,
+    /// Frames parsed since [`Reader::take_frames`] (fragments and control frames included:
+    /// each is work a client made us do).
+    frames: u64,
 }
 
 impl Reader {
@@ -119,12 +122,18 @@ impl Reader {
             buf: BytesMut::from(&early[..]),
             fragment: None,
             max_bytes,
+            frames: 0,
         }
     }
 
     /// Adds bytes read from the socket.
     pub fn extend(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// How many frames were parsed since the last call.
+    pub fn take_frames(&mut self) -> u64 {
+        std::mem::take(&mut self.frames)
     }
 
     /// The next complete message or control frame, if the bytes so far hold one.
@@ -157,6 +166,7 @@ impl Reader {
             if self.buf.len() < header_len + length {
                 return Ok(None);
             }
+            self.frames += 1;
             let _ = self.buf.split_to(header_len);
             let mut payload = self.buf.split_to(length);
             for (i, byte) in payload.iter_mut().enumerate() {
@@ -306,6 +316,9 @@ mod tests {
             Ok(Some(Inbound::Ping(Bytes::from_static(b"p"))))
         );
         assert_eq!(reader.next_frame(), Ok(Some(Inbound::Text("abcd".into()))));
+        // Three frames for one message and one ping.
+        assert_eq!(reader.take_frames(), 3);
+        assert_eq!(reader.take_frames(), 0);
     }
 
     #[test]

@@ -56,6 +56,13 @@ const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// would otherwise spin the accept loop.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// When the connection a request came on was accepted, as a request extension: time a
+/// request from here (not from when its handler ran) and a server too busy to accept or
+/// read shows in its own latency figures. On a kept-alive connection, a later request's
+/// instant is when hyper handed it over (its predecessor was answered by then).
+#[derive(Debug, Clone, Copy)]
+pub struct Accepted(pub std::time::Instant);
+
 /// A listener to open: a name for logs and errors, an address, and its request handler.
 pub struct ListenerSpec {
     /// Name used in logs and in a [`BindError`] (`admin`, `client`, `status`…).
@@ -76,6 +83,7 @@ pub struct BoundListener {
     request_timeout: Duration,
     accept_errors: Counter,
     close_at_drain_start: bool,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl BoundListener {
@@ -102,6 +110,18 @@ impl BoundListener {
 
     pub(crate) fn closes_at_drain_start(&self) -> bool {
         self.close_at_drain_start
+    }
+
+    /// Accepts and serves this listener's connections on `runtime` instead of the one
+    /// [`crate::shutdown::run`] runs on: a port that must answer whatever the other ports'
+    /// clients do (a flood of them keeping every worker busy) gets threads of its own.
+    pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.clone()
     }
 
     /// Counts failed accepts (out of file descriptors and the like) in `counter`.
@@ -156,6 +176,7 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 request_timeout: REQUEST_TIMEOUT,
                 accept_errors: Counter::default(),
                 close_at_drain_start: false,
+                runtime: None,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -212,11 +233,12 @@ pub(crate) async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let accepted = Accepted(std::time::Instant::now());
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
                 let guard = open_connections.clone();
                 tokio::spawn(serve_connection(
-                    stream, peer, handler, timeouts, stop, guard,
+                    stream, peer, accepted, handler, timeouts, stop, guard,
                 ));
             }
             Err(err) if is_transient_accept_error(&err) => {
@@ -238,6 +260,7 @@ pub(crate) async fn serve(
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    accepted: Accepted,
     handler: Handler,
     (header_timeout, request_timeout): (Duration, Duration),
     mut stop: watch::Receiver<bool>,
@@ -245,8 +268,15 @@ async fn serve_connection(
 ) {
     // Small responses and WebSocket frames should not wait for Nagle's algorithm.
     let _ = stream.set_nodelay(true);
-    let service = service_fn(move |request| {
+    let first = std::sync::atomic::AtomicBool::new(true);
+    let service = service_fn(move |mut request: hyper::Request<Incoming>| {
         let handler = handler.clone();
+        let accepted = if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            accepted
+        } else {
+            Accepted(std::time::Instant::now())
+        };
+        request.extensions_mut().insert(accepted);
         async move {
             let response = tokio::time::timeout(request_timeout, handler(request, peer))
                 .await
