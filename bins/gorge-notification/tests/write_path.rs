@@ -150,7 +150,15 @@ async fn sigterm_while_writes_are_blocked_still_closes_every_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
-    let server = Server::start(&NO_PINGS);
+    // Its inbound budget out of the way: this is about what the server holds for it.
+    let server = Server::start(&[
+        NO_PINGS[0],
+        NO_PINGS[1],
+        ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "4294967296"),
+        ("GORGE_NOTIFICATION_INBOUND_FRAMES_BURST", "4294967296"),
+        ("GORGE_NOTIFICATION_INBOUND_BYTES_PER_SECOND", "1099511627776"),
+        ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "1099511627776"),
+    ]);
     let mut stream = raw_ws(server.client_port, true).await;
     let pings: Vec<u8> = (0..256)
         .flat_map(|_| client_frame(0x89, &[b'p'; 125]))
