@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use gorge_hub::ConnectError;
 use gorge_service::http::{bytes_response, error_response};
-use gorge_service::Response;
+use gorge_service::{ConnectionSlot, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -99,7 +99,9 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     let class = instance_class(&instance);
     app.metrics.sockets.with([class]).inc();
     app.metrics.sockets_open.with([class]).inc();
-    let registration = Registration::new(app.clone(), handle, class);
+    // The connection's place under the client port's cap goes with the socket.
+    let slot = request.extensions().get::<ConnectionSlot>().cloned();
+    let registration = Registration::new(app.clone(), handle, class, slot);
     emit!(app.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
 
     let key = request

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::{
-    bind_all, run, BindError, BoundListener, Handler, ListenerSpec, Probes, RunError, RunOptions,
-    Shutdown,
+    bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
+    RunError, RunOptions, Shutdown,
 };
 use rand::RngCore;
 use slog::Logger;
@@ -23,12 +23,16 @@ use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::state::{ConnectionLimits, ServerState};
-use crate::{admin, client, drain};
+use crate::{admin, client, drain, fdlimit};
 use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
 /// (window + 3 s) the whole drain stays within window + 5 s.
 const REQUEST_GRACE: Duration = Duration::from_secs(2);
+
+/// A client-port connection that has not sent its upgrade request within this of its accept
+/// is closed: a browser sends it at once, and an idle connection holds a descriptor.
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A bound, not yet serving, notification service.
 pub struct Server {
@@ -88,6 +92,7 @@ impl Server {
             started: Instant::now(),
             log: log.clone(),
             session_ended: Notify::new(),
+            drain_ends: std::sync::OnceLock::new(),
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
@@ -108,6 +113,15 @@ impl Server {
             source,
         })?;
         let admin_name = ServerKind::Admin.to_string();
+        // Read after main raised the soft limit to the hard one.
+        let client_cap = fdlimit::client_connection_cap(fdlimit::soft_limit());
+        // Client listeners share one cap: descriptors are per process, not per port.
+        let client_cap_gauge = client_cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
+        app.metrics.client_connections_max.set(client_cap_gauge);
+        let closed = &app.metrics.client_connections_closed;
+        let refused = closed.with(["fd_reserve"]).clone();
+        let expired = closed.with(["upgrade_timeout"]).clone();
+        let client_cap = client_cap.map(|cap| ConnectionCap::new(cap, refused));
         let listeners = bind_all(specs)
             .await?
             .into_iter()
@@ -118,7 +132,11 @@ impl Server {
                 if l.name() == admin_name {
                     l.on_runtime(admin_runtime.handle())
                 } else {
-                    l
+                    let l = l.with_first_request_deadline(UPGRADE_DEADLINE, expired.clone());
+                    match &client_cap {
+                        Some(cap) => l.with_connection_cap(cap.clone()),
+                        None => l,
+                    }
                 }
             })
             .collect();

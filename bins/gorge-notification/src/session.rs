@@ -26,9 +26,10 @@ use crate::budget::{Budget, Over};
 use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
-use gorge_service::emit;
+use gorge_service::{emit, ConnectionSlot};
 
-/// How long a closing socket may take to take its last frames and answer our close.
+/// How long a closing socket may take to take its last frames and answer our close (a
+/// socket the drain closes may take what is left of the drain, if that is longer).
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// The kernel's send buffer per socket (Linux doubles it). Left to autotuning it grows to
@@ -44,11 +45,23 @@ pub struct Registration {
     app: Arc<ServerState>,
     handle: SocketHandle,
     class: &'static str,
+    /// The connection's place under the client port's descriptor cap, freed with the socket.
+    _slot: Option<ConnectionSlot>,
 }
 
 impl Registration {
-    pub fn new(app: Arc<ServerState>, handle: SocketHandle, class: &'static str) -> Self {
-        Registration { app, handle, class }
+    pub fn new(
+        app: Arc<ServerState>,
+        handle: SocketHandle,
+        class: &'static str,
+        slot: Option<ConnectionSlot>,
+    ) -> Self {
+        Registration {
+            app,
+            handle,
+            class,
+            _slot: slot,
+        }
     }
 }
 
@@ -97,6 +110,7 @@ impl End {
             End::Gone | End::ClientClosed(_) => "client",
             End::Hub(CloseReason::SlowConsumer) => "slow_consumer",
             End::Hub(CloseReason::GoingAway) => "drain",
+            End::Hub(CloseReason::TooManySubscriptions) => "subscriptions",
             End::Violation(Violation::TooLarge) => "oversized_frame",
             End::Violation(Violation::Protocol) => "protocol_error",
             End::Violation(Violation::InvalidUtf8) => "invalid_utf8",
@@ -116,6 +130,9 @@ impl End {
             End::ClientClosed(_) => wire::close_empty(),
             End::Hub(CloseReason::SlowConsumer) => wire::close(1008, "slow consumer"),
             End::Hub(CloseReason::GoingAway) => wire::close(1001, "server going away"),
+            End::Hub(CloseReason::TooManySubscriptions) => {
+                wire::close(1008, "too many subscriptions")
+            }
             End::Violation(v) => wire::close(
                 v.code(),
                 match v {
@@ -167,9 +184,17 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     emit!(app.log, events::NOTIFY_CLIENT_DISCONNECTED;
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
-        // Bounded: a client that reads nothing never takes its close frame.
+        // Bounded: a client that reads nothing never takes its close frame. A socket the
+        // drain closes may use what is left of the drain for its backlog (the drain waits
+        // that long anyway), so a slow reader still gets every queued frame, then the 1001.
+        let linger = match (&end, app.drain_ends.get()) {
+            (End::Hub(CloseReason::GoingAway), Some(ends)) => ends
+                .saturating_duration_since(Instant::now())
+                .max(CLOSE_LINGER),
+            _ => CLOSE_LINGER,
+        };
         let _ = tokio::time::timeout(
-            CLOSE_LINGER,
+            linger,
             finish(&stream, &outbound, &mut reader, frame, end.ours()),
         )
         .await;
@@ -404,6 +429,8 @@ fn apply(app: &ServerState, handle: &SocketHandle, command: ClientCommand) -> bo
             let outcome = app.hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
             m.subscriptions_over_limit.inc_by(outcome.over_total as u64);
+            m.subscription_evictions
+                .inc_by(outcome.evicted as u64 + u64::from(outcome.closed));
         }
         ClientCommand::Unsubscribe(phids) => app.hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {

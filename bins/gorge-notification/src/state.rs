@@ -1,7 +1,7 @@
 //! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
 //! probes, the peer relay and the limits that apply per request or per socket.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use gorge_hub::Hub;
@@ -39,6 +39,9 @@ pub struct ServerState {
     pub log: Logger,
     /// Signalled whenever a socket session ends (drain waits on it).
     pub session_ended: Notify,
+    /// Set when the drain starts: when it stops waiting for sockets. A socket closed by the
+    /// drain may take until then to write what is queued and its 1001.
+    pub drain_ends: OnceLock<tokio::time::Instant>,
 }
 
 impl ServerState {

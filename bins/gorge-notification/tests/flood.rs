@@ -302,3 +302,78 @@ async fn flooders_of_every_frame_type_are_closed_1008_and_counted() {
     browser.subscribe(&["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]).await;
     assert_eq!(browser.sync().await, Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_gets_its_message_when_sockets_filled_the_subscription_total() {
+    // Each PHID below is 30 bytes, charged 126; two hogs of 400 fill the total but for 100.
+    let hog_phids = |hog: usize| -> Vec<String> {
+        (0..400)
+            .map(|i| format!("PHID-USER-hog{hog}{i:016}"))
+            .collect()
+    };
+    let server = InProcess::start(|config| {
+        config.hub.subscription_bytes_total = 2 * 400 * 126 + 100;
+    })
+    .await;
+    let mut hogs = Vec::new();
+    for hog in 0..2 {
+        let mut ws = server.ws("/").await;
+        let phids = hog_phids(hog);
+        ws.subscribe(&phids.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
+        hogs.push(ws);
+    }
+    server
+        .assert_metric("gorge_notification_subscriptions_over_limit_total", 0.0)
+        .await;
+    let mut newcomer = server.ws("/").await;
+    newcomer.subscribe(&["PHID-USER-newcomeraaaaaaaaaa"]).await;
+    server
+        .post_ok(
+            "",
+            r#"{"key":"7","subscribers":["PHID-USER-newcomeraaaaaaaaaa"]}"#,
+        )
+        .await;
+    let frames = newcomer.sync().await;
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    let frame: serde_json::Value = serde_json::from_str(&frames[0]).unwrap();
+    assert_eq!(frame["key"], "7");
+    // One hog paid for it, visibly: closed 1008 and counted.
+    let mut codes = Vec::new();
+    for hog in &mut hogs {
+        codes.push(pong_or_close(hog).await);
+    }
+    codes.sort();
+    assert_eq!(
+        codes,
+        [None, Some(1008)],
+        "one hog answers, the other was closed"
+    );
+    server
+        .assert_metric("gorge_notification_subscription_evictions_total", 1.0)
+        .await;
+    server
+        .assert_metric(
+            r#"gorge_notification_sockets_closed_total{reason="subscriptions"}"#,
+            1.0,
+        )
+        .await;
+}
+
+/// Sends `ping`; `None` when the socket answers `pong`, else the code it was closed with.
+async fn pong_or_close(ws: &mut common::Ws) -> Option<u16> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let _ = ws.ws.send(Message::text(r#"{"command":"ping"}"#)).await;
+    loop {
+        let next = tokio::time::timeout(PATIENCE, ws.ws.next())
+            .await
+            .expect("an answer in time");
+        match next {
+            Some(Ok(Message::Text(text))) if text.as_str() == r#"{"type":"pong"}"# => return None,
+            Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            other => panic!("neither pong nor close: {other:?}"),
+        }
+    }
+}

@@ -36,7 +36,10 @@ pub use http::{Body, Response};
 pub use probes::{Probes, ReadinessCheck};
 #[doc(hidden)]
 pub use prometheus_client as __prometheus_client;
-pub use server::{bind_all, Accepted, BindError, BoundListener, Handler, ListenerSpec};
+pub use server::{
+    bind_all, Accepted, BindError, BoundListener, ConnectionCap, ConnectionSlot, Handler,
+    ListenerSpec,
+};
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
 #[doc(hidden)]
 pub use slog as __slog;

@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use slog::Logger;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::http::{error_response, Response};
@@ -63,6 +63,40 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, Copy)]
 pub struct Accepted(pub std::time::Instant);
 
+/// A connection's place under its listener's cap ([`BoundListener::with_connection_cap`]),
+/// as a request extension: a handler that takes the connection over (a WebSocket upgrade)
+/// keeps a clone for as long as it holds the socket, so the place is freed only when the
+/// descriptor is.
+#[derive(Debug, Clone)]
+pub struct ConnectionSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+
+/// A bound on open connections, which listeners given clones of it share, and the counter
+/// of connections refused over it.
+#[derive(Clone)]
+pub struct ConnectionCap {
+    slots: Arc<Semaphore>,
+    /// Connections closed at once because every slot was taken.
+    refused: Counter,
+}
+
+impl ConnectionCap {
+    /// At most `max` connections at once; one more is closed and counted in `refused`.
+    pub fn new(max: usize, refused: Counter) -> Self {
+        ConnectionCap {
+            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            refused,
+        }
+    }
+}
+
+/// A deadline for a connection's first request and what it counts.
+#[derive(Clone)]
+struct FirstRequestDeadline {
+    within: Duration,
+    /// Connections closed because no request arrived in time.
+    expired: Counter,
+}
+
 /// A listener to open: a name for logs and errors, an address, and its request handler.
 pub struct ListenerSpec {
     /// Name used in logs and in a [`BindError`] (`admin`, `client`, `status`…).
@@ -84,6 +118,8 @@ pub struct BoundListener {
     accept_errors: Counter,
     close_at_drain_start: bool,
     runtime: Option<tokio::runtime::Handle>,
+    cap: Option<ConnectionCap>,
+    first_request: Option<FirstRequestDeadline>,
 }
 
 impl BoundListener {
@@ -117,6 +153,23 @@ impl BoundListener {
     /// clients do (a flood of them keeping every worker busy) gets threads of its own.
     pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
         self.runtime = Some(runtime);
+        self
+    }
+
+    /// Holds this listener's connections under `cap` (a connection a handler took over
+    /// included, while it keeps its [`ConnectionSlot`]); one more is accepted and closed at
+    /// once, and counted. Descriptors another port needs stay free however many clients
+    /// connect here.
+    pub fn with_connection_cap(mut self, cap: ConnectionCap) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// Closes a connection that has not sent a whole request head within `within` of its
+    /// accept (hyper's header timeout starts only with the first byte, so a connection that
+    /// sends nothing would otherwise be held forever), counted in `expired`.
+    pub fn with_first_request_deadline(mut self, within: Duration, expired: Counter) -> Self {
+        self.first_request = Some(FirstRequestDeadline { within, expired });
         self
     }
 
@@ -177,6 +230,8 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 accept_errors: Counter::default(),
                 close_at_drain_start: false,
                 runtime: None,
+                cap: None,
+                first_request: None,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -234,11 +289,29 @@ pub(crate) async fn serve(
         match accepted {
             Ok((stream, peer)) => {
                 let accepted = Accepted(std::time::Instant::now());
+                let slot = match &bound.cap {
+                    None => None,
+                    Some(cap) => match cap.slots.clone().try_acquire_owned() {
+                        Ok(permit) => Some(ConnectionSlot(Arc::new(permit))),
+                        Err(_) => {
+                            // Closed before anything is read: the descriptor comes back now.
+                            cap.refused.inc();
+                            drop(stream);
+                            continue;
+                        }
+                    },
+                };
+                let connection = Connection {
+                    peer,
+                    accepted,
+                    slot,
+                    first_request: bound.first_request.clone(),
+                };
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
                 let guard = open_connections.clone();
                 tokio::spawn(serve_connection(
-                    stream, peer, accepted, handler, timeouts, stop, guard,
+                    stream, connection, handler, timeouts, stop, guard,
                 ));
             }
             Err(err) if is_transient_accept_error(&err) => {
@@ -257,10 +330,22 @@ pub(crate) async fn serve(
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+/// What the accept loop hands each connection's task.
+struct Connection {
     peer: SocketAddr,
     accepted: Accepted,
+    slot: Option<ConnectionSlot>,
+    first_request: Option<FirstRequestDeadline>,
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    Connection {
+        peer,
+        accepted,
+        slot,
+        first_request,
+    }: Connection,
     handler: Handler,
     (header_timeout, request_timeout): (Duration, Duration),
     mut stop: watch::Receiver<bool>,
@@ -268,7 +353,8 @@ async fn serve_connection(
 ) {
     // Small responses and WebSocket frames should not wait for Nagle's algorithm.
     let _ = stream.set_nodelay(true);
-    let first = std::sync::atomic::AtomicBool::new(true);
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let no_request_yet = first.clone();
     let service = service_fn(move |mut request: hyper::Request<Incoming>| {
         let handler = handler.clone();
         let accepted = if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
@@ -277,6 +363,9 @@ async fn serve_connection(
             Accepted(std::time::Instant::now())
         };
         request.extensions_mut().insert(accepted);
+        if let Some(slot) = &slot {
+            request.extensions_mut().insert(slot.clone());
+        }
         async move {
             let response = tokio::time::timeout(request_timeout, handler(request, peer))
                 .await
@@ -290,11 +379,32 @@ async fn serve_connection(
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => {}
-        _ = stopped(&mut stop) => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+    let deadline = first_request.as_ref().map(|d| tokio::time::sleep(d.within));
+    let expired = async {
+        match deadline {
+            Some(deadline) => deadline.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
+    let mut watching = first_request.is_some();
+    loop {
+        tokio::select! {
+            _ = connection.as_mut() => return,
+            _ = stopped(&mut stop) => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+                return;
+            }
+            () = expired.as_mut(), if watching => {
+                watching = false;
+                if no_request_yet.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(deadline) = &first_request {
+                        deadline.expired.inc();
+                    }
+                    return;
+                }
+            }
         }
     }
 }
