@@ -32,12 +32,13 @@ gorge_service::metrics! {
         ], "Upgrades refused, by reason";
         sockets_closed: Counter[reason] = [
             ["client"], ["slow_consumer"], ["drain"], ["oversized_frame"], ["protocol_error"],
-            ["invalid_utf8"], ["inbound_frames"], ["inbound_bytes"], ["subscriptions"], ["idle"],
+            ["invalid_utf8"], ["inbound_frames"], ["inbound_bytes"], ["subscriptions"], ["idle"], ["upgrade_failed"],
         ], "Sockets closed, by reason: protocol_error is close 1002 (unmasked frame, reserved \
             bits or opcode, bad control frame, stray continuation, bad close code), \
             invalid_utf8 close 1007, inbound_frames and inbound_bytes close 1008 (the socket \
             sent more than its inbound budget), subscriptions close 1008 (it held the most \
-            subscription bytes when all sockets together reached the total)";
+            subscription bytes when all sockets together reached the total), upgrade_failed \
+            when the connection ended between the 101 and the hand-over";
         messages_in: Counter, "Messages accepted";
         messages_duplicate: Counter, "Messages that already carried our fingerprint";
         messages_out: Counter, "Frames queued for live delivery (replay excluded)";

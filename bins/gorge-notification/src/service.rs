@@ -132,7 +132,9 @@ impl Server {
                 if l.name() == admin_name {
                     l.on_runtime(admin_runtime.handle())
                 } else {
-                    let l = l.with_first_request_deadline(UPGRADE_DEADLINE, expired.clone());
+                    let l = l
+                        .with_first_request_deadline(UPGRADE_DEADLINE, expired.clone())
+                        .serve_http10_upgrades();
                     match &client_cap {
                         Some(cap) => l.with_connection_cap(cap.clone()),
                         None => l,

@@ -26,6 +26,7 @@ use crate::budget::{Budget, Over};
 use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
+use gorge_service::http10::Http10AsHttp11;
 use gorge_service::{emit, ConnectionSlot};
 
 /// How long a closing socket may take to take its last frames and answer our close (a
@@ -156,14 +157,14 @@ impl End {
 /// Runs the session until the socket closes; the registration is released on return.
 pub async fn run(registration: Registration, upgraded: Upgraded) {
     let app = registration.app.clone();
-    let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
+    let parts = match upgraded.downcast::<TokioIo<Http10AsHttp11<TcpStream>>>() {
         Ok(parts) => parts,
         Err(_) => {
             emit!(app.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
             return;
         }
     };
-    let tcp = parts.io.into_inner();
+    let tcp = parts.io.into_inner().into_inner();
     let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
     let stream = Arc::new(Stream(tcp));
     let outbound = registration.handle.outbound().clone();

@@ -7,6 +7,7 @@
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
+//! - [`http10`]: HTTP/1.0 WebSocket upgrades read as HTTP/1.1, as Node serves them;
 //! - [`metrics`]: one declaration per metric family, the prefixed service registry with
 //!   `build_info`, and the `process_*` metrics;
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
@@ -24,6 +25,7 @@ pub mod docs;
 pub mod events;
 pub mod healthcheck;
 pub mod http;
+pub mod http10;
 pub mod logging;
 pub mod metrics;
 pub mod probes;

@@ -30,6 +30,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::http::{error_response, Response};
+use crate::http10::{Http10AsHttp11, WasHttp10};
 use crate::{emit, events};
 
 /// Handles one request; the second argument is the peer's address.
@@ -120,6 +121,7 @@ pub struct BoundListener {
     runtime: Option<tokio::runtime::Handle>,
     cap: Option<ConnectionCap>,
     first_request: Option<FirstRequestDeadline>,
+    http10_upgrades: bool,
 }
 
 impl BoundListener {
@@ -170,6 +172,15 @@ impl BoundListener {
     /// sends nothing would otherwise be held forever), counted in `expired`.
     pub fn with_first_request_deadline(mut self, within: Duration, expired: Counter) -> Self {
         self.first_request = Some(FirstRequestDeadline { within, expired });
+        self
+    }
+
+    /// Reads each connection's first request line `HTTP/1.0` as `HTTP/1.1`, so an HTTP/1.0
+    /// WebSocket upgrade is served as Node serves it (see [`crate::http10`]). The request
+    /// carries [`crate::http10::WasHttp10`]. Connections of every listener are
+    /// [`crate::http10::Http10AsHttp11`] streams, which pass reads through without this.
+    pub fn serve_http10_upgrades(mut self) -> Self {
+        self.http10_upgrades = true;
         self
     }
 
@@ -232,6 +243,7 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 runtime: None,
                 cap: None,
                 first_request: None,
+                http10_upgrades: false,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -306,6 +318,7 @@ pub(crate) async fn serve(
                     accepted,
                     slot,
                     first_request: bound.first_request.clone(),
+                    http10_upgrades: bound.http10_upgrades,
                 };
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
@@ -336,6 +349,7 @@ struct Connection {
     accepted: Accepted,
     slot: Option<ConnectionSlot>,
     first_request: Option<FirstRequestDeadline>,
+    http10_upgrades: bool,
 }
 
 async fn serve_connection(
@@ -345,6 +359,7 @@ async fn serve_connection(
         accepted,
         slot,
         first_request,
+        http10_upgrades,
     }: Connection,
     handler: Handler,
     (header_timeout, request_timeout): (Duration, Duration),
@@ -353,11 +368,17 @@ async fn serve_connection(
 ) {
     // Small responses and WebSocket frames should not wait for Nagle's algorithm.
     let _ = stream.set_nodelay(true);
+    let stream = Http10AsHttp11::new(stream, http10_upgrades);
+    let was_http10 = stream.patched_flag();
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let no_request_yet = first.clone();
     let service = service_fn(move |mut request: hyper::Request<Incoming>| {
         let handler = handler.clone();
         let accepted = if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            // Only the first request line is ever read differently.
+            if was_http10.load(std::sync::atomic::Ordering::Relaxed) {
+                request.extensions_mut().insert(WasHttp10);
+            }
             accepted
         } else {
             Accepted(std::time::Instant::now())
