@@ -470,7 +470,10 @@ async fn an_http_1_0_upgrade_is_served_as_aphlict_serves_it() {
         head.push(byte[0]);
     }
     let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
-    assert!(head.starts_with("http/1.1 101 switching protocols\r\n"), "{head}");
+    assert!(
+        head.starts_with("http/1.1 101 switching protocols\r\n"),
+        "{head}"
+    );
     assert!(
         head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
         "{head}"
