@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the scenarios published in docs/benchmarks.md and appends one JSON line per run
 # (the bench's summary plus "scenario" and "run") to $RESULTS (default
-# /tmp/gorge-bench-results.jsonl). Usage: measure.sh [notify|notify10k|large|webhook|drills|profile|all] [runs]
+# /tmp/gorge-bench-results.jsonl). Usage: measure.sh [notify|notify10k|large|flood|webhook|drills|profile|all] [runs]
 # Needs release builds: cargo build --release -p gorge-bench -p gorge-notification -p gorge-webhook
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -20,11 +20,12 @@ record() { # scenario run -- command...
 }
 
 start_notification() {
-  # The server needs as many descriptors as the bench opens sockets.
+  # The server needs as many descriptors as the bench opens sockets. $PIN (e.g.
+  # "taskset -c 0") runs it on fewer CPUs: tokio then starts one worker per CPU it may use.
   ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
     GORGE_NOTIFICATION_LISTEN_ADDR=127.0.0.1 GORGE_NOTIFICATION_CLIENT_PORT=$CLIENT_PORT \
     GORGE_NOTIFICATION_ADMIN_PORT=$ADMIN_PORT GORGE_LOG_LEVEL=warn \
-    exec "$BIN/gorge-notification" >>/tmp/gorge-bench-notification.log 2>&1 ) &
+    exec ${PIN:-} "$BIN/gorge-notification" >>/tmp/gorge-bench-notification.log 2>&1 ) &
   SERVER_PID=$!
   for _ in $(seq 100); do
     curl -fs "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null && return 0
@@ -71,6 +72,32 @@ notify_large() {
     --connect-concurrency 512 --timeout 240
 }
 
+# Anonymous sockets flooding each kind of frame (reconnecting when closed) while an admin
+# POST is made every 100 ms: 1, 4 and 32 sockets on both CPUs, then 1 and 32 with the server
+# pinned to one CPU (one tokio worker, as in a 1-CPU container).
+flood_scenario() { # name -- bench args...
+  local name=$1; shift 2
+  start_notification || return 1
+  record "$name" 1 -- "$BIN/gorge-bench" flood --client "ws://127.0.0.1:$CLIENT_PORT/" \
+    --admin "http://127.0.0.1:$ADMIN_PORT/" --pid "$SERVER_PID" --seconds "${FLOOD_SECONDS:-8}" "$@"
+  stop_notification
+}
+
+flood_all() {
+  local frame sockets
+  for frame in replay subscribe ping tiny-text binary ws-ping; do
+    for sockets in 1 4 32; do
+      flood_scenario "flood-$frame-$sockets" -- --frame "$frame" --sockets "$sockets" --timeout 60
+    done
+  done
+  for frame in replay subscribe ping tiny-text binary ws-ping; do
+    for sockets in 1 32; do
+      PIN="taskset -c 0" flood_scenario "flood-1cpu-$frame-$sockets" -- --frame "$frame" \
+        --sockets "$sockets" --timeout 60
+    done
+  done
+}
+
 webhook_all() {
   for run in $(seq "$RUNS"); do
     record webhook-20k-1p "$run" -- "$BIN/gorge-bench" webhook --processes 1 --hooks 100 --rows 20000 --timeout 240
@@ -113,9 +140,10 @@ case "${1:-all}" in
   notify) notify_all ;;
   notify10k) notify_10k ;;
   large) notify_large ;;
+  flood) flood_all ;;
   webhook) webhook_all ;;
   drills) drills_all ;;
   profile) profile_all ;;
   all) notify_all; webhook_all; drills_all; notify_large ;;
-  *) echo "usage: $0 [notify|notify10k|large|webhook|drills|profile|all] [runs]" >&2; exit 2 ;;
+  *) echo "usage: $0 [notify|notify10k|large|flood|webhook|drills|profile|all] [runs]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 //! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
 
 mod drill;
+mod flood;
 mod floor;
 mod herald_db;
 mod histogram;
@@ -37,6 +38,8 @@ enum Command {
     Webhook(webhook::WebhookArgs),
     /// Fault drills with a PASS/FAIL verdict.
     Drill(drill::DrillArgs),
+    /// Anonymous sockets flooding one kind of frame while admin POSTs are timed.
+    Flood(flood::FloodArgs),
     /// The floor to compare against: a minimal server that writes one pre-encoded frame to
     /// every socket in a tight non-blocking loop.
     Floor(floor::FloorArgs),
@@ -76,6 +79,7 @@ fn main() {
         Command::Webhook(a) => ("webhook", a.timeout),
         Command::Drill(a) => ("drill", a.timeout),
         Command::Floor(a) => ("floor", a.timeout),
+        Command::Flood(a) => ("flood", a.timeout),
     };
     // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
     // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
@@ -87,6 +91,7 @@ fn main() {
                 Command::Webhook(a) => webhook::run(a).await,
                 Command::Drill(a) => drill::run(a).await,
                 Command::Floor(a) => floor::run(a).await,
+                Command::Flood(a) => flood::run(a).await,
             }
         };
         tokio::time::timeout(limit, work)

@@ -12,7 +12,7 @@ use gorge_hub::Hub;
 use gorge_service::http::{
     bytes_response, error_response, method_not_allowed, read_body_limited, BodyError, JSON,
 };
-use gorge_service::Response;
+use gorge_service::{Accepted, Response};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
@@ -53,7 +53,11 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     }
     match path.as_str() {
         "/" if request.method() == Method::POST => {
-            let started = Instant::now();
+            // From the accept: time spent waiting to be accepted or read counts too.
+            let started = request
+                .extensions()
+                .get::<Accepted>()
+                .map_or_else(Instant::now, |accepted| accepted.0);
             let response = post_message(&app, request).await;
             app.metrics
                 .admin_post_seconds

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use gorge_hub::ConnectError;
 use gorge_service::http::{bytes_response, error_response};
-use gorge_service::Response;
+use gorge_service::http10::WasHttp10;
+use gorge_service::{ConnectionSlot, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -67,11 +68,19 @@ fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
 /// Handles one request on the client port.
 pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
     if !is_websocket_upgrade(&request) {
-        return bytes_response(
+        let mut response = bytes_response(
             StatusCode::NOT_IMPLEMENTED,
             "text/plain",
             Bytes::from_static(NOT_WEBSOCKET_BODY),
         );
+        // An HTTP/1.0 request read as 1.1 (for its upgrade) still ends its connection, as
+        // Node ends it.
+        if request.extensions().get::<WasHttp10>().is_some() {
+            response
+                .headers_mut()
+                .insert(CONNECTION, hyper::header::HeaderValue::from_static("close"));
+        }
+        return response;
     }
     if app.probes.is_draining() {
         app.metrics.sockets_rejected.with(["draining"]).inc();
@@ -98,7 +107,9 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     let class = instance_class(&instance);
     app.metrics.sockets.with([class]).inc();
     app.metrics.sockets_open.with([class]).inc();
-    let registration = Registration::new(app.clone(), handle, class);
+    // The connection's place under the client port's cap goes with the socket.
+    let slot = request.extensions().get::<ConnectionSlot>().cloned();
+    let registration = Registration::new(app.clone(), handle, class, slot);
     emit!(app.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
 
     let key = request
@@ -111,8 +122,12 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
     let upgrade = hyper::upgrade::on(request);
     tokio::spawn(async move {
         // The registration is dropped (socket unregistered) on every path out of here.
-        if let Ok(upgraded) = upgrade.await {
-            session::run(registration, upgraded).await;
+        match upgrade.await {
+            Ok(upgraded) => session::run(registration, upgraded).await,
+            // The connection ended between our 101 and the hand-over.
+            Err(_) => {
+                app.metrics.sockets_closed.with(["upgrade_failed"]).inc();
+            }
         }
     });
     let mut response = hyper::Response::new(Full::new(Bytes::new()));

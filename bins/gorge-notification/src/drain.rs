@@ -18,6 +18,13 @@ use crate::events;
 use crate::state::ServerState;
 use gorge_service::emit;
 
+/// How long after the window sockets may still write their backlog and close.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// How much longer than the sockets the drain waits for them (whole drain: window + 2.5 s,
+/// within the hook's bound of window + 3 s).
+const SESSION_END_MARGIN: Duration = Duration::from_millis(500);
+
 /// When each of `count` sockets is closed, as offsets into `window`: one slot per socket,
 /// a uniformly random point inside each slot, in increasing order.
 pub fn close_offsets(count: usize, window: Duration, rng: &mut impl Rng) -> Vec<Duration> {
@@ -34,6 +41,10 @@ pub fn close_offsets(count: usize, window: Duration, rng: &mut impl Rng) -> Vec<
 /// the last close handshakes) has passed. The caller bounds the whole drain again.
 pub async fn drain(app: Arc<ServerState>, window: Duration) {
     let started = Instant::now();
+    // Sockets still closing get a moment for their close handshake, and every socket
+    // until then to write its backlog before the 1001.
+    let grace = started + window + CLOSE_GRACE;
+    let _ = app.drain_ends.set(grace);
     app.metrics.draining.set(1);
     let mut sockets = app.hub.outbounds();
     emit!(app.log, events::NOTIFY_DRAIN_STARTED;
@@ -54,14 +65,16 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
     for outbound in app.hub.outbounds() {
         outbound.close(CloseReason::GoingAway);
     }
-    // Sockets that are still closing get a moment for their close handshake.
-    let grace = started + window + Duration::from_secs(2);
     loop {
         let ended = app.session_ended.notified();
         if app.hub.open_sockets() == 0 {
             break;
         }
-        if tokio::time::timeout_at(grace, ended).await.is_err() {
+        // A little past the sockets' own deadline, so sockets ending at it are counted.
+        if tokio::time::timeout_at(grace + SESSION_END_MARGIN, ended)
+            .await
+            .is_err()
+        {
             break;
         }
     }

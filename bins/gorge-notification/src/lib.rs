@@ -8,8 +8,10 @@
 //! - [`state`]: what the handlers share (the hub, metrics, limits, the relay);
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
 //! - [`admin`]: `POST /`, `/status/` and the probes;
+//! - [`admin_runtime`]: the admin port's own thread, out of the browsers' reach;
 //! - [`client`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
+//! - [`budget`]: each socket's inbound budget (frames and bytes per second);
 //! - [`fanout`]: the thread that delivers accepted messages, so the admin POST never waits;
 //! - [`wire`]: WebSocket frames encoded once, and the bounded reader of client frames;
 //! - [`drain`]: the graceful drain on SIGTERM;
@@ -19,6 +21,8 @@
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
+pub mod admin_runtime;
+pub mod budget;
 pub mod client;
 pub mod config;
 pub mod drain;

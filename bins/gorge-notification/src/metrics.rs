@@ -32,10 +32,13 @@ gorge_service::metrics! {
         ], "Upgrades refused, by reason";
         sockets_closed: Counter[reason] = [
             ["client"], ["slow_consumer"], ["drain"], ["oversized_frame"], ["protocol_error"],
-            ["invalid_utf8"], ["idle"],
+            ["invalid_utf8"], ["inbound_frames"], ["inbound_bytes"], ["subscriptions"], ["idle"], ["upgrade_failed"],
         ], "Sockets closed, by reason: protocol_error is close 1002 (unmasked frame, reserved \
             bits or opcode, bad control frame, stray continuation, bad close code), \
-            invalid_utf8 close 1007";
+            invalid_utf8 close 1007, inbound_frames and inbound_bytes close 1008 (the socket \
+            sent more than its inbound budget), subscriptions close 1008 (it held the most \
+            subscription bytes when all sockets together reached the total), upgrade_failed \
+            when the connection ended between the 101 and the hand-over";
         messages_in: Counter, "Messages accepted";
         messages_duplicate: Counter, "Messages that already carried our fingerprint";
         messages_out: Counter, "Frames queued for live delivery (replay excluded)";
@@ -48,8 +51,8 @@ gorge_service::metrics! {
             "Accepted POST to last frame written or queued (buckets 10 µs to 0.65 s)";
         // 25 µs .. ~0.8 s.
         admin_post_seconds: Histogram(exponential_buckets(0.000_025, 2.0, 16)),
-            "Time the admin port took to answer a POST once its head arrived: body, parse, \
-             encode, hand-off to the fan-out; refusals included (buckets 25 µs to 0.8 s). What \
+            "Time the admin port took to answer a POST from the accept of its connection: \
+             head, body, parse, encode, hand-off to the fan-out; refusals included (buckets 25 µs to 0.8 s). What \
              PHP waits for, minus the network";
         // 1 .. 64 messages (the fan-out's batch limit).
         fanout_batch_messages: Histogram(exponential_buckets(1.0, 2.0, 7)),
@@ -70,10 +73,22 @@ gorge_service::metrics! {
         draining: Gauge, "1 while draining after SIGTERM";
         replays_refused: Counter, "Replay commands refused by the per-socket rate limit";
         subscriptions_over_limit: Counter,
-            "PHIDs refused because all sockets together hold the total subscription bytes";
+            "PHIDs refused because all sockets together hold the total subscription bytes and \
+             no socket holds any to release (only when the total is below one socket's share)";
+        subscription_evictions: Counter,
+            "Sockets closed with 1008 because all sockets together held the total subscription \
+             bytes and this one held the most (its subscriptions are released at once, so a \
+             newcomer's subscription is taken, never dropped)";
         subscription_bytes: Gauge, "Bytes charged for every socket's subscriptions";
         instances: Gauge[kind] = [["confirmed"], ["anonymous"]],
             "Instances with state: confirmed (posted to) or anonymous (default is neither)";
+        client_connections_max: Gauge,
+            "Connections the client port may hold (sockets and connections not yet upgraded): \
+             the open-file limit less a reserve for the admin port; -1 without a limit";
+        client_connections_closed: Counter[reason] = [["fd_reserve"], ["upgrade_timeout"]],
+            "Client-port connections closed before becoming a socket: fd_reserve when \
+             client_connections_max were open, upgrade_timeout when no request head came \
+             within 10 s of the accept";
         accept_errors: Counter,
             "Failed accepts on any listener (out of file descriptors and the like)";
     }

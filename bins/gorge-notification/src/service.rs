@@ -9,25 +9,30 @@ use std::time::{Duration, Instant};
 use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::{
-    bind_all, run, BindError, BoundListener, Handler, ListenerSpec, Probes, RunError, RunOptions,
-    Shutdown,
+    bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
+    RunError, RunOptions, Shutdown,
 };
 use rand::RngCore;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::admin_runtime::AdminRuntime;
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::state::{ConnectionLimits, ServerState};
-use crate::{admin, client, drain};
+use crate::{admin, client, drain, fdlimit};
 use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
 /// (window + 3 s) the whole drain stays within window + 5 s.
 const REQUEST_GRACE: Duration = Duration::from_secs(2);
+
+/// A client-port connection that has not sent its upgrade request within this of its accept
+/// is closed: a browser sends it at once, and an idle connection holds a descriptor.
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A bound, not yet serving, notification service.
 pub struct Server {
@@ -36,6 +41,8 @@ pub struct Server {
     drain_window: Duration,
     drain_deadline: Duration,
     static_peers: usize,
+    /// Serves the admin listeners; lives as long as the server runs.
+    admin_runtime: AdminRuntime,
 }
 
 impl Server {
@@ -77,6 +84,7 @@ impl Server {
             relay,
             limits: ConnectionLimits {
                 max_frame_bytes: config.max_frame_bytes,
+                inbound: config.inbound,
                 max_admin_body_bytes: config.max_admin_body_bytes,
                 ping_interval: config.ping_interval,
                 idle_timeout: config.idle_timeout,
@@ -84,6 +92,7 @@ impl Server {
             started: Instant::now(),
             log: log.clone(),
             session_ended: Notify::new(),
+            drain_ends: std::sync::OnceLock::new(),
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
@@ -100,12 +109,39 @@ impl Server {
                 handler: handler(app.clone(), server.kind),
             })
             .collect();
+        let admin_runtime = AdminRuntime::start().map_err(|source| BindError {
+            name: ServerKind::Admin.to_string(),
+            addr: config.admin_addr().unwrap_or(([0, 0, 0, 0], 0).into()),
+            source,
+        })?;
+        let admin_name = ServerKind::Admin.to_string();
+        // Read after main raised the soft limit to the hard one.
+        let client_cap = fdlimit::client_connection_cap(fdlimit::soft_limit());
+        // Client listeners share one cap: descriptors are per process, not per port.
+        let client_cap_gauge = client_cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
+        app.metrics.client_connections_max.set(client_cap_gauge);
+        let closed = &app.metrics.client_connections_closed;
+        let refused = closed.with(["fd_reserve"]).clone();
+        let expired = closed.with(["upgrade_timeout"]).clone();
+        let client_cap = client_cap.map(|cap| ConnectionCap::new(cap, refused));
         let listeners = bind_all(specs)
             .await?
             .into_iter()
             .map(|l| {
-                l.close_at_drain_start()
-                    .with_accept_error_counter(app.metrics.accept_errors.clone())
+                let l = l
+                    .close_at_drain_start()
+                    .with_accept_error_counter(app.metrics.accept_errors.clone());
+                if l.name() == admin_name {
+                    l.on_runtime(admin_runtime.handle())
+                } else {
+                    let l = l
+                        .with_first_request_deadline(UPGRADE_DEADLINE, expired.clone())
+                        .serve_http10_upgrades();
+                    match &client_cap {
+                        Some(cap) => l.with_connection_cap(cap.clone()),
+                        None => l,
+                    }
+                }
             })
             .collect();
         Ok(Server {
@@ -114,6 +150,7 @@ impl Server {
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
             static_peers: config.peers.static_peers.len(),
+            admin_runtime,
         })
     }
 
@@ -161,7 +198,9 @@ impl Server {
         let drain_app = app.clone();
         let hook: gorge_service::DrainHook =
             Box::new(move || Box::pin(drain::drain(drain_app, window)));
-        run(self.listeners, app.probes.clone(), hook, options, &log).await
+        let result = run(self.listeners, app.probes.clone(), hook, options, &log).await;
+        drop(self.admin_runtime);
+        result
     }
 }
 

@@ -22,12 +22,15 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::budget::{Budget, Over};
 use crate::events;
 use crate::state::ServerState;
 use crate::wire::{self, Inbound, Violation};
-use gorge_service::emit;
+use gorge_service::http10::Http10AsHttp11;
+use gorge_service::{emit, ConnectionSlot};
 
-/// How long a closing socket may take to take its last frames and answer our close.
+/// How long a closing socket may take to take its last frames and answer our close (a
+/// socket the drain closes may take what is left of the drain, if that is longer).
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// The kernel's send buffer per socket (Linux doubles it). Left to autotuning it grows to
@@ -43,11 +46,23 @@ pub struct Registration {
     app: Arc<ServerState>,
     handle: SocketHandle,
     class: &'static str,
+    /// The connection's place under the client port's descriptor cap, freed with the socket.
+    _slot: Option<ConnectionSlot>,
 }
 
 impl Registration {
-    pub fn new(app: Arc<ServerState>, handle: SocketHandle, class: &'static str) -> Self {
-        Registration { app, handle, class }
+    pub fn new(
+        app: Arc<ServerState>,
+        handle: SocketHandle,
+        class: &'static str,
+        slot: Option<ConnectionSlot>,
+    ) -> Self {
+        Registration {
+            app,
+            handle,
+            class,
+            _slot: slot,
+        }
     }
 }
 
@@ -84,6 +99,8 @@ enum End {
     Hub(CloseReason),
     /// The client broke the protocol or a limit.
     Violation(Violation),
+    /// The client sent more than its inbound budget.
+    Inbound(Over),
     /// No inbound traffic (not even a pong) within the idle timeout.
     Idle,
 }
@@ -94,9 +111,12 @@ impl End {
             End::Gone | End::ClientClosed(_) => "client",
             End::Hub(CloseReason::SlowConsumer) => "slow_consumer",
             End::Hub(CloseReason::GoingAway) => "drain",
+            End::Hub(CloseReason::TooManySubscriptions) => "subscriptions",
             End::Violation(Violation::TooLarge) => "oversized_frame",
             End::Violation(Violation::Protocol) => "protocol_error",
             End::Violation(Violation::InvalidUtf8) => "invalid_utf8",
+            End::Inbound(Over::Frames) => "inbound_frames",
+            End::Inbound(Over::Bytes) => "inbound_bytes",
             End::Idle => "idle",
         }
     }
@@ -111,6 +131,9 @@ impl End {
             End::ClientClosed(_) => wire::close_empty(),
             End::Hub(CloseReason::SlowConsumer) => wire::close(1008, "slow consumer"),
             End::Hub(CloseReason::GoingAway) => wire::close(1001, "server going away"),
+            End::Hub(CloseReason::TooManySubscriptions) => {
+                wire::close(1008, "too many subscriptions")
+            }
             End::Violation(v) => wire::close(
                 v.code(),
                 match v {
@@ -119,6 +142,8 @@ impl End {
                     Violation::InvalidUtf8 => "invalid UTF-8",
                 },
             ),
+            End::Inbound(Over::Frames) => wire::close(1008, "too many frames"),
+            End::Inbound(Over::Bytes) => wire::close(1008, "too many bytes"),
             End::Idle => wire::close(1001, "idle timeout"),
         })
     }
@@ -132,14 +157,14 @@ impl End {
 /// Runs the session until the socket closes; the registration is released on return.
 pub async fn run(registration: Registration, upgraded: Upgraded) {
     let app = registration.app.clone();
-    let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
+    let parts = match upgraded.downcast::<TokioIo<Http10AsHttp11<TcpStream>>>() {
         Ok(parts) => parts,
         Err(_) => {
             emit!(app.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
             return;
         }
     };
-    let tcp = parts.io.into_inner();
+    let tcp = parts.io.into_inner().into_inner();
     let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
     let stream = Arc::new(Stream(tcp));
     let outbound = registration.handle.outbound().clone();
@@ -160,9 +185,17 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     emit!(app.log, events::NOTIFY_CLIENT_DISCONNECTED;
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
-        // Bounded: a client that reads nothing never takes its close frame.
+        // Bounded: a client that reads nothing never takes its close frame. A socket the
+        // drain closes may use what is left of the drain for its backlog (the drain waits
+        // that long anyway), so a slow reader still gets every queued frame, then the 1001.
+        let linger = match (&end, app.drain_ends.get()) {
+            (End::Hub(CloseReason::GoingAway), Some(ends)) => ends
+                .saturating_duration_since(Instant::now())
+                .max(CLOSE_LINGER),
+            _ => CLOSE_LINGER,
+        };
         let _ = tokio::time::timeout(
-            CLOSE_LINGER,
+            linger,
             finish(&stream, &outbound, &mut reader, frame, end.ours()),
         )
         .await;
@@ -213,6 +246,8 @@ async fn finish(
                 Ok(None) => break,
             }
         }
+        // A client that floods while we close must not keep the worker either.
+        tokio::task::consume_budget().await;
     }
 }
 
@@ -257,6 +292,7 @@ async fn serve(
 ) -> End {
     let outbound = handle.outbound();
     let limits = &app.limits;
+    let mut budget = Budget::new(limits.inbound, Instant::now());
     let mut last_heard = Instant::now();
     let mut next_ping = last_heard + limits.ping_interval;
     // Whether the socket's buffers were full (and the queue not empty) since it last took
@@ -299,24 +335,38 @@ async fn serve(
                 if readable.is_err() {
                     return End::Gone;
                 }
-                match read_some(stream, reader) {
+                let read = match read_some(stream, reader) {
                     Ok(0) => return End::Gone,
-                    Ok(_) => {}
+                    Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(_) => return End::Gone,
+                };
+                if let Err(over) = budget.charge(0, read as u64, Instant::now()) {
+                    return End::Inbound(over);
                 }
                 loop {
-                    match reader.next_frame() {
+                    let next = reader.next_frame();
+                    // Charged before the frame is acted on: over the budget, it is not.
+                    let now = Instant::now();
+                    if let Err(over) = budget.charge(reader.take_frames(), 0, now) {
+                        return End::Inbound(over);
+                    }
+                    match next {
                         Ok(None) => break,
                         Ok(Some(inbound)) => {
-                            last_heard = Instant::now();
+                            last_heard = now;
                             if let Some(end) = inbound_frame(app, handle, inbound).await {
                                 return end;
                             }
                         }
                         Err(violation) => return End::Violation(violation),
                     }
+                    // Bounded work per wake-up: readiness alone never makes this task give
+                    // its worker back while bytes keep arriving, and the other sockets (and,
+                    // on one worker, the client port's accepts) would wait for it.
+                    tokio::task::consume_budget().await;
                 }
+                tokio::task::consume_budget().await;
             }
             () = outbound.ready(), if !blocked => {}
             writable = stream.0.writable(), if blocked => {
@@ -381,6 +431,8 @@ fn apply(app: &ServerState, hub: &Hub, handle: &SocketHandle, command: ClientCom
             let outcome = hub.subscribe(handle, phids);
             m.subscriptions_ignored.inc_by(outcome.ignored as u64);
             m.subscriptions_over_limit.inc_by(outcome.over_total as u64);
+            m.subscription_evictions
+                .inc_by(outcome.evicted as u64 + u64::from(outcome.closed));
         }
         ClientCommand::Unsubscribe(phids) => hub.unsubscribe(handle, &phids),
         ClientCommand::Replay { age_ms } => {

@@ -1,7 +1,7 @@
 //! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
 //! probes, the peer relay and the limits that apply per request or per socket.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use gorge_hub::Hub;
@@ -9,6 +9,7 @@ use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::budget::InboundLimits;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
@@ -17,6 +18,8 @@ use crate::peers::PeerRelay;
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     pub max_frame_bytes: usize,
+    /// Each socket's inbound budget (frames and bytes per second, with a burst).
+    pub inbound: InboundLimits,
     pub max_admin_body_bytes: usize,
     pub ping_interval: Duration,
     pub idle_timeout: Duration,
@@ -40,6 +43,9 @@ pub struct ServerState {
     pub log: Logger,
     /// Signalled whenever a socket session ends (drain waits on it).
     pub session_ended: Notify,
+    /// Set when the drain starts: when it stops waiting for sockets. A socket closed by the
+    /// drain may take until then to write what is queued and its 1001.
+    pub drain_ends: OnceLock<tokio::time::Instant>,
 }
 
 impl ServerState {

@@ -109,6 +109,9 @@ pub struct Reader {
     /// A fragmented message under way: text or binary, and what has arrived of it.
     fragment: Option<Fragment>,
     max_bytes: usize,
+    /// Frames parsed since [`Reader::take_frames`] (fragments and control frames included:
+    /// each is work a client made us do).
+    frames: u64,
 }
 
 impl Reader {
@@ -119,6 +122,7 @@ impl Reader {
             buf: BytesMut::from(&early[..]),
             fragment: None,
             max_bytes,
+            frames: 0,
         }
     }
 
@@ -131,6 +135,11 @@ impl Reader {
     /// Adds bytes read from the socket.
     pub fn extend(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// How many frames were parsed since the last call.
+    pub fn take_frames(&mut self) -> u64 {
+        std::mem::take(&mut self.frames)
     }
 
     /// The next complete message or control frame, if the bytes so far hold one.
@@ -165,6 +174,7 @@ impl Reader {
             if self.buf.len() < header_len + length {
                 return Ok(None);
             }
+            self.frames += 1;
             let _ = self.buf.split_to(header_len);
             let mut payload = self.buf.split_to(length);
             for (i, byte) in payload.iter_mut().enumerate() {
@@ -352,6 +362,9 @@ mod tests {
             Ok(Some(Inbound::Ping(Bytes::from_static(b"p"))))
         );
         assert_eq!(reader.next_frame(), Ok(Some(Inbound::Text("abcd".into()))));
+        // Three frames for one message and one ping.
+        assert_eq!(reader.take_frames(), 3);
+        assert_eq!(reader.take_frames(), 0);
     }
 
     #[test]

@@ -443,3 +443,67 @@ async fn squatting_sockets_cannot_keep_a_real_instance_out() {
         .await;
     assert_eq!(squatters.len(), 1024);
 }
+
+/// Node's `http` reports an HTTP/1.0 `Upgrade` request and `ws` completes it (it checks the
+/// method, `Upgrade`, the key and the version, never the HTTP version), so Aphlict serves
+/// HTTP/1.0 clients; hyper alone would answer 101 and close.
+#[tokio::test]
+async fn an_http_1_0_upgrade_is_served_as_aphlict_serves_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    let server = InProcess::start(|_| {}).await;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            b"GET /~acme/ HTTP/1.0\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n\
+              Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(
+        head.starts_with("http/1.1 101 switching protocols\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
+        "{head}"
+    );
+    let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(stream, Role::Client, None).await;
+    let mut ws = common::Ws { ws };
+    ws.subscribe(&["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]).await;
+    server
+        .post_ok(
+            "?instance=acme",
+            r#"{"key":"1","subscribers":["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]}"#,
+        )
+        .await;
+    let frame: serde_json::Value = serde_json::from_str(&ws.next_text().await).unwrap();
+    assert_eq!(frame["key"], "1");
+
+    // A plain HTTP/1.0 request still gets the exact 501, and its connection ends after it.
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
+        .await
+        .unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(common::PATIENCE, plain.read_to_end(&mut answer))
+        .await
+        .expect("the connection ends after the 501")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 501 "), "{answer:?}");
+    assert!(answer.ends_with(NOT_WEBSOCKET), "{answer:?}");
+}

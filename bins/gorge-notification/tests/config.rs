@@ -128,6 +128,9 @@ fn other_invalid_values_are_refused() {
         ("GORGE_NOTIFICATION_LISTEN_ADDR", "somewhere"),
         ("GORGE_NOTIFICATION_DRAIN_SECONDS", "soon"),
         ("GORGE_NOTIFICATION_QUEUE_FRAMES", "0"),
+        ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "0"),
+        // Below the largest frame (64 KiB): such a frame could never be read.
+        ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "65535"),
         ("GORGE_LOG_LEVEL", "loud"),
     ];
     for &(key, value) in cases {

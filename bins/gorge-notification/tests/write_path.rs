@@ -150,7 +150,18 @@ async fn sigterm_while_writes_are_blocked_still_closes_every_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
-    let server = Server::start(&NO_PINGS);
+    // Its inbound budget out of the way: this is about what the server holds for it.
+    let server = Server::start(&[
+        NO_PINGS[0],
+        NO_PINGS[1],
+        ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "4294967296"),
+        ("GORGE_NOTIFICATION_INBOUND_FRAMES_BURST", "4294967296"),
+        (
+            "GORGE_NOTIFICATION_INBOUND_BYTES_PER_SECOND",
+            "1099511627776",
+        ),
+        ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "1099511627776"),
+    ]);
     let mut stream = raw_ws(server.client_port, true).await;
     let pings: Vec<u8> = (0..256)
         .flat_map(|_| client_frame(0x89, &[b'p'; 125]))
@@ -254,4 +265,30 @@ async fn protocol_violations_get_the_rfc_close_code_and_are_counted_apart() {
             0.0,
         )
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sigterm_a_slow_reader_gets_its_whole_backlog_then_1001() {
+    let mut env = NO_PINGS.to_vec();
+    env.push(("GORGE_NOTIFICATION_DRAIN_SECONDS", "1"));
+    env.push(("GORGE_NOTIFICATION_QUEUE_BYTES", "16777216"));
+    let mut server = Server::start(&env);
+    let mut slow = server.ws("/").await;
+    slow.subscribe(&["PHID-BIG"]).await;
+    // About 1.5 MB queued: more than the kernel buffers hold for a client that reads
+    // nothing (its window does not grow until it reads), so most waits in the queue.
+    const COUNT: usize = 100;
+    for n in 0..COUNT {
+        server.post_ok("", &big_message(n, 15_000)).await;
+    }
+    server.sigterm();
+    // The client is slow on purpose: it starts reading 2.2 s after SIGTERM, later than a
+    // fixed 1 s linger after its close (at most 1 s into the drain), sooner than the end of
+    // the drain (window 1 s + 2 s). The pause is the scenario, not a wait for an event.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let seen = read_numbers(&mut slow, COUNT, Duration::ZERO).await;
+    assert_eq!(seen, (0..COUNT as u64).collect::<Vec<_>>());
+    let closed = slow.until_closed().await;
+    assert_eq!(closed.code, Some(1001), "{closed:?}");
+    server.drained().await;
 }

@@ -21,6 +21,9 @@ pub enum CloseReason {
     SlowConsumer,
     /// The server is draining: send what is queued, then close.
     GoingAway,
+    /// All sockets together hold the total subscription bytes and this one holds the most:
+    /// closed (its subscriptions already released) so a newcomer is not refused.
+    TooManySubscriptions,
 }
 
 /// Where a queue's frames go: a non-blocking socket.

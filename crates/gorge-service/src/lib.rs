@@ -8,6 +8,7 @@
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
+//! - [`http10`]: HTTP/1.0 WebSocket upgrades read as HTTP/1.1, as Node serves them;
 //! - [`metrics`]: one declaration per metric family, the prefixed service registry with
 //!   `build_info`, and the `process_*` metrics;
 //! - [`probes`]: `/healthz`, `/readyz` (service-supplied readiness), `/metrics`;
@@ -27,6 +28,7 @@ pub mod envfile;
 pub mod events;
 pub mod healthcheck;
 pub mod http;
+pub mod http10;
 pub mod logging;
 pub mod metrics;
 pub mod probes;
@@ -40,7 +42,10 @@ pub use http::{Body, Response};
 pub use probes::{Probes, ReadinessCheck};
 #[doc(hidden)]
 pub use prometheus_client as __prometheus_client;
-pub use server::{bind_all, BindError, BoundListener, Handler, ListenerSpec};
+pub use server::{
+    bind_all, Accepted, BindError, BoundListener, ConnectionCap, ConnectionSlot, Handler,
+    ListenerSpec,
+};
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
 #[doc(hidden)]
 pub use slog as __slog;

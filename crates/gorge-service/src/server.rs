@@ -26,10 +26,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use slog::Logger;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::http::{error_response, Response};
+use crate::http10::{Http10AsHttp11, WasHttp10};
 use crate::{emit, events};
 
 /// Handles one request; the second argument is the peer's address.
@@ -56,6 +57,47 @@ const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// would otherwise spin the accept loop.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// When the connection a request came on was accepted, as a request extension: time a
+/// request from here (not from when its handler ran) and a server too busy to accept or
+/// read shows in its own latency figures. On a kept-alive connection, a later request's
+/// instant is when hyper handed it over (its predecessor was answered by then).
+#[derive(Debug, Clone, Copy)]
+pub struct Accepted(pub std::time::Instant);
+
+/// A connection's place under its listener's cap ([`BoundListener::with_connection_cap`]),
+/// as a request extension: a handler that takes the connection over (a WebSocket upgrade)
+/// keeps a clone for as long as it holds the socket, so the place is freed only when the
+/// descriptor is.
+#[derive(Debug, Clone)]
+pub struct ConnectionSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+
+/// A bound on open connections, which listeners given clones of it share, and the counter
+/// of connections refused over it.
+#[derive(Clone)]
+pub struct ConnectionCap {
+    slots: Arc<Semaphore>,
+    /// Connections closed at once because every slot was taken.
+    refused: Counter,
+}
+
+impl ConnectionCap {
+    /// At most `max` connections at once; one more is closed and counted in `refused`.
+    pub fn new(max: usize, refused: Counter) -> Self {
+        ConnectionCap {
+            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            refused,
+        }
+    }
+}
+
+/// A deadline for a connection's first request and what it counts.
+#[derive(Clone)]
+struct FirstRequestDeadline {
+    within: Duration,
+    /// Connections closed because no request arrived in time.
+    expired: Counter,
+}
+
 /// A listener to open: a name for logs and errors, an address, and its request handler.
 pub struct ListenerSpec {
     /// Name used in logs and in a [`BindError`] (`admin`, `client`, `status`…).
@@ -76,6 +118,10 @@ pub struct BoundListener {
     request_timeout: Duration,
     accept_errors: Counter,
     close_at_drain_start: bool,
+    runtime: Option<tokio::runtime::Handle>,
+    cap: Option<ConnectionCap>,
+    first_request: Option<FirstRequestDeadline>,
+    http10_upgrades: bool,
 }
 
 impl BoundListener {
@@ -102,6 +148,44 @@ impl BoundListener {
 
     pub(crate) fn closes_at_drain_start(&self) -> bool {
         self.close_at_drain_start
+    }
+
+    /// Accepts and serves this listener's connections on `runtime` instead of the one
+    /// [`crate::shutdown::run`] runs on: a port that must answer whatever the other ports'
+    /// clients do (a flood of them keeping every worker busy) gets threads of its own.
+    pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Holds this listener's connections under `cap` (a connection a handler took over
+    /// included, while it keeps its [`ConnectionSlot`]); one more is accepted and closed at
+    /// once, and counted. Descriptors another port needs stay free however many clients
+    /// connect here.
+    pub fn with_connection_cap(mut self, cap: ConnectionCap) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// Closes a connection that has not sent a whole request head within `within` of its
+    /// accept (hyper's header timeout starts only with the first byte, so a connection that
+    /// sends nothing would otherwise be held forever), counted in `expired`.
+    pub fn with_first_request_deadline(mut self, within: Duration, expired: Counter) -> Self {
+        self.first_request = Some(FirstRequestDeadline { within, expired });
+        self
+    }
+
+    /// Reads each connection's first request line `HTTP/1.0` as `HTTP/1.1`, so an HTTP/1.0
+    /// WebSocket upgrade is served as Node serves it (see [`crate::http10`]). The request
+    /// carries [`crate::http10::WasHttp10`]. Connections of every listener are
+    /// [`crate::http10::Http10AsHttp11`] streams, which pass reads through without this.
+    pub fn serve_http10_upgrades(mut self) -> Self {
+        self.http10_upgrades = true;
+        self
+    }
+
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.clone()
     }
 
     /// Counts failed accepts (out of file descriptors and the like) in `counter`.
@@ -156,6 +240,10 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 request_timeout: REQUEST_TIMEOUT,
                 accept_errors: Counter::default(),
                 close_at_drain_start: false,
+                runtime: None,
+                cap: None,
+                first_request: None,
+                http10_upgrades: false,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -212,11 +300,31 @@ pub(crate) async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let accepted = Accepted(std::time::Instant::now());
+                let slot = match &bound.cap {
+                    None => None,
+                    Some(cap) => match cap.slots.clone().try_acquire_owned() {
+                        Ok(permit) => Some(ConnectionSlot(Arc::new(permit))),
+                        Err(_) => {
+                            // Closed before anything is read: the descriptor comes back now.
+                            cap.refused.inc();
+                            drop(stream);
+                            continue;
+                        }
+                    },
+                };
+                let connection = Connection {
+                    peer,
+                    accepted,
+                    slot,
+                    first_request: bound.first_request.clone(),
+                    http10_upgrades: bound.http10_upgrades,
+                };
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
                 let guard = open_connections.clone();
                 tokio::spawn(serve_connection(
-                    stream, peer, handler, timeouts, stop, guard,
+                    stream, connection, handler, timeouts, stop, guard,
                 ));
             }
             Err(err) if is_transient_accept_error(&err) => {
@@ -235,9 +343,24 @@ pub(crate) async fn serve(
     }
 }
 
+/// What the accept loop hands each connection's task.
+struct Connection {
+    peer: SocketAddr,
+    accepted: Accepted,
+    slot: Option<ConnectionSlot>,
+    first_request: Option<FirstRequestDeadline>,
+    http10_upgrades: bool,
+}
+
 async fn serve_connection(
     stream: TcpStream,
-    peer: SocketAddr,
+    Connection {
+        peer,
+        accepted,
+        slot,
+        first_request,
+        http10_upgrades,
+    }: Connection,
     handler: Handler,
     (header_timeout, request_timeout): (Duration, Duration),
     mut stop: watch::Receiver<bool>,
@@ -245,8 +368,25 @@ async fn serve_connection(
 ) {
     // Small responses and WebSocket frames should not wait for Nagle's algorithm.
     let _ = stream.set_nodelay(true);
-    let service = service_fn(move |request| {
+    let stream = Http10AsHttp11::new(stream, http10_upgrades);
+    let was_http10 = stream.patched_flag();
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let no_request_yet = first.clone();
+    let service = service_fn(move |mut request: hyper::Request<Incoming>| {
         let handler = handler.clone();
+        let accepted = if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            // Only the first request line is ever read differently.
+            if was_http10.load(std::sync::atomic::Ordering::Relaxed) {
+                request.extensions_mut().insert(WasHttp10);
+            }
+            accepted
+        } else {
+            Accepted(std::time::Instant::now())
+        };
+        request.extensions_mut().insert(accepted);
+        if let Some(slot) = &slot {
+            request.extensions_mut().insert(slot.clone());
+        }
         async move {
             let response = tokio::time::timeout(request_timeout, handler(request, peer))
                 .await
@@ -260,11 +400,32 @@ async fn serve_connection(
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => {}
-        _ = stopped(&mut stop) => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+    let deadline = first_request.as_ref().map(|d| tokio::time::sleep(d.within));
+    let expired = async {
+        match deadline {
+            Some(deadline) => deadline.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
+    let mut watching = first_request.is_some();
+    loop {
+        tokio::select! {
+            _ = connection.as_mut() => return,
+            _ = stopped(&mut stop) => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+                return;
+            }
+            () = expired.as_mut(), if watching => {
+                watching = false;
+                if no_request_yet.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(deadline) = &first_request {
+                        deadline.expired.inc();
+                    }
+                    return;
+                }
+            }
         }
     }
 }

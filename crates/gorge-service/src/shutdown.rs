@@ -133,7 +133,12 @@ pub async fn run(
         };
         let open = connections_rx.clone();
         let log = log.clone();
-        serving.spawn(async move { (name, addr, serve(listener, stops, open, log).await) });
+        let runtime = listener.runtime();
+        let serving_it = async move { (name, addr, serve(listener, stops, open, log).await) };
+        match runtime {
+            Some(runtime) => serving.spawn_on(serving_it, &runtime),
+            None => serving.spawn(serving_it),
+        };
     }
     drop(connections_rx);
 

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gorge_hub::Limits;
+
+use crate::budget::InboundLimits;
 use gorge_service::config::{env_value, CheckLine, Source};
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
 use gorge_service::ConfigError;
@@ -109,6 +111,8 @@ pub struct Config {
     pub hub: Limits,
     /// Largest inbound WebSocket frame/message.
     pub max_frame_bytes: usize,
+    /// Each socket's inbound budget.
+    pub inbound: InboundLimits,
     pub max_admin_body_bytes: usize,
     pub ping_interval: Duration,
     pub idle_timeout: Duration,
@@ -340,10 +344,26 @@ fn build(
             ),
         ));
     }
+    if s.inbound_bytes_burst < s.max_frame_bytes {
+        return Err(ConfigError::new(
+            env_key("inbound_bytes_burst"),
+            s.inbound_bytes_burst,
+            format!(
+                "must be at least the largest frame (MAX_FRAME_BYTES, {} bytes)",
+                s.max_frame_bytes
+            ),
+        ));
+    }
     Ok(Config {
         servers,
         hub,
         max_frame_bytes: usize_of(s.max_frame_bytes),
+        inbound: InboundLimits {
+            frames_per_second: s.inbound_frames_per_second,
+            frames_burst: s.inbound_frames_burst,
+            bytes_per_second: s.inbound_bytes_per_second,
+            bytes_burst: s.inbound_bytes_burst,
+        },
         max_admin_body_bytes: usize_of(s.max_admin_body_bytes),
         ping_interval: Duration::from_secs(s.ping_interval_seconds),
         idle_timeout: Duration::from_secs(s.idle_timeout_seconds),

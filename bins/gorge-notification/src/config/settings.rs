@@ -42,6 +42,17 @@ gorge_service::settings! {
         max_frame_bytes: Bytes = 64 * 1024,
             "Largest inbound WebSocket frame/message; larger → close 1009";
         max_admin_body_bytes: Bytes = 1 << 20, "Largest admin POST body; larger → 413";
+        inbound_frames_per_second: Count = 20,
+            "Frames a socket may send per second on average (a browser sends a few per page); \
+             over its budget → close 1008, counted";
+        inbound_frames_burst: Count = 200,
+            "Frames a socket may send at once before the per-second rate applies";
+        inbound_bytes_per_second: Bytes = 64 * 1024,
+            "Bytes a socket may send per second on average; over its budget → close 1008, \
+             counted";
+        inbound_bytes_burst: Bytes = 1 << 20,
+            "Bytes a socket may send at once before the per-second rate applies; at least \
+             `MAX_FRAME_BYTES`";
         max_sockets: Count = hub().sockets as u64,
             "Open sockets per process; beyond → upgrade answered 503";
         max_subscriptions: Count = hub().subscriptions_per_socket as u64,

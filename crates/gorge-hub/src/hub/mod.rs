@@ -29,13 +29,13 @@ mod status;
 #[cfg(test)]
 mod testing;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::MillisClock;
 use crate::history::{History, HistoryLimits};
-use crate::outbound::{Outbound, QueueCaps};
+use crate::outbound::{CloseReason, Outbound, QueueCaps};
 use crate::subscriptions::{shrink_map, subscription_cost};
 
 pub use crate::subscriptions::SocketId;
@@ -79,8 +79,14 @@ pub struct SubscribeCounts {
     pub added: usize,
     /// PHIDs refused by the per-socket limits (count, bytes) or the per-PHID length limit.
     pub ignored: usize,
-    /// PHIDs refused because all sockets together hold the total subscription bytes.
+    /// PHIDs refused because all sockets together hold the total subscription bytes and no
+    /// socket could be closed to make room (the total is smaller than one socket's share).
     pub over_total: usize,
+    /// Other sockets closed to make room under the total: each held the most at the time.
+    pub evicted: usize,
+    /// This socket held the most when the total was reached: it is closed (its
+    /// subscriptions released) rather than any PHID being dropped silently.
+    pub closed: bool,
 }
 
 #[derive(Debug)]
@@ -222,26 +228,59 @@ impl Hub {
         shrink_map(&mut state.sockets);
     }
 
-    /// Adds PHIDs to a socket's subscriptions, up to the per-socket, per-PHID and total
-    /// limits.
+    /// Adds PHIDs to a socket's subscriptions, up to the per-socket and per-PHID limits.
+    ///
+    /// When all sockets together hold the total, the socket holding the most is closed
+    /// (its subscriptions released at once) until the PHID fits: a few sockets that filled
+    /// the total cannot keep a newcomer's one PHID out. If this socket holds the most, it is
+    /// the one closed; no PHID is ever dropped while the socket stays open unaware.
     pub fn subscribe(&self, handle: &SocketHandle, phids: Vec<String>) -> SubscribeCounts {
-        let limits = &self.limits;
         let mut outcome = SubscribeCounts::default();
         let mut state = self.lock();
+        let mut phids = VecDeque::from(phids);
+        while let Some(over) = self.subscribe_some(&mut state, handle, &mut phids, &mut outcome) {
+            match Self::close_biggest(&mut state) {
+                Some(id) if id == handle.id => {
+                    outcome.closed = true;
+                    break;
+                }
+                // Each close releases bytes, so this ends.
+                Some(_) => {
+                    outcome.evicted += 1;
+                    phids.push_front(over);
+                }
+                None => {
+                    outcome.over_total += 1 + phids.len();
+                    break;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Subscribes `phids` in order until one does not fit under the total; returns it.
+    fn subscribe_some(
+        &self,
+        state: &mut State,
+        handle: &SocketHandle,
+        phids: &mut VecDeque<String>,
+        outcome: &mut SubscribeCounts,
+    ) -> Option<String> {
+        let limits = &self.limits;
         let State {
             sockets,
             instances,
             subscription_bytes,
             ..
-        } = &mut *state;
-        let Some(socket) = sockets.get_mut(&handle.id) else {
-            return outcome;
-        };
-        let Some(instance) = instances.get_mut(&socket.instance) else {
-            return outcome;
-        };
+        } = state;
+        let socket = sockets.get_mut(&handle.id)?;
+        // A socket already closing (for instance, closed to make room) takes no more.
+        if socket.outbound.close_reason().is_some() {
+            return None;
+        }
+        let instance = instances.get_mut(&socket.instance)?;
         let index = &mut instance.subscriptions;
-        for phid in phids {
+        while let Some(phid) = phids.pop_front() {
             if index.contains(handle.id, &phid) {
                 continue;
             }
@@ -255,13 +294,32 @@ impl Hub {
                 continue;
             }
             if *subscription_bytes + cost > limits.subscription_bytes_total {
-                outcome.over_total += 1;
-                continue;
+                return Some(phid);
             }
             *subscription_bytes += index.insert(handle.id, &socket.outbound, phid);
             outcome.added += 1;
         }
-        outcome
+        None
+    }
+
+    /// Closes the socket holding the most subscription bytes and releases them; its id, or
+    /// `None` when no socket holds any. A scan of every socket, run only at the total.
+    fn close_biggest(state: &mut State) -> Option<SocketId> {
+        let (id, _) = state
+            .sockets
+            .iter()
+            .filter_map(|(id, socket)| {
+                let instance = state.instances.get(&socket.instance)?;
+                let (_, bytes) = instance.subscriptions.usage(*id);
+                (bytes > 0).then_some((*id, bytes))
+            })
+            .max_by_key(|(_, bytes)| *bytes)?;
+        let socket = state.sockets.get(&id)?;
+        socket.outbound.close(CloseReason::TooManySubscriptions);
+        let instance = state.instances.get_mut(&socket.instance)?;
+        let freed = instance.subscriptions.remove_socket(id);
+        state.subscription_bytes -= freed;
+        Some(id)
     }
 
     /// Removes PHIDs from a socket's subscriptions.
@@ -334,7 +392,7 @@ mod tests {
             SubscribeCounts {
                 added: 2,
                 ignored: 2,
-                over_total: 0,
+                ..SubscribeCounts::default()
             }
         );
         assert_eq!(publish(&mut hub, "default", &["C"], "m").queued, 0);
@@ -357,22 +415,68 @@ mod tests {
             SubscribeCounts {
                 added: 3,
                 ignored: 1,
-                over_total: 0
+                ..SubscribeCounts::default()
             }
         );
+        // At the total, `a` holds the most: it is closed and released, `b` is served.
         assert_eq!(
             hub.subscribe(&b, phids(10)),
             SubscribeCounts {
-                added: 2,
-                ignored: 0,
-                over_total: 2
+                added: 3,
+                ignored: 1,
+                evicted: 1,
+                ..SubscribeCounts::default()
             }
         );
-        assert_eq!(hub.usage().subscription_bytes, 5 * per_phid);
-        hub.unsubscribe(&a, &strings(&["P-00", "P-99"]));
-        assert_eq!(hub.usage().subscription_bytes, 4 * per_phid);
+        assert_eq!(
+            a.outbound().close_reason(),
+            Some(CloseReason::TooManySubscriptions)
+        );
+        assert_eq!(b.outbound().close_reason(), None);
+        assert_eq!(hub.usage().subscription_bytes, 3 * per_phid);
+        hub.unsubscribe(&b, &strings(&["P-10", "P-99"]));
+        assert_eq!(hub.usage().subscription_bytes, 2 * per_phid);
         hub.disconnect(&a);
         hub.disconnect(&b);
         assert_eq!(hub.usage().subscription_bytes, 0);
+    }
+
+    #[test]
+    fn a_newcomer_is_not_refused_by_the_sockets_that_filled_the_total() {
+        let per_phid = subscription_cost("P-00");
+        let (mut hub, _) = hub_with(Limits {
+            subscription_bytes_total: 6 * per_phid,
+            ..Limits::default()
+        });
+        let hog = hub.connect("default").unwrap();
+        let small = hub.connect("default").unwrap();
+        let names = |from: usize, n: usize| (from..from + n).map(|i| format!("P-{i:02}")).collect();
+        assert_eq!(hub.subscribe(&hog, names(0, 4)).added, 4);
+        assert_eq!(hub.subscribe(&small, names(20, 2)).added, 2);
+        let newcomer = hub.connect("default").unwrap();
+        let outcome = hub.subscribe(&newcomer, names(40, 1));
+        assert_eq!(
+            (outcome.added, outcome.evicted, outcome.over_total),
+            (1, 1, 0)
+        );
+        assert_eq!(
+            hog.outbound().close_reason(),
+            Some(CloseReason::TooManySubscriptions)
+        );
+        assert_eq!(small.outbound().close_reason(), None);
+        // The newcomer's message reaches it.
+        assert_eq!(publish(&mut hub, "default", &["P-40"], "m").queued, 1);
+
+        // A socket that itself holds the most when the total is reached is the one closed:
+        // never left open with PHIDs silently dropped.
+        let greedy = hub.connect("default").unwrap();
+        assert_eq!(hub.subscribe(&greedy, names(60, 3)).added, 3);
+        let outcome = hub.subscribe(&greedy, names(70, 4));
+        assert!(outcome.closed, "{outcome:?}");
+        assert_eq!(
+            greedy.outbound().close_reason(),
+            Some(CloseReason::TooManySubscriptions)
+        );
+        assert_eq!(hub.usage().subscription_bytes, 3 * per_phid);
     }
 }
