@@ -15,6 +15,7 @@
 //! instance out. `default` needs no slot: it is always admitted.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -243,6 +244,41 @@ pub struct ReplayCounts {
     pub slices: usize,
 }
 
+/// One retained message, as [`Hub::retained`] hands it out.
+#[derive(Debug, Clone)]
+pub struct Retained {
+    /// The instance it was posted to.
+    pub instance: Arc<str>,
+    /// Milliseconds since it was accepted.
+    pub age_ms: u64,
+    /// The encoded frame.
+    pub frame: Bytes,
+}
+
+/// A message from elsewhere for [`Hub::warm_history`].
+#[derive(Debug, Clone)]
+pub struct Warmed {
+    /// The instance it was posted to.
+    pub instance: String,
+    /// The PHIDs it is for.
+    pub subscribers: Vec<String>,
+    /// The encoded frame.
+    pub frame: Bytes,
+    /// Milliseconds since it was accepted (where it was).
+    pub age_ms: u64,
+}
+
+/// What [`Hub::warm_history`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WarmCounts {
+    /// Entries added to history (before the history limits applied).
+    pub kept: usize,
+    /// Entries left out because the history already held the message.
+    pub duplicates: usize,
+    /// Entries left out because their instance name is too long.
+    pub refused: usize,
+}
+
 /// An instance's counters for `/status/` (uptime and version are the caller's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubStatus {
@@ -320,6 +356,11 @@ struct Socket {
     instance: Arc<str>,
     outbound: Arc<Outbound>,
     replays: ReplayBudget,
+    /// The publish number when the socket's subscriptions last grew. Every message published
+    /// after it that the socket wants now was delivered to it live, so a replay leaves those
+    /// out: a browser subscribes on open and replays 100 ms later, and whatever arrived in
+    /// between must not come twice on one connection.
+    live_from: u64,
 }
 
 /// The instance every single-instance Phorge uses; it takes no slot.
@@ -462,12 +503,14 @@ impl Hub {
         let id = state.next_id;
         state.next_id += 1;
         let outbound = Arc::new(Outbound::default());
+        let live_from = state.published;
         state.sockets.insert(
             id,
             Socket {
                 instance: key.clone(),
                 outbound: outbound.clone(),
                 replays: ReplayBudget::new(&self.limits, now),
+                live_from,
             },
         );
         Ok(SocketHandle {
@@ -502,6 +545,7 @@ impl Hub {
             sockets,
             instances,
             subscription_bytes,
+            published,
             ..
         } = &mut *state;
         let Some(socket) = sockets.get_mut(&handle.id) else {
@@ -530,6 +574,9 @@ impl Hub {
             }
             *subscription_bytes += index.insert(handle.id, &socket.outbound, phid);
             outcome.added += 1;
+        }
+        if outcome.added > 0 {
+            socket.live_from = *published;
         }
         outcome
     }
@@ -721,6 +768,7 @@ impl Hub {
             Entry {
                 instance: history_instance,
                 at_ms: message.at_ms,
+                published: seq,
                 subscribers: Subscribers::new(message.subscribers),
                 body: message.frame.clone(),
             },
@@ -752,7 +800,7 @@ impl Hub {
         let mut outcome = ReplayCounts::default();
         let mut state = self.lock();
         outcome.slices = 1;
-        let room = {
+        let (room, live_from) = {
             let Some(socket) = state.sockets.get_mut(&handle.id) else {
                 return outcome;
             };
@@ -760,12 +808,15 @@ impl Hub {
                 outcome.refused = true;
                 return outcome;
             }
-            socket.outbound.room(caps)
+            (socket.outbound.room(caps), socket.live_from)
         };
         state.history.expire(now);
-        // Messages published after this point reach the socket live, not by replay; those
-        // published before it and still being delivered skip this socket (it gets them here).
-        handle.outbound.mark_replayed(state.published);
+        // Messages published after `live_from` that the socket wants reach it live, not by
+        // replay; those published before it and still being delivered skip this socket (it
+        // gets them here).
+        handle
+            .outbound
+            .mark_replayed(live_from.min(state.published));
         let mut cursor = state.history.next_seq();
         // Newest first; reversed before queueing.
         let mut picked: Vec<Bytes> = Vec::new();
@@ -785,7 +836,7 @@ impl Hub {
                 }
                 cursor = stored.seq;
                 work += 1;
-                if entry.instance == handle.instance {
+                if entry.instance == handle.instance && entry.published <= live_from {
                     work += entry.subscribers.len();
                     if index.wants_any(handle.id, entry.subscribers.iter()) {
                         if picked.len() < room {
@@ -820,6 +871,73 @@ impl Hub {
             }
         }
         outcome
+    }
+
+    /// Every instance's retained messages from the last `age_ms`, oldest first: what a
+    /// starting peer warms its history from.
+    pub fn retained(&self, age_ms: u64) -> Vec<Retained> {
+        let now = self.clock.now_ms();
+        let since = now.saturating_sub(age_ms);
+        let mut state = self.lock();
+        state.history.expire(now);
+        state
+            .history
+            .iter()
+            .filter(|entry| entry.at_ms >= since)
+            .map(|entry| Retained {
+                instance: entry.instance.clone(),
+                age_ms: now - entry.at_ms,
+                frame: entry.body.clone(),
+            })
+            .collect()
+    }
+
+    /// Adds messages this hub never delivered (a peer's history) to the history, in time
+    /// order, leaving out those whose `identity` matches an entry already held or an earlier
+    /// one of `entries` (a message that also came by relay is kept once). Nothing is
+    /// delivered live; sockets get them by replay. Call it before any replay runs (history
+    /// sequence numbers are given anew).
+    pub fn warm_history<K: Eq + Hash>(
+        &self,
+        entries: Vec<Warmed>,
+        identity: impl Fn(&Bytes) -> K,
+    ) -> WarmCounts {
+        let now = self.clock.now_ms();
+        let mut counts = WarmCounts::default();
+        // Identities are computed outside the lock; only those of the entries held now
+        // (the few that arrived during warm-up) are computed under it.
+        let keyed: Vec<(K, Warmed)> = entries
+            .into_iter()
+            .filter(|warmed| {
+                let ok = self.instance_name_ok(&warmed.instance);
+                counts.refused += usize::from(!ok);
+                ok
+            })
+            .map(|warmed| (identity(&warmed.frame), warmed))
+            .collect();
+        let mut state = self.lock();
+        let mut known: HashSet<K> = state.history.iter().map(|e| identity(&e.body)).collect();
+        let mut merged = Vec::with_capacity(keyed.len());
+        for (key, warmed) in keyed {
+            if !known.insert(key) {
+                counts.duplicates += 1;
+                continue;
+            }
+            let instance = state
+                .instances
+                .get_key_value(warmed.instance.as_str())
+                .map_or_else(|| Arc::from(warmed.instance.as_str()), |(k, _)| k.clone());
+            merged.push(Entry {
+                instance,
+                at_ms: now.saturating_sub(warmed.age_ms),
+                published: 0,
+                subscribers: Subscribers::new(&warmed.subscribers),
+                body: warmed.frame,
+            });
+            counts.kept += 1;
+        }
+        state.history.merge(merged, now);
+        counts
     }
 
     /// `/status/` counters of `instance`; an unknown instance answers zeros and creates no
@@ -1143,6 +1261,90 @@ mod tests {
             frames(&s),
             [Bytes::from_static(b"old-a"), Bytes::from_static(b"new-a")]
         );
+    }
+
+    #[test]
+    fn a_replay_leaves_out_what_the_socket_got_live() {
+        // A browser subscribes on open and replays 100 ms later: what was published in
+        // between reached it live and must not come again on the same connection.
+        let (hub, _clock) = hub();
+        publish(&hub, "default", &["A"], "before");
+        let s = subscribed(&hub, &["A"]);
+        publish(&hub, "default", &["A"], "live");
+        assert_eq!(frames(&s), [Bytes::from_static(b"live")]);
+        assert_eq!(hub.replay(&s, 60_000).queued, 1);
+        assert_eq!(frames(&s), [Bytes::from_static(b"before")]);
+        // Subscribing to more PHIDs: what the new ones match was not delivered live.
+        publish(&hub, "default", &["B"], "b");
+        hub.subscribe(&s, strings(&["B"]));
+        publish(&hub, "default", &["B"], "b-live");
+        assert_eq!(frames(&s), [Bytes::from_static(b"b-live")]);
+        hub.replay(&s, 60_000);
+        assert_eq!(
+            frames(&s),
+            [
+                Bytes::from_static(b"before"),
+                Bytes::from_static(b"live"),
+                Bytes::from_static(b"b")
+            ]
+        );
+    }
+
+    #[test]
+    fn warmed_history_is_replayed_once_and_merged_by_time() {
+        let (hub, clock) = hub();
+        clock.advance_ms(10_000);
+        // Arrived by relay during warm-up.
+        publish(&hub, "default", &["A"], "u2");
+        clock.advance_ms(1);
+        let warmed = |body: &'static str, age_ms| Warmed {
+            instance: "default".to_owned(),
+            subscribers: strings(&["A"]),
+            frame: Bytes::from_static(body.as_bytes()),
+            age_ms,
+        };
+        // The peer also holds "u2" (its identity is the body here).
+        let counts = hub.warm_history(
+            vec![
+                warmed("u1", 5_000),
+                warmed("u2", 10),
+                warmed("u3", 0),
+                warmed("u1", 4_000),
+            ],
+            |frame| frame.clone(),
+        );
+        assert_eq!(
+            counts,
+            WarmCounts {
+                kept: 2,
+                duplicates: 2,
+                refused: 0
+            }
+        );
+        let s = subscribed(&hub, &["A"]);
+        assert_eq!(hub.replay(&s, 60_000).queued, 3);
+        assert_eq!(
+            frames(&s),
+            [
+                Bytes::from_static(b"u1"),
+                Bytes::from_static(b"u2"),
+                Bytes::from_static(b"u3")
+            ]
+        );
+        let retained: Vec<(u64, Bytes)> = hub
+            .retained(60_000)
+            .into_iter()
+            .map(|r| (r.age_ms, r.frame))
+            .collect();
+        assert_eq!(
+            retained,
+            [
+                (5_000, Bytes::from_static(b"u1")),
+                (1, Bytes::from_static(b"u2")),
+                (0, Bytes::from_static(b"u3"))
+            ]
+        );
+        assert_eq!(hub.retained(1_000).len(), 2);
     }
 
     #[test]
