@@ -59,6 +59,12 @@ gorge_service::events! {
              outage)";
         NOTIFY_PEER_DNS_RECOVERED: Info @ "peers" ["host"]
             "Peer DNS lookups succeed again";
+        NOTIFY_HISTORY_WARMED: Info ["peer", "entries", "duplicates", "invalid", "elapsed_ms"]
+            "Startup: history was filled from this peer's (`entries` added, `duplicates` \
+             already here by relay); `/readyz` turns 200 and replays are answered";
+        NOTIFY_HISTORY_COLD: Warning ["reasons", "elapsed_ms"]
+            "Startup: no peer could give its history (all down, not warm themselves, or slow; \
+             `reasons` per peer); serving with what arrives from now on";
         NOTIFY_PEER_QUEUES_FLUSHED: Info @ "peers" []
             "At shutdown, every peer queue was sent within the drain window";
         NOTIFY_PEER_QUEUES_DROPPED: Warning @ "peers" ["pending", "deadline_ms"]

@@ -7,7 +7,9 @@
 //!
 //! - [`state`]: what the handlers share (the hub, metrics, limits, the relay);
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
-//! - [`admin`]: `POST /`, `/status/` and the probes;
+//! - [`admin`]: `POST /`, `/status/`, `/history/` and the probes;
+//! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out);
+//! - [`warmup`]: a starting server fills its history from a ready peer;
 //! - [`client`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
 //! - [`fanout`]: the thread that delivers accepted messages, so the admin POST never waits;
@@ -25,10 +27,12 @@ pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod ingest;
 pub mod inspect;
 pub mod metrics;
 pub mod peers;
 pub mod service;
 pub mod session;
 pub mod state;
+pub mod warmup;
 pub mod wire;

@@ -37,6 +37,12 @@ gorge_service::metrics! {
             bits or opcode, bad control frame, stray continuation, bad close code), \
             invalid_utf8 close 1007";
         messages_in: Counter, "Messages accepted";
+        history_warm: Gauge,
+            "1 once history is warm (filled from a peer at startup, or nothing to fill it \
+             from); until then /readyz is 503 and replays wait";
+        history_warmed: Counter[result] = [["kept"], ["duplicate"], ["invalid"]],
+            "Messages of a peer's history taken at warm-up: kept, duplicate (already here by \
+             relay) or invalid";
         messages_duplicate: Counter, "Messages that already carried our fingerprint";
         messages_out: Counter, "Frames queued for live delivery (replay excluded)";
         admin_rejected: Counter[reason] = [

@@ -174,6 +174,26 @@ impl PeerRelay {
         }
     }
 
+    /// The admin base URLs (`{proto}://{host}:{port}/`) of the peers known now.
+    pub fn base_urls(&self) -> Vec<String> {
+        self.shared
+            .lock_peers()
+            .peers
+            .iter()
+            .map(|peer| peer.link.base_url.clone())
+            .collect()
+    }
+
+    /// Whether peers are (also) discovered through DNS.
+    pub fn uses_dns(&self) -> bool {
+        lock(&self.discovery).is_some()
+    }
+
+    /// The HTTP agent peers are reached with (timeout, no redirects, no proxy).
+    pub fn agent(&self) -> ureq::Agent {
+        self.shared.agent.clone()
+    }
+
     /// Stops discovery and waits up to `deadline` for every queue to empty. Relaying goes
     /// on meanwhile; once the deadline has passed, whatever is queued or relayed later is
     /// dropped and counted instead of sent.

@@ -21,8 +21,8 @@ use crate::events;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
-use crate::state::{ConnectionLimits, ServerState};
-use crate::{admin, client, drain};
+use crate::state::{ConnectionLimits, HistoryGate, ServerState};
+use crate::{admin, client, drain, warmup};
 use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
@@ -36,6 +36,8 @@ pub struct Server {
     drain_window: Duration,
     drain_deadline: Duration,
     static_peers: usize,
+    /// Bounds the warm-up from peers (the gate opens by then whatever happened).
+    warmup_deadline: Duration,
 }
 
 impl Server {
@@ -65,7 +67,11 @@ impl Server {
             &mut registry,
             log.clone(),
         );
-        let probes = Probes::new(registry, Probes::always_ready());
+        // Nothing to warm from without peers: ready at once, as before.
+        let has_peers = !config.peers.static_peers.is_empty() || config.peers.dns.is_some();
+        let history_gate = Arc::new(HistoryGate::new(!has_peers));
+        metrics.history_warm.set(i64::from(!has_peers));
+        let probes = Probes::new(registry, history_gate.readiness());
         let hub = Arc::new(Hub::new(config.hub.clone(), clock));
         let fanout = Fanout::start(hub.clone(), metrics.clone(), log.clone());
         let app = Arc::new(ServerState {
@@ -84,6 +90,7 @@ impl Server {
             started: Instant::now(),
             log: log.clone(),
             session_ended: Notify::new(),
+            history_gate,
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
@@ -112,6 +119,8 @@ impl Server {
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
             static_peers: config.peers.static_peers.len(),
+            // One peer's full timeout, and another's: a hung peer costs at most one.
+            warmup_deadline: config.peers.timeout * 2,
         })
     }
 
@@ -150,6 +159,9 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
+        if !app.history_gate.is_open() {
+            tokio::spawn(warmup::run(app.clone(), self.warmup_deadline));
+        }
         let options = RunOptions {
             drain_deadline: self.drain_deadline.saturating_sub(REQUEST_GRACE),
             request_grace: REQUEST_GRACE,

@@ -340,6 +340,11 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             // `replay` reads, and not to a socket that subscribes only now.
             app.fanout.settled().await;
             let command = aphlict::parse_client_command(&text);
+            if matches!(command, ClientCommand::Replay { .. }) {
+                // A replay answered before history is warm would miss what the browser came
+                // back for; the gate opens within the warm-up's deadline.
+                app.history_gate.opened().await;
+            }
             if apply(app, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
                 control(app, handle.outbound(), wire::APHLICT_PONG.clone());

@@ -426,6 +426,11 @@ impl Hub {
         }
     }
 
+    /// Every bound the hub enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The bounds of every socket's outbound queue.
     pub fn caps(&self) -> QueueCaps {
         QueueCaps {
