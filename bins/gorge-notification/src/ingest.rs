@@ -3,7 +3,16 @@
 //! relays what entered the cluster here; anything else that brings messages from the other
 //! servers (a broker's reader) calls [`ingest_relayed`], which stores and delivers exactly as
 //! a relayed POST would and never relays.
+//!
+//! A message is taken in once per `uniqueID` ([`RecentIds`]): in a cluster the same message
+//! can come twice — by relay and in a peer's history at warm-up, or again when a relay whose
+//! answer was lost is retried — and a browser must never get it twice on one connection.
+//! PHP gives every message a fresh `uniqueID`, so this never refuses one of PHP's own POSTs;
+//! a message without one (tools, tests) is taken in every time, as Aphlict does.
 
+use std::collections::{HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -47,7 +56,17 @@ pub fn accept(
     body: &[u8],
     accepted_at: Instant,
 ) -> Result<Ingested, IngestError> {
-    let message = match aphlict::parse_admin_message(body, &app.fingerprint) {
+    let parsed = aphlict::parse_admin_message(body, &app.fingerprint);
+    let id = matches!(parsed, Ok(AdminMessage::Accepted(_)))
+        .then(|| unique_id(body))
+        .flatten();
+    let seen_before = id.is_some_and(|id| !app.recent_ids.first_time(id, app.hub.now_ms()));
+    let message = match parsed {
+        Ok(AdminMessage::Accepted(_)) if seen_before => {
+            app.hub.count_message_in();
+            app.metrics.messages_duplicate.inc();
+            return Ok(Ingested::AlreadySeen);
+        }
         Ok(AdminMessage::Accepted(message)) => message,
         Ok(AdminMessage::AlreadySeen) => {
             // Not delivered again, but Aphlict counts every POST it parsed.
@@ -58,6 +77,7 @@ pub fn accept(
         Err(err) => return Err(IngestError::Message(err)),
     };
     if !app.hub.instance_name_ok(&instance) {
+        id.inspect(|id| app.recent_ids.forget(*id));
         return Err(IngestError::InstanceName);
     }
     // Encoded once: every recipient, the history and the peers share these bytes.
@@ -73,6 +93,8 @@ pub fn accept(
     };
     let instance = job.instance.clone();
     if app.fanout.submit(job).is_err() {
+        // Not taken in: a retry of it must be.
+        id.inspect(|id| app.recent_ids.forget(*id));
         return Err(IngestError::FanoutFull);
     }
     app.hub.count_message_in();
@@ -93,4 +115,110 @@ pub fn ingest_relayed(
     body: &[u8],
 ) -> Result<Ingested, IngestError> {
     accept(app, instance, body, Instant::now())
+}
+
+/// The `uniqueID` of a message, hashed; `None` when it has none (or is not an object).
+pub fn unique_id(payload: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Id<'a> {
+        #[serde(rename = "uniqueID", borrow)]
+        unique_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let id = serde_json::from_slice::<Id<'_>>(payload).ok()?.unique_id?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The `uniqueID`s taken in during the history window, bounded like the history (entries
+/// and age): a message older than that could not be replayed anyway.
+#[derive(Debug)]
+pub struct RecentIds {
+    limit: usize,
+    age_ms: u64,
+    state: Mutex<Recent>,
+}
+
+#[derive(Debug, Default)]
+struct Recent {
+    ids: HashSet<u64>,
+    /// `(id, taken in at)`, oldest first.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl RecentIds {
+    pub fn new(limit: usize, age_ms: u64) -> RecentIds {
+        RecentIds {
+            limit,
+            age_ms,
+            state: Mutex::new(Recent::default()),
+        }
+    }
+
+    /// Forgets `id` (it was not taken in after all).
+    pub fn forget(&self, id: u64) {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.ids.remove(&id) {
+            state.order.retain(|(other, _)| *other != id);
+        }
+    }
+
+    /// True (and remembered) if `id` was not taken in within the window.
+    pub fn first_time(&self, id: u64, now_ms: u64) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let oldest = now_ms.saturating_sub(self.age_ms);
+        while let Some(&(old, at)) = state.order.front() {
+            if at >= oldest && state.order.len() < self.limit.max(1) {
+                break;
+            }
+            state.order.pop_front();
+            state.ids.remove(&old);
+        }
+        if !state.ids.insert(id) {
+            return false;
+        }
+        state.order.push_back((id, now_ms));
+        if state.order.is_empty() && state.order.capacity() > 1024 {
+            state.order.shrink_to_fit();
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_is_taken_once_within_the_window() {
+        let recent = RecentIds::new(2, 1000);
+        assert!(recent.first_time(1, 0));
+        assert!(!recent.first_time(1, 500));
+        assert!(recent.first_time(2, 600));
+        // Over the entry bound: the oldest (1) is forgotten.
+        assert!(recent.first_time(3, 700));
+        assert!(recent.first_time(1, 800));
+        // Past the age: 2 and 3 are forgotten.
+        assert!(recent.first_time(2, 1900));
+    }
+
+    #[test]
+    fn unique_ids_are_read_from_the_message() {
+        assert_eq!(
+            unique_id(br#"{"uniqueID":"a"}"#),
+            unique_id(br#"{"x":1,"uniqueID":"a"}"#)
+        );
+        assert_ne!(
+            unique_id(br#"{"uniqueID":"a"}"#),
+            unique_id(br#"{"uniqueID":"b"}"#)
+        );
+        assert_eq!(unique_id(br#"{"key":1}"#), None);
+        assert_eq!(unique_id(b"[1]"), None);
+    }
 }

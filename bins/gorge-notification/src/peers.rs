@@ -64,6 +64,8 @@ struct Shared {
     own_fingerprint: String,
     agent: ureq::Agent,
     queue_capacity: usize,
+    /// How long a relay to an unreachable peer is kept and retried.
+    keep_for: Duration,
     metrics: PeerMetrics,
     log: Logger,
     /// Held only to read or change the peer list and to enqueue, never across I/O.
@@ -110,6 +112,7 @@ impl PeerRelay {
             own_fingerprint,
             agent,
             queue_capacity: cfg.queue_capacity.max(1),
+            keep_for: cfg.keep_for,
             metrics: PeerMetrics::register(registry),
             log,
             peers: Mutex::new(PeerSet {
@@ -161,6 +164,7 @@ impl PeerRelay {
                 .to_string()
                 .into(),
             body: stamped_body,
+            queued_at: std::time::Instant::now(),
         };
         // Counted before sending, so a worker finishing the job first never underflows.
         self.shared

@@ -91,6 +91,10 @@ impl Server {
             log: log.clone(),
             session_ended: Notify::new(),
             history_gate,
+            recent_ids: crate::ingest::RecentIds::new(
+                config.hub.history_entries,
+                config.hub.history_age_ms,
+            ),
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,

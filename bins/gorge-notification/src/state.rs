@@ -39,6 +39,8 @@ pub struct ServerState {
     pub session_ended: Notify,
     /// Open once history holds what this server must be able to replay.
     pub history_gate: Arc<HistoryGate>,
+    /// Messages taken in recently, by `uniqueID`: each is taken in once.
+    pub recent_ids: crate::ingest::RecentIds,
 }
 
 /// Whether this server's history is warm: it holds every message of the history window the

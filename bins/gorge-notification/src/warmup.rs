@@ -193,10 +193,21 @@ pub async fn run(app: Arc<ServerState>, deadline: Duration) {
                 continue;
             }
         };
-        let (entries, bad) = parse(&body);
-        let counts = app
+        let (mut entries, bad) = parse(&body);
+        // Settled first, so a relayed message already taken in is in history for the
+        // identity check; one taken in from now on is caught by its `uniqueID`.
+        app.fanout.settled().await;
+        let now_ms = app.hub.now_ms();
+        let before = entries.len();
+        entries.retain(|warmed| {
+            crate::ingest::unique_id(&wire::payload(&warmed.frame))
+                .is_none_or(|id| app.recent_ids.first_time(id, now_ms))
+        });
+        let already_here = before - entries.len();
+        let mut counts = app
             .hub
             .warm_history(entries, |frame| identity(&wire::payload(frame)));
+        counts.duplicates += already_here;
         app.metrics
             .history_warmed
             .with(["kept"])
