@@ -1,14 +1,21 @@
 //! Issue 18 item 1, mesh mode loses nothing (spec §8a), with real processes on loopback and
 //! static peers: a restarted node warms its history from a ready peer before it is ready and
-//! before it answers a replay.
+//! before it answers a replay; and the issue's drills — a same-host rolling upgrade of every
+//! node, one node SIGKILLed and restarted after ~3 s — with 60 simulated `JX.Aphlict`
+//! browsers and PHP-like posting (20 msg/s, round-robin, next server on failure) miss no
+//! browser×message pair and never carry a message twice on one connection.
 
 mod common;
 
+use std::net::SocketAddr;
 use std::ops::Deref;
+use std::time::Duration;
 
 use common::{Server, Ws, PATIENCE};
+use gorge_testkit::browser::{self, Browser};
 use gorge_testkit::http;
 use serde_json::Value;
+use tokio::sync::watch;
 
 const PHID: &str = "PHID-USER-mesh";
 
@@ -30,7 +37,11 @@ impl Deref for Node {
 
 impl Node {
     fn start(&mut self) -> bool {
-        let env = [("GORGE_NOTIFICATION_PEERS", self.peers.as_str())];
+        let env = [
+            ("GORGE_NOTIFICATION_PEERS", self.peers.as_str()),
+            // Short drains keep the drills short; the browsers reconnect at once anyway.
+            ("GORGE_NOTIFICATION_DRAIN_SECONDS", "2"),
+        ];
         self.server = Server::start_on(self.client_port, self.admin_port, &env);
         self.server.is_some()
     }
@@ -124,4 +135,146 @@ async fn a_node_restarted_after_sigkill_warms_its_history_before_it_is_ready() {
     let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
     assert_eq!(replayed, posted);
     assert_eq!(nodes[2].status("").await["history.size"], 13);
+}
+
+/// Posts like PHP's `PhabricatorNotificationClient`: each message (with a fresh `uniqueID`)
+/// to one admin server, the next one when that fails; one message every 50 ms (20 msg/s),
+/// starting at a different server each time. Returns the ids that some server accepted.
+async fn post_like_php(admin_ports: Vec<u16>, mut stop: watch::Receiver<bool>) -> Vec<String> {
+    let mut accepted = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    for n in 0usize.. {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+        let key = format!("d{n}");
+        let body = message(&key);
+        for i in 0..admin_ports.len() {
+            let port = admin_ports[(n + i) % admin_ports.len()];
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let request = http::request_bytes(
+                addr,
+                "POST",
+                "/",
+                &[("Content-Type", "application/x-www-form-urlencoded")],
+                body.as_bytes(),
+            );
+            if http::try_raw(port, &request)
+                .await
+                .is_some_and(|r| r.status == 200)
+            {
+                accepted.push(format!("u-{key}"));
+                break;
+            }
+        }
+    }
+    accepted
+}
+
+/// 20 browsers per node, each subscribed (and synced) before the drill starts.
+async fn browsers(nodes: &[Node]) -> Vec<Browser> {
+    let mut all = Vec::new();
+    for node in nodes {
+        for _ in 0..20 {
+            all.push(Browser::start(node.client_port, "/", &[PHID]));
+        }
+    }
+    for b in &all {
+        assert!(b.synced(PATIENCE).await, "a browser did not connect");
+    }
+    all
+}
+
+/// Browsers connected and posting running; [`Drill::finish`] tallies.
+struct Drill {
+    browsers: Vec<Browser>,
+    stop: watch::Sender<bool>,
+    poster: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Drill {
+    /// Connects the browsers and starts posting (half a second before the event).
+    async fn start(nodes: &[Node]) -> Drill {
+        let browsers = browsers(nodes).await;
+        let (stop, stopped) = watch::channel(false);
+        let ports: Vec<u16> = nodes.iter().map(|n| n.admin_port).collect();
+        let poster = tokio::spawn(post_like_php(ports, stopped));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Drill {
+            browsers,
+            stop,
+            poster,
+        }
+    }
+
+    /// Posts a second longer, stops, waits until every browser has every accepted message
+    /// (bounded) and returns the tally.
+    async fn finish(self) -> browser::Tally {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        self.stop.send_replace(true);
+        let posted = self.poster.await.unwrap();
+        let records =
+            || -> Vec<browser::Record> { self.browsers.iter().map(Browser::record).collect() };
+        // Bounded: a browser backing off after failed attempts (2 s, 4 s) is back by then.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while browser::tally(&records(), &posted).missed_pairs > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let records = records();
+        let tally = browser::tally(&records, &posted);
+        eprintln!(
+            "posted {} messages to {} browsers: {tally:?}; missed: {:?}",
+            posted.len(),
+            records.len(),
+            browser::missed_by_browser(&records, &posted)
+        );
+        assert!(posted.len() >= 40, "posting stalled: {}", posted.len());
+        tally
+    }
+}
+
+/// What every drill must show: nothing missed, nothing twice on one connection.
+fn assert_lossless(tally: &browser::Tally) {
+    assert_eq!(tally.missed_pairs, 0, "{tally:?}");
+    assert_eq!(tally.duplicates_on_one_connection, 0, "{tally:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_same_host_upgrade_of_every_node_loses_nothing() {
+    let mut nodes = cluster();
+    let drill = Drill::start(&nodes).await;
+    let mut draining = Vec::new();
+    for node in nodes.iter_mut() {
+        // SIGTERM, and the new process on the same ports at once; the next node only once
+        // this one is ready (warm), as a rolling upgrade waits for readiness.
+        let previous = node.server.take().unwrap();
+        previous.sigterm();
+        assert!(node.start(), "the new process started");
+        gorge_testkit::eventually(PATIENCE, "the new process is ready", || node.ready()).await;
+        draining.push(previous);
+        // Operators' rolling upgrades take a moment per node; the drills post meanwhile.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let tally = drill.finish().await;
+    for mut previous in draining {
+        assert_eq!(previous.process.exited().await.code(), Some(0));
+    }
+    assert!(tally.reconnects >= 60, "{tally:?}");
+    assert_lossless(&tally);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_sigkilled_and_restarted_after_three_seconds_loses_nothing() {
+    let mut nodes = cluster();
+    let drill = Drill::start(&nodes).await;
+    nodes[2].server.take().unwrap().process.kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(nodes[2].start(), "node 2 restarted");
+    gorge_testkit::eventually(PATIENCE, "node 2 is ready", || nodes[2].ready()).await;
+    let tally = drill.finish().await;
+    assert!(tally.reconnects >= 20, "{tally:?}");
+    assert_lossless(&tally);
 }
