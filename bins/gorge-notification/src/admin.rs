@@ -39,7 +39,11 @@ pub fn instance_from_query(query: Option<&str>) -> String {
 }
 
 /// Routes one admin request.
-pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
+pub async fn handle(
+    app: Arc<ServerState>,
+    request: Request<Incoming>,
+    peer: std::net::SocketAddr,
+) -> Response {
     let path = request.uri().path().to_string();
     if path == "/metrics" {
         // Gauges of hub state are read when scraped, not kept up to date on every change.
@@ -66,9 +70,23 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         "/status/" => method_not_allowed("GET, HEAD"),
         warmup::PATH if request.method() == Method::GET => history(&app, request.uri().query()),
         warmup::PATH => method_not_allowed("GET"),
+        ANNOUNCE_PATH if request.method() == Method::POST => {
+            // A sibling found through DNS says it is here: its address is where the
+            // connection comes from, on the port every sibling's admin listener uses.
+            if app.relay.announced(peer.ip()) {
+                receipt(&app)
+            } else {
+                error_response(StatusCode::NOT_FOUND, "no peer discovery here")
+            }
+        }
+        ANNOUNCE_PATH => method_not_allowed("POST"),
         _ => error_response(StatusCode::NOT_FOUND, "no such path"),
     }
 }
+
+/// Where a server that joined through `GORGE_NOTIFICATION_PEER_DNS` announces itself to the
+/// siblings it resolved (see [`crate::peers`]).
+pub const ANNOUNCE_PATH: &str = crate::peers::ANNOUNCE_PATH;
 
 /// `GET /history/?age=<ms>`: what a starting peer warms its history from (see
 /// [`warmup`]); 503 while this server's own history is not warm.

@@ -35,9 +35,11 @@ gorge_service::events! {
         NOTIFY_DRAIN_STARTED: Info ["sockets", "window_ms"]
             "SIGTERM: close frames are spread over the drain window";
         NOTIFY_DRAIN_DONE: Info ["open_sockets", "elapsed_ms"] "The drain finished";
-        NOTIFY_PEERS_CHANGED: Info @ "peers" ["peers", "added", "removed", "dns", "refused"]
-            "The peer set changed: at startup (with `dns`, the discovery name) and after a DNS \
-             refresh (with `refused`, addresses over the peer limit)";
+        NOTIFY_PEERS_CHANGED: Info @ "peers"
+            ["peers", "added", "removed", "dns", "refused", "announced"]
+            "The peer set changed: at startup (with `dns`, the discovery name), after a DNS \
+             refresh (with `refused`, addresses over the peer limit), and when a sibling \
+             announced itself (with `announced`, its address)";
         NOTIFY_PEER_UP: Info @ "peers" ["peer", "fingerprint"]
             "A relay to the peer succeeded while it was down or not yet reached, or with a new \
              fingerprint (the peer restarted)";
@@ -59,6 +61,9 @@ gorge_service::events! {
              outage)";
         NOTIFY_PEER_DNS_RECOVERED: Info @ "peers" ["host"]
             "Peer DNS lookups succeed again";
+        NOTIFY_PEER_ANNOUNCED: Info @ "peers" ["siblings", "told"]
+            "After the first DNS answer, this server announced itself to the resolved \
+             siblings (`told`: how many took it), so they relay to it at once";
         NOTIFY_HISTORY_WARMED: Info ["peer", "entries", "duplicates", "invalid", "elapsed_ms"]
             "Startup: history was filled from this peer's (`entries` added, `duplicates` \
              already here by relay); `/readyz` turns 200 and replays are answered";

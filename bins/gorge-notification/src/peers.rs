@@ -41,6 +41,14 @@ use gorge_service::emit;
 pub use metrics::PeerMetrics;
 use worker::{PeerLink, RelayJob};
 
+/// The admin path a server that joined through DNS posts to on each sibling it resolved,
+/// so they relay to it at once instead of at their next DNS refresh.
+pub const ANNOUNCE_PATH: &str = "/peers/announce";
+
+/// How long an announced peer is kept although DNS does not list it yet: a new pod enters a
+/// headless Service's answer only once it is ready (warm), which can take a few refreshes.
+const ANNOUNCE_GRACE: Duration = Duration::from_secs(60);
+
 /// Peers beyond this many (static and discovered together) are refused and counted: every
 /// peer costs a thread and a queue, and a DNS name answering hundreds of addresses is more
 /// likely a mistake than a cluster.
@@ -66,6 +74,8 @@ struct Shared {
     queue_capacity: usize,
     /// How long a relay to an unreachable peer is kept and retried.
     keep_for: Duration,
+    /// The admin port of DNS-discovered siblings, when discovering through DNS.
+    dns_port: Option<u16>,
     metrics: PeerMetrics,
     log: Logger,
     /// Held only to read or change the peer list and to enqueue, never across I/O.
@@ -85,6 +95,8 @@ struct PeerSet {
 struct PeerHandle {
     link: Arc<PeerLink>,
     from_dns: bool,
+    /// When it announced itself, if it did: DNS may not list it yet.
+    announced_at: Option<std::time::Instant>,
     /// Dropping it closes the queue: the worker finishes what is queued and returns.
     queue: SyncSender<RelayJob>,
 }
@@ -113,6 +125,7 @@ impl PeerRelay {
             agent,
             queue_capacity: cfg.queue_capacity.max(1),
             keep_for: cfg.keep_for,
+            dns_port: cfg.dns.as_ref().map(|(_, port)| *port),
             metrics: PeerMetrics::register(registry),
             log,
             peers: Mutex::new(PeerSet {
@@ -176,6 +189,29 @@ impl PeerRelay {
                 self.shared.job_done();
             }
         }
+    }
+
+    /// A sibling at `ip` announced itself (it joined through DNS): relayed to at once, on the
+    /// DNS port, and kept until DNS lists it or [`ANNOUNCE_GRACE`] passes. False when this
+    /// server does not discover peers through DNS (an announce means nothing here).
+    pub fn announced(&self, ip: std::net::IpAddr) -> bool {
+        let Some(port) = self.shared.dns_port else {
+            return false;
+        };
+        let addr = SocketAddr::new(ip, port);
+        let address = addr.to_string();
+        let mut set = self.shared.lock_peers();
+        let added =
+            self.shared
+                .add_peer(&mut set, address.clone(), format!("http://{addr}/"), true);
+        if let Some(peer) = set.peers.iter_mut().find(|p| p.link.address == address) {
+            peer.announced_at = Some(std::time::Instant::now());
+        }
+        if added {
+            emit!(self.shared.log, events::NOTIFY_PEERS_CHANGED;
+                "peers" => set.peers.len(), "added" => 1, "removed" => 0, "announced" => &address);
+        }
+        true
     }
 
     /// The admin base URLs (`{proto}://{host}:{port}/`) of the peers known now.
@@ -284,6 +320,7 @@ impl Shared {
         set.peers.push(PeerHandle {
             link,
             from_dns,
+            announced_at: None,
             queue,
         });
         self.metrics.peers_known.set(set.peers.len() as i64);
@@ -301,7 +338,16 @@ impl Shared {
                 from_dns: peer.from_dns,
             })
             .collect();
-        let plan = discovery::plan(&known, resolved, &set.self_addresses, MAX_PEERS);
+        let mut plan = discovery::plan(&known, resolved, &set.self_addresses, MAX_PEERS);
+        // A peer that announced itself lately stays although DNS does not list it yet.
+        plan.remove.retain(|address| {
+            !set.peers.iter().any(|peer| {
+                &peer.link.address == address
+                    && peer
+                        .announced_at
+                        .is_some_and(|at| at.elapsed() < ANNOUNCE_GRACE)
+            })
+        });
         for address in &plan.remove {
             self.remove_peer(&mut set, address);
         }

@@ -191,10 +191,10 @@ pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
 }
 
 fn handler(app: Arc<ServerState>, kind: ServerKind) -> Handler {
-    Arc::new(move |request, _peer| {
+    Arc::new(move |request, peer| {
         let app = app.clone();
         match kind {
-            ServerKind::Admin => Box::pin(admin::handle(app, request)),
+            ServerKind::Admin => Box::pin(admin::handle(app, request, peer)),
             ServerKind::Client => Box::pin(client::handle(app, request)),
         }
     })

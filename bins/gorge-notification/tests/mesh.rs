@@ -278,3 +278,46 @@ async fn one_node_sigkilled_and_restarted_after_three_seconds_loses_nothing() {
     assert!(tally.reconnects >= 20, "{tally:?}");
     assert_lossless(&tally);
 }
+
+/// A sibling's admin port: answers every POST with a receipt of its own and records them.
+fn sibling() -> gorge_testkit::Receiver {
+    gorge_testkit::Receiver::with(|_, _| {
+        gorge_testkit::Reply::Json(200, r#"{"fingerprint":"siblingFingerpr1"}"#.to_owned())
+    })
+}
+
+// Multi-threaded: the receiver's wait blocks its thread while the server runs on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_joins_through_dns_announces_itself_to_the_siblings_it_resolved() {
+    let sibling = sibling();
+    let port = sibling.port();
+    let _joining = common::InProcess::start(|config| {
+        config.peers.dns = Some(("127.0.0.1".to_owned(), port));
+    })
+    .await;
+    // It also asks the sibling for its history (warm-up); the order is not fixed.
+    let requests = sibling.wait_for(2, PATIENCE);
+    let announce = requests
+        .iter()
+        .find(|r| r.path == "/peers/announce")
+        .expect("an announce");
+    assert_eq!(announce.method, "POST");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_sibling_is_relayed_to_at_once() {
+    let sibling = sibling();
+    let port = sibling.port();
+    // DNS does not answer (yet): only the announce can make the sibling known.
+    let server = common::InProcess::start(|config| {
+        config.peers.dns = Some(("sibling.invalid".to_owned(), port));
+    })
+    .await;
+    let announced = http::request(server.admin_port, "POST", "/peers/announce", &[], b"").await;
+    assert_eq!(announced.status, 200, "{announced:?}");
+    server.post_ok("", &message("after-announce")).await;
+    let relayed = sibling.wait_for(1, PATIENCE);
+    assert_eq!(relayed[0].path, "/?instance=default");
+    let body: Value = serde_json::from_slice(&relayed[0].body).unwrap();
+    assert_eq!(body["key"], "after-announce");
+}

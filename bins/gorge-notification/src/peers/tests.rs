@@ -1,5 +1,7 @@
 //! Tests of the peer relay against tiny scripted HTTP servers on ephemeral loopback ports.
 
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -607,4 +609,34 @@ async fn relays_to_a_peer_that_is_down_are_kept_until_it_is_back() {
     assert_eq!(harness.relays(port, "ok"), Some(3));
     assert_eq!(harness.relays(port, "dropped"), Some(0));
     assert_eq!(harness.relays(port, "expired"), Some(0));
+}
+
+#[tokio::test]
+async fn an_announced_peer_stays_until_dns_lists_it() {
+    let (_held, port) = held_port();
+    let mut cfg = config(Vec::new());
+    cfg.dns = Some(("sibling.invalid".to_owned(), port));
+    let harness = Harness::start(cfg);
+    assert!(harness.relay.announced("127.0.0.1".parse().unwrap()));
+    assert!(harness.relay.announced("127.0.0.1".parse().unwrap()));
+    assert_eq!(harness.metric("gorge_notification_peers_known"), Some(1));
+    // A DNS answer that does not list it yet (the pod is not ready) keeps it; a DNS peer
+    // that vanished from the answer goes as before.
+    let other: SocketAddr = "127.0.0.2:1".parse().unwrap();
+    harness.relay.shared.apply_dns(&BTreeSet::from([other]));
+    assert_eq!(harness.metric("gorge_notification_peers_known"), Some(2));
+    let third: SocketAddr = "127.0.0.3:1".parse().unwrap();
+    harness.relay.shared.apply_dns(&BTreeSet::from([third]));
+    assert_eq!(
+        harness.relay.base_urls(),
+        [
+            format!("http://127.0.0.1:{port}/"),
+            "http://127.0.0.3:1/".to_owned()
+        ]
+    );
+    // Without DNS discovery an announce means nothing.
+    let plain = Harness::start(config(Vec::new()));
+    assert!(!plain.relay.announced("127.0.0.1".parse().unwrap()));
+    assert_eq!(plain.metric("gorge_notification_peers_known"), Some(0));
+    harness.relay.shutdown(Duration::ZERO).await;
 }
