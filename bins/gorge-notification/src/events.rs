@@ -44,8 +44,8 @@ gorge_service::events! {
             "A relay to the peer succeeded while it was down or not yet reached, or with a new \
              fingerprint (the peer restarted)";
         NOTIFY_PEER_DOWN: Warning @ "peers" ["peer", "reason"]
-            "A relay to the peer failed while it was not already down (once per outage; no \
-             retries)";
+            "A relay to the peer failed while it was not already down (once per outage; the \
+             message is kept and retried)";
         NOTIFY_PEER_IS_SELF: Info @ "peers" ["peer"]
             "A listed or discovered peer answered with our own fingerprint: it is this server, \
              and is not relayed to";
