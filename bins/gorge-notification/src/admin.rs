@@ -94,6 +94,14 @@ fn history(app: &ServerState, query: Option<&str>) -> Response {
     if !app.history_gate.is_open() {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "history is warming up");
     }
+    use std::sync::atomic::Ordering;
+    // Each export copies up to the whole history: only a few at once (peers start one by
+    // one; a warm-up that gets 503 asks the next peer).
+    if app.history_exports.fetch_add(1, Ordering::AcqRel) >= warmup::MAX_EXPORTS {
+        app.history_exports.fetch_sub(1, Ordering::AcqRel);
+        app.metrics.admin_rejected.with(["history_busy"]).inc();
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "history exports are busy");
+    }
     let max_age = app.hub.limits().history_age_ms;
     let age_ms = query
         .and_then(|q| {
@@ -102,11 +110,9 @@ fn history(app: &ServerState, query: Option<&str>) -> Response {
                 .and_then(|(_, value)| value.parse::<u64>().ok())
         })
         .map_or(max_age, |age| age.min(max_age));
-    bytes_response(
-        StatusCode::OK,
-        "application/x-ndjson",
-        warmup::export(app, age_ms),
-    )
+    let body = warmup::export(app, age_ms);
+    app.history_exports.fetch_sub(1, Ordering::AcqRel);
+    bytes_response(StatusCode::OK, "application/x-ndjson", body)
 }
 
 fn status(app: &ServerState, query: Option<&str>) -> Response {

@@ -95,6 +95,7 @@ impl Server {
                 config.hub.history_entries,
                 config.hub.history_age_ms,
             ),
+            history_exports: std::sync::atomic::AtomicUsize::new(0),
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,

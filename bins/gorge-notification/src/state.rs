@@ -41,6 +41,8 @@ pub struct ServerState {
     pub history_gate: Arc<HistoryGate>,
     /// Messages taken in recently, by `uniqueID`: each is taken in once.
     pub recent_ids: crate::ingest::RecentIds,
+    /// `GET /history/` exports being built now (each holds up to the history's bytes).
+    pub history_exports: std::sync::atomic::AtomicUsize,
 }
 
 /// Whether this server's history is warm: it holds every message of the history window the

@@ -34,6 +34,10 @@ use gorge_service::emit;
 /// The admin path of the export.
 pub const PATH: &str = "/history/";
 
+/// Exports built at once, at most; more are answered 503 (`admin_rejected{reason=
+/// "history_busy"}`): each copies up to the whole history.
+pub const MAX_EXPORTS: usize = 2;
+
 /// One exported line.
 #[derive(Serialize)]
 struct LineOut<'a> {

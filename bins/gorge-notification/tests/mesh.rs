@@ -321,3 +321,30 @@ async fn an_announced_sibling_is_relayed_to_at_once() {
     let body: Value = serde_json::from_slice(&relayed[0].body).unwrap();
     assert_eq!(body["key"], "after-announce");
 }
+
+#[tokio::test]
+async fn history_is_exported_for_a_starting_peer_byte_for_byte() {
+    let server = common::InProcess::start(|_| {}).await;
+    server
+        .post_ok(
+            "?instance=a+b",
+            r#"{"key":1,"big":12345678901234567890,"subscribers":["P"]}"#,
+        )
+        .await;
+    server.clock.advance_ms(250);
+    server.post_ok("", r#"{"key":2}"#).await;
+    let fp = &server.fingerprint;
+    let export = http::request(server.admin_port, "GET", "/history/?age=60000", &[], b"").await;
+    assert_eq!(export.status, 200);
+    assert_eq!(export.header("content-type"), Some("application/x-ndjson"));
+    assert_eq!(
+        export.text(),
+        format!(
+            "{{\"instance\":\"a b\",\"age_ms\":250,\"message\":{{\"key\":1,\"big\":12345678901234567890,\"subscribers\":[\"P\"],\"touched\":[\"{fp}\"]}}}}\n\
+             {{\"instance\":\"default\",\"age_ms\":0,\"message\":{{\"key\":2,\"touched\":[\"{fp}\"]}}}}\n"
+        )
+    );
+    // Only the last `age` ms.
+    let recent = http::request(server.admin_port, "GET", "/history/?age=100", &[], b"").await;
+    assert_eq!(recent.text().lines().count(), 1);
+}
