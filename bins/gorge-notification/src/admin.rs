@@ -68,7 +68,11 @@ pub async fn handle(
             status(&app, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),
-        warmup::PATH if request.method() == Method::GET => history(&app, request.uri().query()),
+        warmup::PATH if request.method() == Method::GET => {
+            // Holds every message whose POST was answered before this request.
+            app.fanout.settled().await;
+            history(&app, request.uri().query())
+        }
         warmup::PATH => method_not_allowed("GET"),
         ANNOUNCE_PATH if request.method() == Method::POST => {
             // A sibling found through DNS says it is here: its address is where the
