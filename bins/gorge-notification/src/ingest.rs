@@ -180,13 +180,15 @@ impl RecentIds {
             state.order.pop_front();
             state.ids.remove(&old);
         }
+        // Memory goes back after a burst.
+        if state.order.len() < state.order.capacity() / 4 && state.order.capacity() > 1024 {
+            state.order.shrink_to_fit();
+            state.ids.shrink_to_fit();
+        }
         if !state.ids.insert(id) {
             return false;
         }
         state.order.push_back((id, now_ms));
-        if state.order.is_empty() && state.order.capacity() > 1024 {
-            state.order.shrink_to_fit();
-        }
         true
     }
 }
