@@ -6,6 +6,9 @@
 //! enqueues, so a slow or dead peer never delays local delivery or the admin response.
 //! Relaying goes on during the drain (PHP may still post here until the load balancer has
 //! noticed `/readyz`); the drain only waits for the queues to empty, up to its deadline.
+//! A peer that cannot be reached keeps its messages (bounded by its queue and the history
+//! age) until it is back (`worker`), and a server that discovers through DNS announces
+//! itself to the siblings of its first answer, which add it at once ([`PeerRelay::announced`]).
 //!
 //! Loop prevention is one hop: only a message that entered the cluster here (nobody but us
 //! in `touched`) is relayed, to every peer; a message that arrived from a peer is delivered
