@@ -356,3 +356,48 @@ async fn history_is_exported_for_a_starting_peer_byte_for_byte() {
     let recent = http::request(server.admin_port, "GET", "/history/?age=100", &[], b"").await;
     assert_eq!(recent.text().lines().count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_waits_until_history_is_warm() {
+    // A peer whose history export is held until the test releases it.
+    let line = format!(
+        "{{\"instance\":\"default\",\"age_ms\":10,\"message\":{}}}\n",
+        message("warmed")
+    );
+    let peer = gorge_testkit::Receiver::with(move |request, _| {
+        if request.path.starts_with("/history/") {
+            gorge_testkit::Reply::HoldThen(Box::new(gorge_testkit::Reply::Json(200, line.clone())))
+        } else {
+            gorge_testkit::Reply::Json(200, r#"{"fingerprint":"peerFingerprint1"}"#.to_owned())
+        }
+    });
+    let peer_port = peer.port();
+    let server = common::InProcess::start(|config| {
+        config.peers.static_peers = vec![gorge_notification::config::PeerUrl {
+            protocol: gorge_notification::config::PeerProtocol::Http,
+            host: "127.0.0.1".to_owned(),
+            port: peer_port,
+        }];
+    })
+    .await;
+    let readyz = || async {
+        http::request(server.admin_port, "GET", "/readyz", &[], b"")
+            .await
+            .status
+    };
+    peer.wait_for(1, PATIENCE);
+    assert_eq!(readyz().await, 503);
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&[PHID]).await;
+    ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
+        .await;
+    // Delivered live meanwhile, and not replayed again on this connection.
+    server.post_ok("", &message("live")).await;
+    assert_eq!(key_of(&ws.next_text().await), "live");
+    assert_eq!(readyz().await, 503);
+    peer.release();
+    // The replay answered only now, with the peer's history.
+    let frames: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
+    assert_eq!(frames, ["warmed"]);
+    assert_eq!(readyz().await, 200);
+}
