@@ -15,13 +15,11 @@ use gorge_service::http::{
 use gorge_service::{Accepted, Response};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
-use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError, Status};
+use phorge_wire::aphlict::{self, AdminMessageError, Status};
 
-use crate::events;
-use crate::fanout::Job;
+use crate::ingest::{self, IngestError, Ingested};
 use crate::state::ServerState;
-use crate::wire;
-use gorge_service::emit;
+use crate::warmup;
 
 /// Instance of an admin request: the `instance` query parameter, `default` when absent or
 /// empty.
@@ -42,7 +40,11 @@ pub fn instance_from_query(query: Option<&str>) -> String {
 }
 
 /// Routes one admin request.
-pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
+pub async fn handle(
+    app: Arc<ServerState>,
+    request: Request<Incoming>,
+    peer: std::net::SocketAddr,
+) -> Response {
     let path = request.uri().path().to_string();
     if path == "/metrics" {
         // Gauges of hub state are read when scraped, not kept up to date on every change.
@@ -70,8 +72,55 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
             status(&app, app.fanout.settled().await, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),
+        warmup::PATH if request.method() == Method::GET => {
+            // Holds every message whose POST was answered before this request.
+            history(&app, app.fanout.settled().await, request.uri().query())
+        }
+        warmup::PATH => method_not_allowed("GET"),
+        ANNOUNCE_PATH if request.method() == Method::POST => {
+            // A sibling found through DNS says it is here: its address is where the
+            // connection comes from, on the port every sibling's admin listener uses.
+            if app.relay.announced(peer.ip()) {
+                receipt(&app)
+            } else {
+                error_response(StatusCode::NOT_FOUND, "no peer discovery here")
+            }
+        }
+        ANNOUNCE_PATH => method_not_allowed("POST"),
         _ => error_response(StatusCode::NOT_FOUND, "no such path"),
     }
+}
+
+/// Where a server that joined through `GORGE_NOTIFICATION_PEER_DNS` announces itself to the
+/// siblings it resolved (see [`crate::peers`]).
+pub const ANNOUNCE_PATH: &str = crate::peers::ANNOUNCE_PATH;
+
+/// `GET /history/?age=<ms>`: what a starting peer warms its history from (see
+/// [`warmup`]); 503 while this server's own history is not warm. `hub` comes from
+/// [`crate::fanout::Fanout::settled`].
+fn history(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
+    if !app.history_gate.is_open() {
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "history is warming up");
+    }
+    use std::sync::atomic::Ordering;
+    // Each export copies up to the whole history: only a few at once (peers start one by
+    // one; a warm-up that gets 503 asks the next peer).
+    if app.history_exports.fetch_add(1, Ordering::AcqRel) >= warmup::MAX_EXPORTS {
+        app.history_exports.fetch_sub(1, Ordering::AcqRel);
+        app.metrics.admin_rejected.with(["history_busy"]).inc();
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "history exports are busy");
+    }
+    let max_age = hub.limits().history_age_ms;
+    let age_ms = query
+        .and_then(|q| {
+            form_urlencoded::parse(q.as_bytes())
+                .find(|(key, _)| key == "age")
+                .and_then(|(_, value)| value.parse::<u64>().ok())
+        })
+        .map_or(max_age, |age| age.min(max_age));
+    let body = warmup::export(hub, age_ms);
+    app.history_exports.fetch_sub(1, Ordering::AcqRel);
+    bytes_response(StatusCode::OK, "application/x-ndjson", body)
 }
 
 /// `hub` comes from [`crate::fanout::Fanout::settled`].
@@ -108,50 +157,29 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
         }
     };
     let accepted_at = Instant::now();
-    let message = match aphlict::parse_admin_message(&body, &app.fingerprint) {
-        Ok(AdminMessage::Accepted(message)) => message,
-        Ok(AdminMessage::AlreadySeen) => {
-            // Not delivered again, but Aphlict counts every POST it parsed.
-            app.hub.count_message_in();
-            app.metrics.messages_duplicate.inc();
-            return receipt(app);
+    match ingest::accept(app, instance.clone(), &body, accepted_at) {
+        Ok(Ingested::Accepted { payload, touched }) => {
+            app.relay.relay(&instance, payload, &touched);
+            receipt(app)
         }
-        Err(err) => {
+        Ok(Ingested::AlreadySeen) => receipt(app),
+        Err(IngestError::Message(err)) => {
             let reason = match err {
                 AdminMessageError::InvalidJson(_) => "bad_json",
                 AdminMessageError::NotAnObject => "not_object",
             };
             app.metrics.admin_rejected.with([reason]).inc();
-            return error_response(StatusCode::BAD_REQUEST, &err.to_string());
+            error_response(StatusCode::BAD_REQUEST, &err.to_string())
         }
-    };
-    if !app.hub.instance_name_ok(&instance) {
-        app.metrics.admin_rejected.with(["instance_name"]).inc();
-        return error_response(StatusCode::BAD_REQUEST, "instance name too long");
+        Err(IngestError::InstanceName) => {
+            app.metrics.admin_rejected.with(["instance_name"]).inc();
+            error_response(StatusCode::BAD_REQUEST, "instance name too long")
+        }
+        Err(IngestError::FanoutFull) => {
+            app.metrics.admin_rejected.with(["fanout_full"]).inc();
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "server is overloaded")
+        }
     }
-    // Encoded once: every recipient, the history and the peers share these bytes.
-    let frame = wire::text(&message.body);
-    drop(message.body);
-    let subscribers = message.subscribers.len();
-    let job = Job {
-        instance,
-        subscribers: message.subscribers,
-        frame: frame.clone(),
-        accepted_at,
-        at_ms: 0,
-    };
-    let instance = job.instance.clone();
-    if app.fanout.submit(job).is_err() {
-        app.metrics.admin_rejected.with(["fanout_full"]).inc();
-        return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is overloaded");
-    }
-    app.hub.count_message_in();
-    app.metrics.messages_in.inc();
-    emit!(app.log, events::NOTIFY_MESSAGE_ACCEPTED;
-        "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
-    app.relay
-        .relay(&instance, wire::payload(&frame), &message.touched);
-    receipt(app)
 }
 
 fn receipt(app: &ServerState) -> Response {

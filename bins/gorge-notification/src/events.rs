@@ -36,15 +36,17 @@ gorge_service::events! {
         NOTIFY_DRAIN_STARTED: Info ["sockets", "window_ms"]
             "SIGTERM: close frames are spread over the drain window";
         NOTIFY_DRAIN_DONE: Info ["open_sockets", "elapsed_ms"] "The drain finished";
-        NOTIFY_PEERS_CHANGED: Info @ "peers" ["peers", "added", "removed", "dns", "refused"]
-            "The peer set changed: at startup (with `dns`, the discovery name) and after a DNS \
-             refresh (with `refused`, addresses over the peer limit)";
+        NOTIFY_PEERS_CHANGED: Info @ "peers"
+            ["peers", "added", "removed", "dns", "refused", "announced"]
+            "The peer set changed: at startup (with `dns`, the discovery name), after a DNS \
+             refresh (with `refused`, addresses over the peer limit), and when a sibling \
+             announced itself (with `announced`, its address)";
         NOTIFY_PEER_UP: Info @ "peers" ["peer", "fingerprint"]
             "A relay to the peer succeeded while it was down or not yet reached, or with a new \
              fingerprint (the peer restarted)";
         NOTIFY_PEER_DOWN: Warning @ "peers" ["peer", "reason"]
-            "A relay to the peer failed while it was not already down (once per outage; no \
-             retries)";
+            "A relay to the peer failed while it was not already down (once per outage; the \
+             message is kept and retried)";
         NOTIFY_PEER_RELAYED: Debug @ "peers" ["peer", "instance", "bytes", "elapsed_ms"]
             "A message was relayed to the peer (every one; `NOTIFY_PEER_UP` logs only changes)";
         NOTIFY_PEER_RELAY_FAILED: Debug @ "peers" ["peer", "reason"]
@@ -65,6 +67,15 @@ gorge_service::events! {
              outage)";
         NOTIFY_PEER_DNS_RECOVERED: Info @ "peers" ["host"]
             "Peer DNS lookups succeed again";
+        NOTIFY_PEER_ANNOUNCED: Info @ "peers" ["siblings", "told"]
+            "After the first DNS answer, this server announced itself to the resolved \
+             siblings (`told`: how many took it), so they relay to it at once";
+        NOTIFY_HISTORY_WARMED: Info ["peer", "entries", "duplicates", "invalid", "elapsed_ms"]
+            "Startup: history was filled from this peer's (`entries` added, `duplicates` \
+             already here by relay); `/readyz` turns 200 and replays are answered";
+        NOTIFY_HISTORY_COLD: Warning ["reasons", "elapsed_ms"]
+            "Startup: no peer could give its history (all down, not warm themselves, or slow; \
+             `reasons` per peer); serving with what arrives from now on";
         NOTIFY_PEER_QUEUES_FLUSHED: Info @ "peers" []
             "At shutdown, every peer queue was sent within the drain window";
         NOTIFY_PEER_QUEUES_DROPPED: Warning @ "peers" ["pending", "deadline_ms"]

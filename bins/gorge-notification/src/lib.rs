@@ -7,8 +7,10 @@
 //!
 //! - [`state`]: what the handlers share (the hub, metrics, limits, the relay);
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
-//! - [`admin`]: `POST /`, `/status/` and the probes;
+//! - [`admin`]: `POST /`, `/status/`, `/history/` and the probes;
 //! - [`admin_runtime`]: the admin port's own thread, out of the browsers' reach;
+//! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out);
+//! - [`warmup`]: a starting server fills its history from a ready peer;
 //! - [`client`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
 //! - [`budget`]: each socket's inbound budget (frames and bytes per second);
@@ -29,10 +31,12 @@ pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod ingest;
 pub mod inspect;
 pub mod metrics;
 pub mod peers;
 pub mod service;
 pub mod session;
 pub mod state;
+pub mod warmup;
 pub mod wire;

@@ -40,12 +40,20 @@ gorge_service::metrics! {
             subscription bytes when all sockets together reached the total), upgrade_failed \
             when the connection ended between the 101 and the hand-over";
         messages_in: Counter, "Messages accepted";
+        history_warm: Gauge,
+            "1 once history is warm (filled from a peer at startup, or nothing to fill it \
+             from); until then /readyz is 503 and replays wait";
+        history_warmed: Counter[result] = [["kept"], ["duplicate"], ["invalid"]],
+            "Messages of a peer's history taken at warm-up: kept, duplicate (already here by \
+             relay) or invalid";
         messages_duplicate: Counter, "Messages that already carried our fingerprint";
         messages_out: Counter, "Frames queued for live delivery (replay excluded)";
         admin_rejected: Counter[reason] = [
             ["bad_json"], ["not_object"], ["too_large"], ["instance_name"], ["fanout_full"],
-        ], "Admin POSTs refused, by reason; fanout_full is a 503: the hand-off to the fan-out \
-            thread holds 4096 messages or 64 MiB";
+            ["history_busy"],
+        ], "Admin requests refused, by reason; fanout_full is a 503: the hand-off to the \
+            fan-out thread holds 4096 messages or 64 MiB; history_busy a 503 to a GET \
+            /history/ while two exports run";
         // 10 µs .. ~0.65 s.
         fanout_seconds: Histogram(exponential_buckets(0.000_01, 2.0, 17)),
             "Accepted POST to last frame written or queued (buckets 10 µs to 0.65 s)";

@@ -6,6 +6,9 @@
 //! enqueues, so a slow or dead peer never delays local delivery or the admin response.
 //! Relaying goes on during the drain (PHP may still post here until the load balancer has
 //! noticed `/readyz`); the drain only waits for the queues to empty, up to its deadline.
+//! A peer that cannot be reached keeps its messages (bounded by its queue and the history
+//! age) until it is back (`worker`), and a server that discovers through DNS announces
+//! itself to the siblings of its first answer, which add it at once ([`PeerRelay::announced`]).
 //!
 //! Loop prevention is one hop: only a message that entered the cluster here (nobody but us
 //! in `touched`) is relayed, to every peer; a message that arrived from a peer is delivered
@@ -41,6 +44,14 @@ use gorge_service::emit;
 pub use metrics::PeerMetrics;
 use worker::{PeerLink, RelayJob};
 
+/// The admin path a server that joined through DNS posts to on each sibling it resolved,
+/// so they relay to it at once instead of at their next DNS refresh.
+pub const ANNOUNCE_PATH: &str = "/peers/announce";
+
+/// How long an announced peer is kept although DNS does not list it yet: a new pod enters a
+/// headless Service's answer only once it is ready (warm), which can take a few refreshes.
+const ANNOUNCE_GRACE: Duration = Duration::from_secs(60);
+
 /// Peers beyond this many (static and discovered together) are refused and counted: every
 /// peer costs a thread and a queue, and a DNS name answering hundreds of addresses is more
 /// likely a mistake than a cluster.
@@ -64,6 +75,10 @@ struct Shared {
     own_fingerprint: String,
     agent: ureq::Agent,
     queue_capacity: usize,
+    /// How long a relay to an unreachable peer is kept and retried.
+    keep_for: Duration,
+    /// The admin port of DNS-discovered siblings, when discovering through DNS.
+    dns_port: Option<u16>,
     metrics: PeerMetrics,
     log: Logger,
     /// Held only to read or change the peer list and to enqueue, never across I/O.
@@ -83,6 +98,8 @@ struct PeerSet {
 struct PeerHandle {
     link: Arc<PeerLink>,
     from_dns: bool,
+    /// When it announced itself, if it did: DNS may not list it yet.
+    announced_at: Option<std::time::Instant>,
     /// Dropping it closes the queue: the worker finishes what is queued and returns.
     queue: SyncSender<RelayJob>,
 }
@@ -110,6 +127,8 @@ impl PeerRelay {
             own_fingerprint,
             agent,
             queue_capacity: cfg.queue_capacity.max(1),
+            keep_for: cfg.keep_for,
+            dns_port: cfg.dns.as_ref().map(|(_, port)| *port),
             metrics: PeerMetrics::register(registry),
             log,
             peers: Mutex::new(PeerSet {
@@ -161,6 +180,7 @@ impl PeerRelay {
                 .to_string()
                 .into(),
             body: stamped_body,
+            queued_at: std::time::Instant::now(),
         };
         // Counted before sending, so a worker finishing the job first never underflows.
         self.shared
@@ -172,6 +192,49 @@ impl PeerRelay {
                 self.shared.job_done();
             }
         }
+    }
+
+    /// A sibling at `ip` announced itself (it joined through DNS): relayed to at once, on the
+    /// DNS port, and kept until DNS lists it or [`ANNOUNCE_GRACE`] passes. False when this
+    /// server does not discover peers through DNS (an announce means nothing here).
+    pub fn announced(&self, ip: std::net::IpAddr) -> bool {
+        let Some(port) = self.shared.dns_port else {
+            return false;
+        };
+        let addr = SocketAddr::new(ip, port);
+        let address = addr.to_string();
+        let mut set = self.shared.lock_peers();
+        let added =
+            self.shared
+                .add_peer(&mut set, address.clone(), format!("http://{addr}/"), true);
+        if let Some(peer) = set.peers.iter_mut().find(|p| p.link.address == address) {
+            peer.announced_at = Some(std::time::Instant::now());
+        }
+        if added {
+            emit!(self.shared.log, events::NOTIFY_PEERS_CHANGED;
+                "peers" => set.peers.len(), "added" => 1, "removed" => 0, "announced" => &address);
+        }
+        true
+    }
+
+    /// The admin base URLs (`{proto}://{host}:{port}/`) of the peers known now.
+    pub fn base_urls(&self) -> Vec<String> {
+        self.shared
+            .lock_peers()
+            .peers
+            .iter()
+            .map(|peer| peer.link.base_url.clone())
+            .collect()
+    }
+
+    /// Whether peers are (also) discovered through DNS.
+    pub fn uses_dns(&self) -> bool {
+        lock(&self.discovery).is_some()
+    }
+
+    /// The HTTP agent peers are reached with (timeout, no redirects, no proxy).
+    pub fn agent(&self) -> ureq::Agent {
+        self.shared.agent.clone()
     }
 
     /// Stops discovery and waits up to `deadline` for every queue to empty. Relaying goes
@@ -260,6 +323,7 @@ impl Shared {
         set.peers.push(PeerHandle {
             link,
             from_dns,
+            announced_at: None,
             queue,
         });
         self.metrics.peers_known.set(set.peers.len() as i64);
@@ -277,7 +341,16 @@ impl Shared {
                 from_dns: peer.from_dns,
             })
             .collect();
-        let plan = discovery::plan(&known, resolved, &set.self_addresses, MAX_PEERS);
+        let mut plan = discovery::plan(&known, resolved, &set.self_addresses, MAX_PEERS);
+        // A peer that announced itself lately stays although DNS does not list it yet.
+        plan.remove.retain(|address| {
+            !set.peers.iter().any(|peer| {
+                &peer.link.address == address
+                    && peer
+                        .announced_at
+                        .is_some_and(|at| at.elapsed() < ANNOUNCE_GRACE)
+            })
+        });
         for address in &plan.remove {
             self.remove_peer(&mut set, address);
         }

@@ -22,8 +22,8 @@ use crate::events;
 use crate::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
-use crate::state::{ConnectionLimits, ServerState};
-use crate::{admin, client, drain, fdlimit};
+use crate::state::{ConnectionLimits, HistoryGate, ServerState};
+use crate::{admin, client, drain, fdlimit, warmup};
 use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
@@ -43,6 +43,8 @@ pub struct Server {
     static_peers: usize,
     /// Serves the admin listeners; lives as long as the server runs.
     admin_runtime: AdminRuntime,
+    /// Bounds the warm-up from peers (the gate opens by then whatever happened).
+    warmup_deadline: Duration,
 }
 
 impl Server {
@@ -72,7 +74,11 @@ impl Server {
             &mut registry,
             log.clone(),
         );
-        let probes = Probes::new(registry, Probes::always_ready());
+        // Nothing to warm from without peers: ready at once, as before.
+        let has_peers = !config.peers.static_peers.is_empty() || config.peers.dns.is_some();
+        let history_gate = Arc::new(HistoryGate::new(!has_peers));
+        metrics.history_warm.set(i64::from(!has_peers));
+        let probes = Probes::new(registry, history_gate.readiness());
         let (hub, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
         let app = Arc::new(ServerState {
@@ -93,6 +99,12 @@ impl Server {
             log: log.clone(),
             session_ended: Notify::new(),
             drain_ends: std::sync::OnceLock::new(),
+            history_gate,
+            recent_ids: crate::ingest::RecentIds::new(
+                config.hub.history_entries,
+                config.hub.history_age_ms,
+            ),
+            history_exports: std::sync::atomic::AtomicUsize::new(0),
         });
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
@@ -151,6 +163,8 @@ impl Server {
             drain_deadline: config.drain_deadline(),
             static_peers: config.peers.static_peers.len(),
             admin_runtime,
+            // One peer's full timeout, and another's: a hung peer costs at most one.
+            warmup_deadline: config.peers.timeout * 2,
         })
     }
 
@@ -189,6 +203,9 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
+        if !app.history_gate.is_open() {
+            tokio::spawn(warmup::run(app.clone(), self.warmup_deadline));
+        }
         let options = RunOptions {
             drain_deadline: self.drain_deadline.saturating_sub(REQUEST_GRACE),
             request_grace: REQUEST_GRACE,
@@ -220,10 +237,10 @@ pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
 }
 
 fn handler(app: Arc<ServerState>, kind: ServerKind) -> Handler {
-    Arc::new(move |request, _peer| {
+    Arc::new(move |request, peer| {
         let app = app.clone();
         match kind {
-            ServerKind::Admin => Box::pin(admin::handle(app, request)),
+            ServerKind::Admin => Box::pin(admin::handle(app, request, peer)),
             ServerKind::Client => Box::pin(client::handle(app, request)),
         }
     })

@@ -388,8 +388,13 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             // Messages whose POST was answered before this command was read are delivered
             // (or not) as if publishing were synchronous: before a `pong`, into the history a
             // `replay` reads, and not to a socket that subscribes only now.
-            let hub = app.fanout.settled().await;
             let command = aphlict::parse_client_command(&text);
+            if matches!(command, ClientCommand::Replay { .. }) {
+                // A replay answered before history is warm would miss what the browser came
+                // back for; the gate opens within the warm-up's deadline.
+                app.history_gate.opened().await;
+            }
+            let hub = app.fanout.settled().await;
             if apply(app, hub, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
                 control(app, handle.outbound(), wire::APHLICT_PONG.clone());

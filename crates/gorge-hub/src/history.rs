@@ -64,6 +64,9 @@ impl Subscribers {
 pub(crate) struct Entry {
     pub instance: Arc<str>,
     pub at_ms: u64,
+    /// The hub's publish number when it was delivered live here; 0 for an entry that was
+    /// never delivered here (warmed from a peer), which only replay hands out.
+    pub published: u64,
     pub subscribers: Subscribers,
     pub body: Bytes,
 }
@@ -171,6 +174,35 @@ impl History {
         (count, oldest.map(|at| now_ms.saturating_sub(at)))
     }
 
+    /// Merges `older` entries (from elsewhere: a peer's history) into the log, ordered by
+    /// time (stable: equal times keep the log's order, merged entries first), then applies
+    /// every limit. Sequence numbers are given anew, so no replay may be walking the log
+    /// meanwhile (the caller gates replay until the merge is done).
+    pub fn merge(&mut self, older: Vec<Entry>, now_ms: u64) {
+        let mut all: Vec<Entry> = older;
+        all.extend(self.entries.drain(..).map(|stored| stored.entry));
+        all.sort_by_key(|entry| entry.at_ms);
+        self.bytes = 0;
+        for entry in all {
+            if entry.cost() > self.limits.bytes || self.limits.entries == 0 {
+                continue;
+            }
+            self.bytes += entry.cost();
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.entries.push_back(Stored { seq, entry });
+        }
+        while self.entries.len() > self.limits.entries || self.bytes > self.limits.bytes {
+            self.pop_oldest();
+        }
+        self.expire(now_ms);
+    }
+
+    /// Every retained entry, oldest first (no expiry: call [`History::expire`] first).
+    pub fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().map(|stored| &stored.entry)
+    }
+
     /// `(entries, bytes)` of the whole log.
     pub fn totals(&self) -> (usize, usize) {
         (self.entries.len(), self.bytes)
@@ -185,6 +217,7 @@ mod tests {
         Entry {
             instance: Arc::from(instance),
             at_ms,
+            published: 0,
             subscribers: Subscribers::default(),
             body: Bytes::from_static(body),
         }
@@ -280,6 +313,7 @@ mod tests {
         let e = Entry {
             instance: Arc::from("x"),
             at_ms: 0,
+            published: 0,
             subscribers: list,
             body: Bytes::from_static(b"{}"),
         };
@@ -293,6 +327,7 @@ mod tests {
         let small = || Entry {
             instance: Arc::from("x"),
             at_ms: 0,
+            published: 0,
             subscribers: Subscribers::new(&phids),
             body: Bytes::from_static(b"{}"),
         };
@@ -301,6 +336,26 @@ mod tests {
         }
         // Bodies alone (2 bytes each) would have kept all three.
         assert_eq!(h.totals(), (2, 2 * e.cost()));
+    }
+
+    #[test]
+    fn merged_entries_take_their_place_by_time_and_the_limits_apply() {
+        let mut h = History::new(ROOMY);
+        h.append(entry("x", 20, b"live"), 20);
+        h.merge(
+            vec![
+                entry("x", 5, b"w1"),
+                entry("x", 25, b"w3"),
+                entry("x", 10, b"w2"),
+            ],
+            30,
+        );
+        // Four by time; the entry limit (3) dropped the oldest.
+        assert_eq!(since(&mut h, "x", 0, 30), [&b"w2"[..], b"live", b"w3"]);
+        assert_eq!(h.newest_before(h.next_seq()).count(), 3);
+        // Expired on the way in.
+        h.merge(vec![entry("x", 0, b"ancient")], 1015);
+        assert_eq!(since(&mut h, "x", 0, 1015), [&b"live"[..], b"w3"]);
     }
 
     #[test]

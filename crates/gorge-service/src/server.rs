@@ -140,7 +140,11 @@ impl BoundListener {
 
     /// Closes this listener as soon as the drain starts rather than after the service's
     /// drain hook, so a new process on the same port takes every new connection meanwhile
-    /// (readiness is then answered by the new process, not with 503 by this one).
+    /// (readiness is then answered by the new process, not with 503 by this one). Its
+    /// kept-alive connections are shut down gracefully then too (a request in flight is
+    /// answered, an idle connection closes), so clients that pool connections (peers' relays,
+    /// PHP) reach the new process with their next request; upgraded connections are the
+    /// service's own.
     pub fn close_at_drain_start(mut self) -> Self {
         self.close_at_drain_start = true;
         self

@@ -127,9 +127,12 @@ pub async fn run(
         emit!(log, events::LISTENING; "listener" => &name, "addr" => %addr);
         let early = listener.closes_at_drain_start();
         closing_early += usize::from(early);
+        // A listener that closes early lets its idle kept-alive connections go then too
+        // (requests in flight finish): a client's next request opens a new connection,
+        // which reaches the process that listens on the port now.
         let stops = Stops {
             accept: if early { &accept_rx } else { &stop_rx }.clone(),
-            connections: stop_rx.clone(),
+            connections: if early { &accept_rx } else { &stop_rx }.clone(),
         };
         let open = connections_rx.clone();
         let log = log.clone();

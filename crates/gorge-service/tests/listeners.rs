@@ -1,6 +1,7 @@
 //! Listener mechanics over real loopback sockets: a request that never finishes arriving is
 //! cut off, and a second process can bind the same port (`SO_REUSEPORT`) and takes every new
-//! connection once the first one starts draining.
+//! connection once the first one starts draining, and the first closes its kept-alive
+//! connections then too (so clients' next requests reach the second).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,6 +61,32 @@ async fn get(addr: SocketAddr) -> String {
         response
     };
     tokio::time::timeout(PATIENCE, exchange).await.unwrap()
+}
+
+/// A kept-alive connection whose first request `name` answered (tries new connections until
+/// one lands there: the kernel spreads them over both listeners).
+async fn kept_alive_on(addr: SocketAddr, name: &str) -> TcpStream {
+    for _ in 0..200 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !response.ends_with(b"served by one") && !response.ends_with(b"served by two") {
+            let n = tokio::time::timeout(PATIENCE, stream.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed before answering");
+            response.extend_from_slice(&buf[..n]);
+        }
+        if response.ends_with(format!("served by {name}").as_bytes()) {
+            return stream;
+        }
+    }
+    panic!("no connection landed on {name}");
 }
 
 #[tokio::test]
@@ -126,8 +153,22 @@ async fn a_second_server_binds_the_same_port_and_takes_over_when_the_first_drain
     let second =
         tokio::spawn(async move { run(second, probes, no_drain(), opts, &logger()).await });
 
+    let mut kept_alive = kept_alive_on(addr, "one").await;
+
     one.trigger();
     draining_rx.await.unwrap();
+    // Its kept-alive connection is closed too, while the drain still runs: a client's next
+    // request on a new connection reaches the second.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(PATIENCE, kept_alive.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "kept-alive connection still open: {closed:?}"
+    );
+    assert!(
+        !release_tx.is_closed(),
+        "the kept-alive connection was closed only once the drain was over"
+    );
     // The first is draining (its hook is running), its listener is closed: every new
     // connection lands on the second.
     for _ in 0..20 {

@@ -94,7 +94,15 @@ impl Receiver {
     /// Starts a receiver whose answer is chosen per request (the second argument is the
     /// request's 0-based arrival index).
     pub fn with(behaviour: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Receiver::on(TcpListener::bind("127.0.0.1:0").unwrap(), behaviour)
+    }
+
+    /// [`Receiver::with`] on a listener the caller made (e.g. on a port it held, not
+    /// listening, while a test needed a peer that refuses connections).
+    pub fn on(
+        listener: TcpListener,
+        behaviour: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+    ) -> Receiver {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             log: Mutex::new(Log::default()),

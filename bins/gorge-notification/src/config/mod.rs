@@ -95,6 +95,9 @@ pub struct PeerConfig {
     pub queue_capacity: usize,
     /// Per-request timeout of a relay POST.
     pub timeout: Duration,
+    /// How long a relay to an unreachable peer is kept and retried: the history age, past
+    /// which the message could not be replayed anyway.
+    pub keep_for: Duration,
 }
 
 /// A file key that was accepted but ignored; logged once at startup.
@@ -374,6 +377,7 @@ fn build(
             dns_refresh: Duration::from_secs(s.peer_dns_refresh_seconds),
             queue_capacity: usize_of(s.peer_queue_capacity),
             timeout: Duration::from_millis(s.peer_timeout_ms),
+            keep_for: Duration::from_millis(s.history_age_ms),
         },
         config_file,
         ignored: file.ignored,

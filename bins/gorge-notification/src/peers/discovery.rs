@@ -1,6 +1,8 @@
 //! DNS peer discovery: re-resolves `GORGE_NOTIFICATION_PEER_DNS` every refresh
 //! period so the replicas of a Kubernetes Deployment find each other through a headless
-//! Service, and turns each answer into peers to add and remove.
+//! Service, and turns each answer into peers to add and remove. After the first answer this
+//! server announces itself to every address in it (`POST /peers/announce`), so that the
+//! siblings relay to it at once rather than at their next refresh.
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
@@ -83,6 +85,7 @@ pub(super) async fn run(
     let mut ticker = tokio::time::interval(refresh.max(MIN_REFRESH));
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut announced = false;
     loop {
         ticker.tick().await;
         let answer = tokio::time::timeout(
@@ -102,6 +105,12 @@ pub(super) async fn run(
                     failing = false;
                 }
                 shared.apply_dns(&resolved);
+                if !announced {
+                    // Once, at start: the siblings learn of us now, not at their next refresh.
+                    announced = true;
+                    let shared = Arc::clone(&shared);
+                    tokio::task::spawn_blocking(move || announce(&shared, &resolved));
+                }
             }
             other => {
                 shared.metrics.peer_dns_failures.inc();
@@ -113,4 +122,17 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// Tells every resolved sibling that this server is here (blocking: ureq). An address that is
+/// this server answers too, and is found to be us by the relay as usual.
+fn announce(shared: &Shared, resolved: &BTreeSet<SocketAddr>) {
+    let mut told = 0usize;
+    for addr in resolved {
+        let url = format!("http://{addr}{}", super::ANNOUNCE_PATH);
+        if let Ok(response) = shared.agent.post(&url).send(&[] as &[u8]) {
+            told += usize::from(response.status().as_u16() == 200);
+        }
+    }
+    emit!(shared.log, events::NOTIFY_PEER_ANNOUNCED; "siblings" => resolved.len(), "told" => told);
 }

@@ -9,14 +9,17 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 /// Outcome label values of `gorge_notification_peer_relays_total`.
-const RESULTS: [&str; 3] = ["ok", "failed", "dropped"];
+const RESULTS: [&str; 5] = ["ok", "failed", "reconnected", "expired", "dropped"];
 
 gorge_service::metrics! {
     /// Every metric the relay exports, registered once at start.
     pub struct PeerMetrics {
         peer_relays: Counter[peer, result],
-            "Messages relayed per peer (host:port); result is ok, failed or dropped (queue full \
-             or shut down)";
+            "Relays per peer (host:port): ok (delivered), failed (an attempt failed; an \
+             unreachable peer's message is kept and retried), reconnected (the connection closed \
+             before any answer and the POST went again at once on a new one), expired (given up \
+             after the history age), dropped (queue full, peer removed, or past the drain \
+             deadline)";
         peer_up: Gauge[peer],
             "1 while the last relay to this peer succeeded; 0 before the first success and \
              after a failure";
@@ -36,19 +39,23 @@ gorge_service::metrics! {
 pub(super) struct PeerCounters {
     pub(super) ok: Counter,
     pub(super) failed: Counter,
+    pub(super) reconnected: Counter,
+    pub(super) expired: Counter,
     pub(super) dropped: Counter,
     pub(super) up: Gauge,
 }
 
 impl PeerMetrics {
     pub(super) fn for_peer(&self, peer: &str) -> PeerCounters {
-        let [ok, failed, dropped] = RESULTS.map(|result| {
+        let [ok, failed, reconnected, expired, dropped] = RESULTS.map(|result| {
             self.peer_relays
                 .with_owned([peer.to_owned(), result.to_owned()])
         });
         PeerCounters {
             ok,
             failed,
+            reconnected,
+            expired,
             dropped,
             up: self.peer_up.with_owned([peer.to_owned()]),
         }

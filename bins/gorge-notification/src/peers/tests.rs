@@ -1,6 +1,7 @@
 //! Tests of the peer relay against tiny scripted HTTP servers on ephemeral loopback ports.
 
-use std::net::TcpListener;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,8 @@ enum Reply {
     Held,
     /// Never answers; the connection stays open.
     Silent,
+    /// Closes the connection without answering.
+    Hangup,
 }
 
 /// A peer on the testkit receiver that answers requests in arrival order from a script,
@@ -55,6 +58,7 @@ impl ScriptedServer {
                 Reply::Held => HttpReply::HoldThen(Box::new(default_receipt.clone())),
                 // Never released: this server's only hold.
                 Reply::Silent => HttpReply::HoldThen(Box::new(HttpReply::Hangup)),
+                Reply::Hangup => HttpReply::Hangup,
             })
             .collect();
         let receiver =
@@ -115,6 +119,7 @@ fn config(static_peers: Vec<PeerUrl>) -> PeerConfig {
         dns_refresh: Duration::from_secs(10),
         queue_capacity: 16,
         timeout: Duration::from_secs(5),
+        keep_for: Duration::from_secs(60),
     }
 }
 
@@ -306,14 +311,33 @@ async fn failures_and_recovery_are_logged_once_per_state_change() {
         Reply::Receipt(PEER.to_owned()),
         Reply::Receipt(PEER.to_owned()),
         Reply::Status(503),
+        Reply::Receipt(PEER.to_owned()),
+        Reply::Status(400),
     ]);
     let harness = Harness::start(config(vec![a.url()]));
-    for n in 1..=6 {
+    // 1 fails three times and goes on the fourth, 2 goes, 3 fails once and goes, 4 is
+    // refused for good (a 4xx is not retried).
+    for n in 1..=4 {
         harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
     }
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.relays(a.port, "failed"), Some(4));
-    assert_eq!(harness.relays(a.port, "ok"), Some(2));
+    let bodies: Vec<String> = (0..8).map(|_| a.next_body()).collect();
+    assert_eq!(
+        bodies,
+        [
+            "{\"n\":1}",
+            "{\"n\":1}",
+            "{\"n\":1}",
+            "{\"n\":1}",
+            "{\"n\":2}",
+            "{\"n\":3}",
+            "{\"n\":3}",
+            "{\"n\":4}"
+        ]
+    );
+    a.assert_no_more_requests();
+    assert_eq!(harness.relays(a.port, "failed"), Some(5));
+    assert_eq!(harness.relays(a.port, "ok"), Some(3));
     let transitions: Vec<String> = harness
         .events
         .starting_with("NOTIFY_PEER_")
@@ -322,7 +346,13 @@ async fn failures_and_recovery_are_logged_once_per_state_change() {
         .collect();
     assert_eq!(
         transitions,
-        ["NOTIFY_PEER_DOWN", "NOTIFY_PEER_UP", "NOTIFY_PEER_DOWN"]
+        [
+            "NOTIFY_PEER_DOWN",
+            "NOTIFY_PEER_UP",
+            "NOTIFY_PEER_DOWN",
+            "NOTIFY_PEER_UP",
+            "NOTIFY_PEER_DOWN"
+        ]
     );
     assert_eq!(
         harness.metric(&format!(
@@ -366,16 +396,26 @@ async fn an_unresponsive_peer_times_out_and_never_holds_up_the_others() {
     assert_eq!(harness.relays(healthy.port, "ok"), Some(2));
 }
 
+/// A loopback port where nothing listens, held (bound, not listening) so nobody else
+/// takes it: connecting is refused.
+fn held_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    (socket, port)
+}
+
 #[tokio::test]
-async fn a_dead_peer_counts_failures() {
-    let port = {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let harness = Harness::start(config(vec![peer_url(port)]));
+async fn a_dead_peer_is_retried_until_the_history_age_then_given_up_and_counted() {
+    let (_held, port) = held_port();
+    let mut cfg = config(vec![peer_url(port)]);
+    cfg.keep_for = Duration::from_millis(300);
+    let harness = Harness::start(cfg);
     harness.relay_origin("default", "{}");
     harness.relay.shutdown(FLUSH).await;
-    assert_eq!(harness.relays(port, "failed"), Some(1));
+    assert_eq!(harness.relays(port, "expired"), Some(1));
+    assert!(harness.relays(port, "failed").unwrap() >= 2);
     assert_eq!(harness.events.starting_with("NOTIFY_PEER_DOWN").len(), 1);
 }
 
@@ -433,7 +473,13 @@ async fn dns_discovery_adds_the_resolved_address() {
         })
         .await;
     harness.relay_origin("tenant", "{\"n\":1}");
-    let request = a.next();
+    // Discovery also announces this server to the address it resolved, at any moment.
+    let request = loop {
+        let request = a.next();
+        if request.path != super::ANNOUNCE_PATH {
+            break request;
+        }
+    };
     assert_eq!(request_line(&request), "POST /?instance=tenant HTTP/1.1");
     harness.relay.shutdown(FLUSH).await;
     assert_eq!(
@@ -523,4 +569,80 @@ mod plan {
         );
         assert_eq!(got.refused, 0);
     }
+}
+
+#[tokio::test]
+async fn a_relay_whose_connection_closed_unanswered_goes_again_on_a_new_connection() {
+    // The peer's old process closed the kept-alive connection as it began draining.
+    let a = ScriptedServer::start(vec![Reply::Hangup]);
+    let harness = Harness::start(config(vec![a.url()]));
+    harness.relay_origin("default", "{\"n\":1}");
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(a.next_body(), "{\"n\":1}");
+    assert_eq!(a.next_body(), "{\"n\":1}");
+    a.assert_no_more_requests();
+    assert_eq!(harness.relays(a.port, "reconnected"), Some(1));
+    assert_eq!(harness.relays(a.port, "ok"), Some(1));
+    assert_eq!(harness.relays(a.port, "failed"), Some(0));
+}
+
+#[tokio::test]
+async fn relays_to_a_peer_that_is_down_are_kept_until_it_is_back() {
+    // Down: connecting is refused; then the peer comes back on the same port.
+    let (socket, port) = held_port();
+    let harness = Harness::start(config(vec![peer_url(port)]));
+    for n in 1..=3 {
+        harness.relay_origin("default", &format!("{{\"n\":{n}}}"));
+    }
+    harness
+        .wait_for("several attempts failed", |h| {
+            h.relays(port, "failed").unwrap_or(0) >= 2
+        })
+        .await;
+    // Back on the same port.
+    let listener = socket.listen(16).unwrap().into_std().unwrap();
+    listener.set_nonblocking(false).unwrap();
+    let back = Receiver::on(listener, |_, _| {
+        HttpReply::Json(200, format!("{{\"fingerprint\":\"{PEER}\"}}"))
+    });
+    let bodies: Vec<String> = back
+        .wait_for(3, FLUSH)
+        .into_iter()
+        .map(|r| String::from_utf8(r.body).unwrap())
+        .collect();
+    assert_eq!(bodies, ["{\"n\":1}", "{\"n\":2}", "{\"n\":3}"]);
+    harness.relay.shutdown(FLUSH).await;
+    assert_eq!(harness.relays(port, "ok"), Some(3));
+    assert_eq!(harness.relays(port, "dropped"), Some(0));
+    assert_eq!(harness.relays(port, "expired"), Some(0));
+}
+
+#[tokio::test]
+async fn an_announced_peer_stays_until_dns_lists_it() {
+    let (_held, port) = held_port();
+    let mut cfg = config(Vec::new());
+    cfg.dns = Some(("sibling.invalid".to_owned(), port));
+    let harness = Harness::start(cfg);
+    assert!(harness.relay.announced("127.0.0.1".parse().unwrap()));
+    assert!(harness.relay.announced("127.0.0.1".parse().unwrap()));
+    assert_eq!(harness.metric("gorge_notification_peers_known"), Some(1));
+    // A DNS answer that does not list it yet (the pod is not ready) keeps it; a DNS peer
+    // that vanished from the answer goes as before.
+    let other: SocketAddr = "127.0.0.2:1".parse().unwrap();
+    harness.relay.shared.apply_dns(&BTreeSet::from([other]));
+    assert_eq!(harness.metric("gorge_notification_peers_known"), Some(2));
+    let third: SocketAddr = "127.0.0.3:1".parse().unwrap();
+    harness.relay.shared.apply_dns(&BTreeSet::from([third]));
+    assert_eq!(
+        harness.relay.base_urls(),
+        [
+            format!("http://127.0.0.1:{port}/"),
+            "http://127.0.0.3:1/".to_owned()
+        ]
+    );
+    // Without DNS discovery an announce means nothing.
+    let plain = Harness::start(config(Vec::new()));
+    assert!(!plain.relay.announced("127.0.0.1".parse().unwrap()));
+    assert_eq!(plain.metric("gorge_notification_peers_known"), Some(0));
+    harness.relay.shutdown(Duration::ZERO).await;
 }

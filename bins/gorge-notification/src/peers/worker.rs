@@ -2,14 +2,26 @@
 //! POSTs each message to the peer's admin port with ureq.
 //!
 //! ureq blocks, so it runs here and never on the Tokio runtime; a slow or dead peer stalls only
-//! its own thread and queue. Each message is tried once (a retry would hold up every later
-//! message of the peer's queue, and a notification that arrives much later is worth little)
-//! and redirects are not followed (an admin port that redirects is misconfigured, and
-//! following it would send messages somewhere nobody listed).
+//! its own thread and queue. Redirects are not followed (an admin port that redirects is
+//! misconfigured, and following it would send messages somewhere nobody listed).
+//!
+//! Nothing is lost to a restart of the peer (docs/notification.md, "Restarts"):
+//! - a POST whose connection was closed before any answer came (the peer's old process shut
+//!   a kept-alive connection as it began draining) is sent again at once on a new connection,
+//!   which reaches whatever listens on the port now;
+//! - while the peer cannot be reached (refused, reset, timed out, 5xx) the message at the head
+//!   of the queue is kept and retried with a capped backoff, later ones wait behind it in the
+//!   bounded queue (full → dropped and counted), and it is given up only once it is older
+//!   than the history age (it could no longer be replayed anyway), during the drain's
+//!   discard, or when the peer is removed. A 4xx or a receipt that is not one is final.
+//!
+//! The receiving side keeps a message once by its `uniqueID`, so a retry of a POST the peer
+//! did take in (it answered too late) is not delivered twice.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -32,7 +44,14 @@ pub(super) struct RelayJob {
     /// The instance name, already percent-encoded for the query string.
     pub(super) instance_query: Arc<str>,
     pub(super) body: Bytes,
+    /// When it was queued: past the history age it is not worth sending.
+    pub(super) queued_at: Instant,
 }
+
+/// The first pause before retrying an unreachable peer; doubled per failure up to
+/// [`MAX_BACKOFF`], so a peer that is back is reached within that long.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What the relay and the worker of one peer share.
 pub(super) struct PeerLink {
@@ -82,7 +101,7 @@ enum Health {
 pub(super) fn run(shared: Arc<Shared>, link: Arc<PeerLink>, jobs: Receiver<RelayJob>) {
     let mut health = Health::Unknown;
     while let Ok(job) = jobs.recv() {
-        let is_self = send(&shared, &link, &mut health, &job);
+        let is_self = deliver(&shared, &link, &mut health, &job);
         shared.job_done();
         if is_self {
             // The address is us. Once removed from the peer set nothing more is queued
@@ -96,31 +115,75 @@ pub(super) fn run(shared: Arc<Shared>, link: Arc<PeerLink>, jobs: Receiver<Relay
     }
 }
 
-/// Sends one job and records the outcome; true if the receipt carried our own fingerprint.
-fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -> bool {
-    if link.discard.load(Ordering::Relaxed) {
-        link.counters.dropped.inc();
-        return false;
+/// Sends one job until it is delivered, refused for good, too old or discarded; true if the
+/// receipt carried our own fingerprint.
+fn deliver(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -> bool {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        if link.discard.load(Ordering::Relaxed) {
+            link.counters.dropped.inc();
+            return false;
+        }
+        match send(shared, link, health, job) {
+            Sent::Delivered => return false,
+            Sent::IsSelf => return true,
+            Sent::Refused => return false,
+            Sent::Unreachable => {}
+        }
+        if job.queued_at.elapsed() + backoff > shared.keep_for {
+            link.counters.expired.inc();
+            return false;
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// What one attempt came to.
+enum Sent {
+    Delivered,
+    IsSelf,
+    /// A final answer (4xx, a redirect, a body that is not a receipt): not retried.
+    Refused,
+    /// Refused, reset, timed out or 5xx: kept and retried.
+    Unreachable,
+}
+
+/// Sends one job once (plus one immediate retry when the connection closed before any
+/// answer) and records the outcome.
+fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -> Sent {
     let url = format!("{}?instance={}", link.base_url, job.instance_query);
     let started = std::time::Instant::now();
-    let observed = match post(&shared.agent, &url, &job.body) {
-        Ok(fingerprint) if fingerprint == shared.own_fingerprint => return true,
+    let mut result = post(&shared.agent, &url, &job.body);
+    if matches!(result, Err(Failure::ClosedUnanswered(_))) {
+        // Most likely a kept-alive connection the peer's old process closed as it began
+        // draining: a new connection reaches the process that listens there now.
+        link.counters.reconnected.inc();
+        result = post(&shared.agent, &url, &job.body);
+    }
+    let (observed, sent) = match result {
+        Ok(fingerprint) if fingerprint == shared.own_fingerprint => return Sent::IsSelf,
         Ok(fingerprint) => {
             link.counters.ok.inc();
             emit!(shared.log, events::NOTIFY_PEER_RELAYED; "peer" => &link.address,
                 "instance" => &*job.instance_query, "bytes" => job.body.len(),
                 "elapsed_ms" => started.elapsed().as_millis() as u64);
-            Health::Up { fingerprint }
+            (Health::Up { fingerprint }, Sent::Delivered)
         }
-        Err(reason) => {
+        Err(failure) => {
             link.counters.failed.inc();
+            let (reason, sent) = match failure {
+                Failure::Final(reason) => (reason, Sent::Refused),
+                Failure::Transient(reason) | Failure::ClosedUnanswered(reason) => {
+                    (reason, Sent::Unreachable)
+                }
+            };
             emit!(shared.log, events::NOTIFY_PEER_RELAY_FAILED; "peer" => &link.address,
                 "reason" => &reason);
             if *health != Health::Down {
                 emit!(shared.log, events::NOTIFY_PEER_DOWN; "peer" => &link.address, "reason" => reason);
             }
-            Health::Down
+            (Health::Down, sent)
         }
     };
     if let Health::Up { fingerprint } = &observed {
@@ -134,22 +197,35 @@ fn send(shared: &Shared, link: &PeerLink, health: &mut Health, job: &RelayJob) -
         .up
         .set(i64::from(matches!(observed, Health::Up { .. })));
     *health = observed;
-    false
+    sent
 }
 
-/// POSTs one message and returns the fingerprint from the peer's receipt, or a short reason.
-fn post(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<String, String> {
+/// Why a POST failed, with a short reason for the log.
+#[derive(Debug)]
+enum Failure {
+    /// The connection closed (EOF, reset, broken pipe) before any answer.
+    ClosedUnanswered(String),
+    /// Worth retrying later: refused, timed out, 5xx.
+    Transient(String),
+    /// Retrying would get the same answer.
+    Final(String),
+}
+
+/// POSTs one message and returns the fingerprint from the peer's receipt.
+fn post(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<String, Failure> {
     let mut response = agent
         .post(url)
         .header("Content-Type", "application/json")
         .send(body)
-        .map_err(|err| short_reason(err.to_string()))?;
+        .map_err(classify)?;
     let status = response.status().as_u16();
     if status != 200 {
         return Err(if (300..400).contains(&status) {
-            format!("HTTP status {status} (redirects are not followed)")
+            Failure::Final(format!("HTTP status {status} (redirects are not followed)"))
+        } else if status >= 500 {
+            Failure::Transient(format!("HTTP status {status}"))
         } else {
-            format!("HTTP status {status}")
+            Failure::Final(format!("HTTP status {status}"))
         });
     }
     let text = response
@@ -157,10 +233,31 @@ fn post(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<String, String> {
         .with_config()
         .limit(RECEIPT_LIMIT)
         .read_to_string()
-        .map_err(|err| short_reason(format!("reading receipt: {err}")))?;
+        .map_err(|err| Failure::Transient(short_reason(format!("reading receipt: {err}"))))?;
     serde_json::from_str::<Receipt>(&text)
         .map(|receipt| receipt.fingerprint)
-        .map_err(|_| "HTTP 200 without a {\"fingerprint\":…} receipt".to_owned())
+        .map_err(|_| Failure::Final("HTTP 200 without a {\"fingerprint\":…} receipt".to_owned()))
+}
+
+/// Sorts a ureq error: a connection closed before any answer is retried at once.
+fn classify(err: ureq::Error) -> Failure {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let reason = short_reason(err.to_string());
+    match &err {
+        ureq::Error::Io(io)
+            if matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            ) =>
+        {
+            Failure::ClosedUnanswered(reason)
+        }
+        ureq::Error::Protocol(_) => Failure::ClosedUnanswered(reason),
+        ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::InvalidProxyUrl => {
+            Failure::Final(reason)
+        }
+        _ => Failure::Transient(reason),
+    }
 }
 
 fn short_reason(mut reason: String) -> String {

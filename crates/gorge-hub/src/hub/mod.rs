@@ -18,8 +18,9 @@
 //! instance out. `default` needs no slot: it is always admitted.
 //!
 //! One job per module: `publish` (the [`Publisher`], planning and delivering a batch),
-//! `replay`, `instances` (the two tables of slots), `status` (counters and gauges) and
-//! `limits`; this one holds the state and the sockets' lifecycle.
+//! `replay`, `warm` (history handed to and taken from peers), `instances` (the two tables of
+//! slots), `status` (counters and gauges) and `limits`; this one holds the state and the
+//! sockets' lifecycle.
 
 mod instances;
 mod limits;
@@ -28,6 +29,7 @@ mod replay;
 mod status;
 #[cfg(test)]
 mod testing;
+mod warm;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
@@ -45,6 +47,7 @@ pub use publish::{Publication, PublishCounts, Publisher};
 use replay::ReplayBudget;
 pub use replay::ReplayCounts;
 pub use status::{HubStatus, HubUsage};
+pub use warm::{Retained, WarmCounts, Warmed};
 
 /// A joined socket: its id, instance and outbound queue. Give it back with
 /// [`Hub::disconnect`].
@@ -94,6 +97,11 @@ struct Socket {
     instance: Arc<str>,
     outbound: Arc<Outbound>,
     replays: ReplayBudget,
+    /// The publish number when the socket's subscriptions last grew. Every message published
+    /// after it that the socket wants now was delivered to it live, so a replay leaves those
+    /// out: a browser subscribes on open and replays 100 ms later, and whatever arrived in
+    /// between must not come twice on one connection.
+    live_from: u64,
 }
 
 #[derive(Debug)]
@@ -151,6 +159,11 @@ impl Hub {
         (hub.clone(), Publisher::new(hub))
     }
 
+    /// Every bound the hub enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The bounds of every socket's outbound queue.
     pub fn caps(&self) -> QueueCaps {
         QueueCaps {
@@ -198,12 +211,14 @@ impl Hub {
         let id = state.next_id;
         state.next_id += 1;
         let outbound = Arc::new(Outbound::default());
+        let live_from = state.published;
         state.sockets.insert(
             id,
             Socket {
                 instance: key.clone(),
                 outbound: outbound.clone(),
                 replays: ReplayBudget::new(&self.limits, now),
+                live_from,
             },
         );
         Ok(SocketHandle {
@@ -253,6 +268,12 @@ impl Hub {
                     outcome.over_total += 1 + phids.len();
                     break;
                 }
+            }
+        }
+        if outcome.added > 0 {
+            let published = state.published;
+            if let Some(socket) = state.sockets.get_mut(&handle.id) {
+                socket.live_from = published;
             }
         }
         outcome

@@ -281,6 +281,7 @@ impl Hub {
             Entry {
                 instance: history_instance,
                 at_ms: message.at_ms,
+                published: seq,
                 subscribers: Subscribers::new(message.subscribers),
                 body: message.frame.clone(),
             },

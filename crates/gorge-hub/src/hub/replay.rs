@@ -81,7 +81,7 @@ impl Hub {
         let mut outcome = ReplayCounts::default();
         let mut state = self.lock();
         outcome.slices = 1;
-        let room = {
+        let (room, live_from) = {
             let Some(socket) = state.sockets.get_mut(&handle.id) else {
                 return outcome;
             };
@@ -89,12 +89,15 @@ impl Hub {
                 outcome.refused = true;
                 return outcome;
             }
-            socket.outbound.room(caps)
+            (socket.outbound.room(caps), socket.live_from)
         };
         state.history.expire(now);
-        // Messages published after this point reach the socket live, not by replay; those
-        // published before it and still being delivered skip this socket (it gets them here).
-        handle.outbound.mark_replayed(state.published);
+        // Messages published after `live_from` that the socket wants reach it live, not by
+        // replay; those published before it and still being delivered skip this socket (it
+        // gets them here).
+        handle
+            .outbound
+            .mark_replayed(live_from.min(state.published));
         let mut cursor = state.history.next_seq();
         // Newest first; reversed before queueing.
         let mut picked: Vec<Bytes> = Vec::new();
@@ -114,7 +117,7 @@ impl Hub {
                 }
                 cursor = stored.seq;
                 work += 1;
-                if entry.instance == handle.instance {
+                if entry.instance == handle.instance && entry.published <= live_from {
                     work += entry.subscribers.len();
                     if index.wants_any(handle.id, entry.subscribers.iter()) {
                         if picked.len() < room {
@@ -174,6 +177,33 @@ mod tests {
         assert_eq!(
             frames(&s),
             [Bytes::from_static(b"old-a"), Bytes::from_static(b"new-a")]
+        );
+    }
+
+    #[test]
+    fn a_replay_leaves_out_what_the_socket_got_live() {
+        // A browser subscribes on open and replays 100 ms later: what was published in
+        // between reached it live and must not come again on the same connection.
+        let (mut hub, _clock) = hub();
+        publish(&mut hub, "default", &["A"], "before");
+        let s = subscribed(&hub, &["A"]);
+        publish(&mut hub, "default", &["A"], "live");
+        assert_eq!(frames(&s), [Bytes::from_static(b"live")]);
+        assert_eq!(hub.replay(&s, 60_000).queued, 1);
+        assert_eq!(frames(&s), [Bytes::from_static(b"before")]);
+        // Subscribing to more PHIDs: what the new ones match was not delivered live.
+        publish(&mut hub, "default", &["B"], "b");
+        hub.subscribe(&s, strings(&["B"]));
+        publish(&mut hub, "default", &["B"], "b-live");
+        assert_eq!(frames(&s), [Bytes::from_static(b"b-live")]);
+        hub.replay(&s, 60_000);
+        assert_eq!(
+            frames(&s),
+            [
+                Bytes::from_static(b"before"),
+                Bytes::from_static(b"live"),
+                Bytes::from_static(b"b")
+            ]
         );
     }
 

@@ -1,0 +1,226 @@
+//! Taking a message in: parse, stamp with our fingerprint, count, and hand it to the fan-out.
+//! The admin port ([`crate::admin`]) takes PHP's and peers' POSTs through [`accept`] and then
+//! relays what entered the cluster here; anything else that brings messages from the other
+//! servers (a broker's reader) calls [`ingest_relayed`], which stores and delivers exactly as
+//! a relayed POST would and never relays.
+//!
+//! A message is taken in once per `uniqueID` ([`RecentIds`]): in a cluster the same message
+//! can come twice — by relay and in a peer's history at warm-up, or again when a relay whose
+//! answer was lost is retried — and a browser must never get it twice on one connection.
+//! PHP gives every message a fresh `uniqueID`, so this never refuses one of PHP's own POSTs;
+//! a message without one (tools, tests) is taken in every time, as Aphlict does.
+
+use std::collections::{HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use bytes::Bytes;
+use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError};
+
+use crate::events;
+use crate::fanout::Job;
+use crate::state::ServerState;
+use crate::wire;
+use gorge_service::emit;
+
+/// A message that was taken in.
+#[derive(Debug)]
+pub enum Ingested {
+    /// Stored and handed to the fan-out.
+    Accepted {
+        /// The stamped message (the frame's payload), as peers are sent it.
+        payload: Bytes,
+        /// `touched` after our fingerprint was appended.
+        touched: Vec<String>,
+    },
+    /// It already carried our fingerprint: counted in `messages.in`, nothing else.
+    AlreadySeen,
+}
+
+/// Why a message was not taken in.
+#[derive(Debug)]
+pub enum IngestError {
+    /// Not JSON, or not an object.
+    Message(AdminMessageError),
+    /// The instance name is over the limit.
+    InstanceName,
+    /// The hand-off to the fan-out is full.
+    FanoutFull,
+}
+
+/// Takes one message in (`accepted_at`: when its body had been read).
+pub fn accept(
+    app: &ServerState,
+    instance: String,
+    body: &[u8],
+    accepted_at: Instant,
+) -> Result<Ingested, IngestError> {
+    let parsed = aphlict::parse_admin_message(body, &app.fingerprint);
+    let id = matches!(parsed, Ok(AdminMessage::Accepted(_)))
+        .then(|| unique_id(body))
+        .flatten();
+    let seen_before = id.is_some_and(|id| !app.recent_ids.first_time(id, app.hub.now_ms()));
+    let message = match parsed {
+        Ok(AdminMessage::Accepted(_)) if seen_before => {
+            app.hub.count_message_in();
+            app.metrics.messages_duplicate.inc();
+            return Ok(Ingested::AlreadySeen);
+        }
+        Ok(AdminMessage::Accepted(message)) => message,
+        Ok(AdminMessage::AlreadySeen) => {
+            // Not delivered again, but Aphlict counts every POST it parsed.
+            app.hub.count_message_in();
+            app.metrics.messages_duplicate.inc();
+            return Ok(Ingested::AlreadySeen);
+        }
+        Err(err) => return Err(IngestError::Message(err)),
+    };
+    if !app.hub.instance_name_ok(&instance) {
+        id.inspect(|id| app.recent_ids.forget(*id));
+        return Err(IngestError::InstanceName);
+    }
+    // Encoded once: every recipient, the history and the peers share these bytes.
+    let frame = wire::text(&message.body);
+    drop(message.body);
+    let subscribers = message.subscribers.len();
+    let job = Job {
+        instance,
+        subscribers: message.subscribers,
+        frame: frame.clone(),
+        accepted_at,
+        at_ms: 0,
+    };
+    let instance = job.instance.clone();
+    if app.fanout.submit(job).is_err() {
+        // Not taken in: a retry of it must be.
+        id.inspect(|id| app.recent_ids.forget(*id));
+        return Err(IngestError::FanoutFull);
+    }
+    app.hub.count_message_in();
+    app.metrics.messages_in.inc();
+    emit!(app.log, events::NOTIFY_MESSAGE_ACCEPTED;
+        "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
+    Ok(Ingested::Accepted {
+        payload: wire::payload(&frame),
+        touched: message.touched,
+    })
+}
+
+/// Takes in a message another server accepted (its `touched` names that server), as a relayed
+/// admin POST is taken in: stored, delivered, counted in `messages.in`, never relayed on.
+pub fn ingest_relayed(
+    app: &ServerState,
+    instance: String,
+    body: &[u8],
+) -> Result<Ingested, IngestError> {
+    accept(app, instance, body, Instant::now())
+}
+
+/// The `uniqueID` of a message, hashed; `None` when it has none (or is not an object).
+pub fn unique_id(payload: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Id<'a> {
+        #[serde(rename = "uniqueID", borrow)]
+        unique_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let id = serde_json::from_slice::<Id<'_>>(payload).ok()?.unique_id?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The `uniqueID`s taken in during the history window, bounded like the history (entries
+/// and age): a message older than that could not be replayed anyway.
+#[derive(Debug)]
+pub struct RecentIds {
+    limit: usize,
+    age_ms: u64,
+    state: Mutex<Recent>,
+}
+
+#[derive(Debug, Default)]
+struct Recent {
+    ids: HashSet<u64>,
+    /// `(id, taken in at)`, oldest first.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl RecentIds {
+    pub fn new(limit: usize, age_ms: u64) -> RecentIds {
+        RecentIds {
+            limit,
+            age_ms,
+            state: Mutex::new(Recent::default()),
+        }
+    }
+
+    /// Forgets `id` (it was not taken in after all).
+    pub fn forget(&self, id: u64) {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.ids.remove(&id) {
+            state.order.retain(|(other, _)| *other != id);
+        }
+    }
+
+    /// True (and remembered) if `id` was not taken in within the window.
+    pub fn first_time(&self, id: u64, now_ms: u64) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let oldest = now_ms.saturating_sub(self.age_ms);
+        while let Some(&(old, at)) = state.order.front() {
+            if at >= oldest && state.order.len() < self.limit.max(1) {
+                break;
+            }
+            state.order.pop_front();
+            state.ids.remove(&old);
+        }
+        // Memory goes back after a burst.
+        if state.order.len() < state.order.capacity() / 4 && state.order.capacity() > 1024 {
+            state.order.shrink_to_fit();
+            state.ids.shrink_to_fit();
+        }
+        if !state.ids.insert(id) {
+            return false;
+        }
+        state.order.push_back((id, now_ms));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_is_taken_once_within_the_window() {
+        let recent = RecentIds::new(2, 1000);
+        assert!(recent.first_time(1, 0));
+        assert!(!recent.first_time(1, 500));
+        assert!(recent.first_time(2, 600));
+        // Over the entry bound: the oldest (1) is forgotten.
+        assert!(recent.first_time(3, 700));
+        assert!(recent.first_time(1, 800));
+        // Past the age: 2 and 3 are forgotten.
+        assert!(recent.first_time(2, 1900));
+    }
+
+    #[test]
+    fn unique_ids_are_read_from_the_message() {
+        assert_eq!(
+            unique_id(br#"{"uniqueID":"a"}"#),
+            unique_id(br#"{"x":1,"uniqueID":"a"}"#)
+        );
+        assert_ne!(
+            unique_id(br#"{"uniqueID":"a"}"#),
+            unique_id(br#"{"uniqueID":"b"}"#)
+        );
+        assert_eq!(unique_id(br#"{"key":1}"#), None);
+        assert_eq!(unique_id(b"[1]"), None);
+    }
+}
