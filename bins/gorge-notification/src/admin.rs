@@ -146,6 +146,9 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
         "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
     app.relay
         .relay(&instance, wire::payload(&frame), &message.touched);
+    if let Some(broker) = &app.broker {
+        broker.publish(&instance, wire::payload(&frame), &message.touched);
+    }
     receipt(app)
 }
 

@@ -36,6 +36,7 @@ pub const HANDOFF_BYTES: usize = 64 << 20;
 pub const BATCH_BYTES: usize = 1 << 20;
 
 /// One accepted message.
+#[derive(Clone)]
 pub struct Job {
     pub instance: String,
     pub subscribers: Vec<String>,
@@ -102,14 +103,20 @@ impl Fanout {
     }
 
     /// Hands a message over without waiting.
-    pub fn submit(&self, mut job: Job) -> Result<(), Full> {
+    pub fn submit(&self, job: Job) -> Result<(), Full> {
+        self.submit_aged(job, 0)
+    }
+
+    /// [`Fanout::submit`] for a message accepted `age_ms` ago elsewhere (history loaded at
+    /// start keeps each message's age, so it expires and replays as it would have there).
+    pub fn submit_aged(&self, mut job: Job, age_ms: u64) -> Result<(), Full> {
         let len = job.frame.len();
         if self.waiting_bytes.fetch_add(len, Ordering::Relaxed) + len > HANDOFF_BYTES {
             self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(Full);
         }
         let tx = self.tx.lock().expect("fan-out lock poisoned");
-        job.at_ms = self.hub.now_ms();
+        job.at_ms = self.hub.now_ms().saturating_sub(age_ms);
         match tx.try_send(job) {
             Ok(()) => {
                 self.accepted.fetch_add(1, Ordering::Release);

@@ -14,20 +14,26 @@
 //! - [`wire`]: WebSocket frames encoded once, and the bounded reader of client frames;
 //! - [`drain`]: the graceful drain on SIGTERM;
 //! - [`peers`]: relaying to the other servers of a cluster;
+//! - [`broker`]: broker mode, the cluster on a Redis stream instead of peers;
+//! - [`relayed`]: taking in a message another server accepted;
+//! - [`history_gate`]: `/readyz` and `replay` wait until the history is loaded;
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`fdlimit`]: raising the open-file limit at startup;
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
+pub mod broker;
 pub mod client;
 pub mod config;
 pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod history_gate;
 pub mod inspect;
 pub mod metrics;
 pub mod peers;
+pub mod relayed;
 pub mod service;
 pub mod session;
 pub mod state;

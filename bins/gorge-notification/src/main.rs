@@ -119,7 +119,9 @@ async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
     if let Some(err) = raise_error {
         emit!(log, events::NOTIFY_FILE_LIMIT_NOT_RAISED; "error" => %err);
     }
-    let server = match Server::bind(config, MonotonicClock::new(), log).await {
+    // History loaded at start (broker mode) keeps its age: the clock must reach that far back.
+    let clock = MonotonicClock::starting_at(config.hub.history_age_ms);
+    let server = match Server::bind(config, clock, log).await {
         Ok(server) => server,
         Err(e) => {
             emit!(log, events::NOTIFY_BIND_FAILED; "addr" => %e.addr, "error" => %e);

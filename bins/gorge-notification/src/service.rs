@@ -1,4 +1,4 @@
-//! Wiring: the hub, metrics, peers and both kinds of listener, bound first and then served
+//! Wiring: the hub, metrics, peers or the broker, and both kinds of listener, bound first and then served
 //! until SIGTERM and drained. [`Server::bind`] takes the clock, so tests run the whole
 //! service in-process with a manual clock instead of sleeping.
 
@@ -16,9 +16,11 @@ use rand::RngCore;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::broker::{Broker, BrokerMetrics};
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
+use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::state::{ConnectionLimits, ServerState};
@@ -65,7 +67,21 @@ impl Server {
             &mut registry,
             log.clone(),
         );
-        let probes = Probes::new(registry, Probes::always_ready());
+        let broker = config.broker.as_ref().map(|broker| {
+            let metrics = BrokerMetrics::register(&mut registry);
+            Broker::new(
+                broker,
+                fingerprint.clone(),
+                &config.hub,
+                metrics,
+                log.clone(),
+            )
+        });
+        let history_gate = Arc::new(match broker {
+            Some(_) => HistoryGate::closed(),
+            None => HistoryGate::open_now(),
+        });
+        let probes = Probes::new(registry, warm_history(history_gate.clone()));
         let hub = Arc::new(Hub::new(config.hub.clone(), clock));
         let fanout = Fanout::start(hub.clone(), metrics.clone(), log.clone());
         let app = Arc::new(ServerState {
@@ -75,6 +91,8 @@ impl Server {
             metrics,
             probes,
             relay,
+            broker: broker.clone(),
+            history_gate,
             limits: ConnectionLimits {
                 max_frame_bytes: config.max_frame_bytes,
                 max_admin_body_bytes: config.max_admin_body_bytes,
@@ -85,6 +103,10 @@ impl Server {
             log: log.clone(),
             session_ended: Notify::new(),
         });
+        if let Some(broker) = &broker {
+            broker.start_publisher();
+            broker.start_reader(app.clone());
+        }
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
                 "hint" => "the admin port has no authentication: keep it off public networks");
@@ -161,6 +183,20 @@ impl Server {
             Box::new(move || Box::pin(drain::drain(drain_app, window)));
         run(self.listeners, app.probes.clone(), hook, options, &log).await
     }
+}
+
+/// Ready once the history is warm (see [`HistoryGate`]).
+fn warm_history(gate: Arc<HistoryGate>) -> gorge_service::ReadinessCheck {
+    Arc::new(move || {
+        let warm = gate.is_warm();
+        Box::pin(async move {
+            if warm {
+                Ok(())
+            } else {
+                Err("loading history from the broker".to_string())
+            }
+        })
+    })
 }
 
 /// Admin listeners on a non-loopback address. PHP cannot authenticate, so anyone who reaches

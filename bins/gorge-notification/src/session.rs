@@ -339,6 +339,8 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             // (or not) as if publishing were synchronous: before a `pong`, into the history a
             // `replay` reads, and not to a socket that subscribes only now.
             app.fanout.settled().await;
+            // A replay answered from a history still loading would lose what it misses.
+            app.history_gate.warm().await;
             let command = aphlict::parse_client_command(&text);
             if apply(app, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.

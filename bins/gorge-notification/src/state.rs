@@ -1,5 +1,5 @@
 //! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
-//! probes, the peer relay and the limits that apply per request or per socket.
+//! probes, the peer relay or the broker, the history gate and the limits that apply per request or per socket.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +9,9 @@ use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
+use crate::broker::Broker;
 use crate::fanout::Fanout;
+use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
@@ -31,6 +33,10 @@ pub struct ServerState {
     pub metrics: Metrics,
     pub probes: Arc<Probes>,
     pub relay: Arc<PeerRelay>,
+    /// Broker mode's publishing side, when `BROKER_URL` is set.
+    pub broker: Option<Arc<Broker>>,
+    /// Open once the history is loaded (at once without a broker).
+    pub history_gate: Arc<HistoryGate>,
     pub limits: ConnectionLimits,
     pub started: Instant,
     pub log: Logger,

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gorge_hub::Limits;
-use gorge_service::config::{env_value, CheckLine, Source};
+use gorge_service::config::{env_value, CheckLine, Secret, Source};
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
 use gorge_service::ConfigError;
 use serde_json::Value;
@@ -79,6 +79,19 @@ pub struct PeerConfig {
     pub timeout: Duration,
 }
 
+/// Broker mode (spec §8b): the Redis that carries messages between nodes and keeps history.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// The URL as given (it may hold a password: printed masked).
+    pub url: Secret,
+    /// From `BROKER_PASSWORD_FILE`; wins over a password in the URL.
+    pub password: Option<Secret>,
+    /// Keys are `<prefix>:stream` and `<prefix>:epoch`.
+    pub prefix: String,
+    /// Messages waiting to be published, at most.
+    pub queue_capacity: usize,
+}
+
 /// A file key that was accepted but ignored; logged once at startup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IgnoredKey {
@@ -99,6 +112,8 @@ pub struct Config {
     /// Close frames are spread over this window on SIGTERM.
     pub drain_window: Duration,
     pub peers: PeerConfig,
+    /// Broker mode, when `BROKER_URL` is set (never together with peers).
+    pub broker: Option<BrokerConfig>,
     pub config_file: Option<PathBuf>,
     pub ignored: Vec<IgnoredKey>,
     /// Logged at startup and printed by `--check-config`.
@@ -267,6 +282,8 @@ fn build(
         None => None,
     };
 
+    let broker = broker_config(settings, !static_peers.is_empty() || dns.is_some())?;
+
     let s = settings;
     let hub = Limits {
         queue_frames: usize_of(s.queue_frames),
@@ -306,6 +323,7 @@ fn build(
             queue_capacity: usize_of(s.peer_queue_capacity),
             timeout: Duration::from_millis(s.peer_timeout_ms),
         },
+        broker,
         config_file,
         ignored: file.ignored,
         warnings: Vec::new(),
@@ -313,6 +331,56 @@ fn build(
         log: Layered::default(),
         servers_source,
     })
+}
+
+/// Broker mode's settings, validated: a `redis://` or `rediss://` URL the client accepts, a
+/// readable password file, a usable prefix, and no peers (both would deliver every message).
+fn broker_config(
+    settings: &Settings,
+    has_peers: bool,
+) -> Result<Option<BrokerConfig>, ConfigError> {
+    let url_key = env_key("broker_url");
+    let Some(url) = settings.broker_url.clone().filter(|url| !url.is_empty()) else {
+        return Ok(None);
+    };
+    if has_peers {
+        return Err(ConfigError::new(
+            &url_key,
+            &url,
+            "cannot be combined with peers (GORGE_NOTIFICATION_PEERS, GORGE_NOTIFICATION_PEER_DNS \
+             or the file's cluster[]): both would deliver every message; use one",
+        ));
+    }
+    let password = match &settings.broker_password_file {
+        Some(path) => {
+            let key = env_key("broker_password_file");
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
+            let line = text.trim_end_matches(['\r', '\n']);
+            if line.is_empty() || line.contains('\n') {
+                return Err(ConfigError::new(&key, path, "must hold one non-empty line"));
+            }
+            Some(Secret::new(line))
+        }
+        None => None,
+    };
+    let broker = BrokerConfig {
+        url,
+        password,
+        prefix: settings.broker_prefix.trim().to_string(),
+        queue_capacity: usize_of(settings.broker_queue_capacity),
+    };
+    if let Err(why) = crate::broker::connection_info(&broker) {
+        return Err(ConfigError::new(&url_key, &broker.url, why));
+    }
+    if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
+        return Err(ConfigError::new(
+            env_key("broker_prefix"),
+            &settings.broker_prefix,
+            "must be non-empty, without spaces (e.g. gorge:notification)",
+        ));
+    }
+    Ok(Some(broker))
 }
 
 /// The `--check-config` lines: servers, peers, every flat setting with its source, then the
