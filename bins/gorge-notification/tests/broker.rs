@@ -9,13 +9,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream as StdTcpStream;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Server, Ws, BIN, PATIENCE};
-use gorge_testkit::process::{run_to_end, Signal};
+use gorge_testkit::process::Signal;
 use gorge_testkit::{eventually, free_port, http, Process};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -436,9 +436,39 @@ fn broker_and_peers_together_stop_startup_with_exit_2() {
         ("GORGE_NOTIFICATION_PEERS", "http://127.0.0.1:1"),
         ("GORGE_NOTIFICATION_PEER_DNS", "peers:22281"),
     ] {
-        let (code, _, stderr) =
-            run_to_end(BIN, &[], &[(BROKER_URL, "redis://127.0.0.1:1/"), peers]);
-        assert_eq!(code, Some(2), "{stderr}");
+        // Bounded: a binary that accepted this would serve until killed.
+        let mut child = Command::new(BIN)
+            .env_clear()
+            .env(BROKER_URL, "redis://127.0.0.1:1/")
+            .env(peers.0, peers.1)
+            .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
+            .env("GORGE_NOTIFICATION_CLIENT_PORT", free_port().to_string())
+            .env("GORGE_NOTIFICATION_ADMIN_PORT", free_port().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("still running with {peers:?} and a broker");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(
             stderr.contains("GORGE_NOTIFICATION_BROKER_URL")

@@ -6,9 +6,9 @@ mod common;
 
 use std::path::PathBuf;
 
+use gorge_notification::broker::BrokerMetrics;
 use gorge_notification::config::Settings;
 use gorge_notification::metrics::{Metrics, PREFIX};
-use gorge_notification::broker::BrokerMetrics;
 use gorge_notification::peers::PeerMetrics;
 use gorge_service::{docs, events, metrics, settings};
 
