@@ -67,13 +67,14 @@ impl Server {
             &mut registry,
             log.clone(),
         );
+        let broker_metrics = BrokerMetrics::register(&mut registry);
         let broker = config.broker.as_ref().map(|broker| {
-            let metrics = BrokerMetrics::register(&mut registry);
+            broker_metrics.broker_enabled.set(1);
             Broker::new(
                 broker,
                 fingerprint.clone(),
                 &config.hub,
-                metrics,
+                broker_metrics,
                 log.clone(),
             )
         });

@@ -1,10 +1,12 @@
 //! Prometheus metrics of broker mode, each family declared once (see
-//! `gorge_service::metrics`; docs/notification.md's table is generated from it). Registered
-//! only when `BROKER_URL` is set, so a mesh cluster does not export a `broker_up` of 0.
+//! `gorge_service::metrics`; docs/notification.md's table is generated from it). Registered in
+//! mesh mode too (all 0), so dashboards and alert rules find the same series everywhere;
+//! `broker_enabled` tells the modes apart (the `broker_up` alert needs it).
 
 gorge_service::metrics! {
     /// Every metric broker mode exports.
     pub struct BrokerMetrics {
+        broker_enabled: Gauge, "1 in broker mode (`BROKER_URL` set), 0 in mesh mode";
         broker_up: Gauge,
             "1 while both the publisher's and the reader's connections to the broker work; \
              0 before the first success and after a failure (alert when 0 for minutes)";
