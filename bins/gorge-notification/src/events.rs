@@ -82,6 +82,9 @@ gorge_service::events! {
         NOTIFY_BROKER_PROBE_TIMEOUT: Warning @ "broker" ["seq", "timeout_ms"]
             "Our own entry `seq` did not come back to the reader in time: its connection is \
              replaced";
+        NOTIFY_BROKER_NOT_FLUSHED: Warning @ "broker" ["pending", "deadline_ms"]
+            "At shutdown, `pending` messages were still waiting for the broker at the drain \
+             deadline: other servers' browsers will not get them";
         NOTIFY_BROKER_BAD_ENTRY: Warning @ "broker" ["id", "reason"]
             "A stream entry that is not a message of this service was skipped";
     ];

@@ -338,9 +338,12 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             // Messages whose POST was answered before this command was read are delivered
             // (or not) as if publishing were synchronous: before a `pong`, into the history a
             // `replay` reads, and not to a socket that subscribes only now.
-            app.fanout.settled().await;
-            // A replay answered from a history still loading would lose what it misses.
+            // A replay answered from a history still loading would lose what it misses. First,
+            // so that the settling below covers the loaded messages too: a socket that
+            // subscribes while they are handed to the fan-out would get them live and again
+            // by its replay.
             app.history_gate.warm().await;
+            app.fanout.settled().await;
             let command = aphlict::parse_client_command(&text);
             if apply(app, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.

@@ -7,84 +7,22 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream as StdTcpStream;
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::redis::Redis;
 use common::{Server, Ws, BIN, PATIENCE};
 use gorge_testkit::process::Signal;
-use gorge_testkit::{eventually, free_port, http, Process};
+use gorge_testkit::{eventually, free_port, http};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const INSTANCE: &str = "broker";
 const PHID: &str = "PHID-USER-broker";
-
-/// A `redis-server` of this test only: loopback, no persistence. Killed on drop.
-struct Redis {
-    process: Process,
-    port: u16,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        (0..5)
-            .find_map(|_| Redis::start_on(free_port()))
-            .expect("redis-server started")
-    }
-
-    /// Starts on `port` (once); `None` if it did not answer `PING` in time.
-    fn start_on(port: u16) -> Option<Redis> {
-        let mut command = Command::new("redis-server");
-        command.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]);
-        let process = Process::spawn(command);
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            if ping(port) {
-                return Some(Redis { process, port });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// Kills it and starts an empty one on the same port.
-    fn restart_empty(&mut self) {
-        self.process.kill();
-        let port = self.port;
-        *self = Redis::start_on(port).expect("redis-server restarted on its port");
-    }
-}
-
-/// Whether a Redis on `port` answers `PING` within a second.
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = StdTcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut answer = [0u8; 7];
-    stream.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n"
-}
 
 const BROKER_URL: &str = "GORGE_NOTIFICATION_BROKER_URL";
 
@@ -476,4 +414,65 @@ fn broker_and_peers_together_stop_startup_with_exit_2() {
             "{stderr}"
         );
     }
+}
+
+#[tokio::test]
+async fn readiness_and_replay_wait_until_the_history_is_loaded() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    for key in ["w1", "w2", "w3"] {
+        post(&a, key).await;
+    }
+    assert_eq!(keys(&mut on_a, 3).await, ["w1", "w2", "w3"]);
+
+    // B starts while Redis does not answer: it cannot load the history yet.
+    redis.process.signal(Signal::STOP);
+    let b = Server::start(&[(BROKER_URL, &redis.url())]);
+    let mut ws = b.ws(&format!("/~{INSTANCE}/")).await;
+    ws.send(&serde_json::json!({"command": "subscribe", "data": [PHID]}).to_string())
+        .await;
+    ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
+        .await;
+    assert_eq!(
+        readyz(&b).await,
+        503,
+        "not ready before its history is loaded"
+    );
+
+    redis.process.signal(Signal::CONT);
+    // The replay was answered only once the history was there: it has everything.
+    let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
+    assert_eq!(replayed, ["w1", "w2", "w3"]);
+    ready(&b).await;
+}
+
+#[tokio::test]
+async fn a_message_posted_while_the_history_loads_is_replayed() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    for key in ["old1", "old2"] {
+        post(&a, key).await;
+    }
+    assert_eq!(keys(&mut on_a, 2).await, ["old1", "old2"]);
+    // The older messages become 2 s older than what follows (a message age, not a wait for
+    // an event).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    redis.process.signal(Signal::STOP);
+    let b = Server::start(&[(BROKER_URL, &redis.url())]);
+    // Accepted and kept here before the older messages arrive from the stream.
+    post(&b, "late").await;
+    let late_posted = Instant::now();
+    redis.process.signal(Signal::CONT);
+    ready(&b).await;
+
+    // A replay reaching back past "late" but not to the older messages' real age.
+    let age = late_posted.elapsed().as_millis() as u64 + 500;
+    let mut ws = subscribed(&b).await;
+    ws.send(&format!(r#"{{"command":"replay","data":{{"age":{age}}}}}"#))
+        .await;
+    let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
+    assert!(replayed.contains(&"late".to_string()), "{replayed:?}");
 }

@@ -17,7 +17,7 @@ mod metrics;
 mod publisher;
 mod reader;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo};
 use slog::Logger;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::config::BrokerConfig;
 use crate::events;
@@ -122,6 +122,10 @@ struct Shared {
     unseen_own: Mutex<Option<(u64, Instant)>>,
     /// The highest seq of our own entries the reader has seen.
     own_seen: AtomicU64,
+    /// Messages queued or being published; the drain waits for zero.
+    pending: AtomicUsize,
+    /// Woken when `pending` drops to zero.
+    idle: Notify,
 }
 
 /// One connection's state, logged once per change.
@@ -160,6 +164,8 @@ impl Broker {
                 reader_up: Updown::default(),
                 unseen_own: Mutex::new(None),
                 own_seen: AtomicU64::new(0),
+                pending: AtomicUsize::new(0),
+                idle: Notify::new(),
             }),
             queue,
             jobs: Mutex::new(Some(jobs)),
@@ -191,17 +197,50 @@ impl Broker {
             message: stamped_body,
             queued_at: Instant::now(),
         };
+        // Counted before sending, so the publisher finishing it first never underflows.
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         if self.queue.try_send(outgoing).is_err() {
             self.shared
                 .metrics
                 .broker_dropped
                 .with(["queue_full"])
                 .inc();
+            self.shared.message_done();
+        }
+    }
+
+    /// Waits up to `deadline` until every message queued so far is published (or dropped as
+    /// too old): at SIGTERM, so that what PHP posted here last reaches the other servers.
+    pub async fn flush(&self, deadline: Duration) {
+        let shared = &self.shared;
+        let until_idle = async {
+            loop {
+                let notified = shared.idle.notified();
+                tokio::pin!(notified);
+                // Registered before the check, so a wake-up in between is not lost.
+                notified.as_mut().enable();
+                if shared.pending.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(deadline, until_idle).await.is_err() {
+            emit!(shared.log, events::NOTIFY_BROKER_NOT_FLUSHED;
+                "pending" => shared.pending.load(Ordering::Acquire),
+                "deadline_ms" => deadline.as_millis() as u64);
         }
     }
 }
 
 impl Shared {
+    /// Called once for every message counted in `pending`, whatever became of it.
+    fn message_done(&self) {
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
     /// A new connection whose every answer must come within `response_timeout`.
     async fn connect(
         &self,

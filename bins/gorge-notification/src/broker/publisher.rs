@@ -58,6 +58,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
                 // Published now it would reach browsers as new although a replay would no
                 // longer return it; it is out of the window the contract covers.
                 shared.metrics.broker_dropped.with(["expired"]).inc();
+                shared.message_done();
                 continue;
             }
         }
@@ -87,6 +88,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
                 shared.mark_up(&shared.publisher_up, "publisher");
                 if matches!(item, Item::Message(_)) {
                     shared.metrics.broker_published.inc();
+                    shared.message_done();
                 }
                 expect_back(&shared, this_seq);
                 if last_trim.is_none_or(|at| at.elapsed() >= TRIM_EVERY) {
