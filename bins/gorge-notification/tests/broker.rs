@@ -476,3 +476,39 @@ async fn a_message_posted_while_the_history_loads_is_replayed() {
     let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
     assert!(replayed.contains(&"late".to_string()), "{replayed:?}");
 }
+
+#[tokio::test]
+async fn a_full_publish_queue_drops_and_counts_and_the_rest_arrives_late() {
+    let redis = Redis::start();
+    let a = Server::start(&[
+        (BROKER_URL, &redis.url()),
+        ("GORGE_NOTIFICATION_BROKER_QUEUE_CAPACITY", "2"),
+    ]);
+    ready(&a).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+
+    redis.process.signal(Signal::STOP);
+    eventually(PATIENCE, "broker_up turned 0", || async {
+        metric(&a, "gorge_notification_broker_up").await == 0.0
+    })
+    .await;
+    let posted: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
+    for key in &posted {
+        post(&a, key).await;
+    }
+    // The queue holds 2; the publisher may hold one more it is retrying.
+    let dropped = metric(
+        &a,
+        "gorge_notification_broker_dropped_total{reason=\"queue_full\"}",
+    )
+    .await as usize;
+    assert!((3..=4).contains(&dropped), "{dropped}");
+    redis.process.signal(Signal::CONT);
+
+    // The first ones, in order, late; then nothing else before the marker.
+    let kept = posted.len() - dropped;
+    assert_eq!(keys(&mut on_b, kept).await, posted[..kept]);
+    post(&a, "marker").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["marker"]);
+}

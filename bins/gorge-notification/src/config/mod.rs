@@ -508,6 +508,76 @@ mod tests {
     }
 
     #[test]
+    fn broker_settings_are_validated() {
+        assert!(load_env(&[]).unwrap().broker.is_none());
+        let c =
+            load_env(&[("GORGE_NOTIFICATION_BROKER_URL", "rediss://u:p@redis:6380/2")]).unwrap();
+        let broker = c.broker.unwrap();
+        assert_eq!(broker.prefix, "gorge:notification");
+        assert_eq!(broker.queue_capacity, 4096);
+        // The URL may hold a password: never printed.
+        assert_eq!(broker.url.to_string(), "********");
+
+        let refused = |vars: &[(&str, &str)]| load_env(vars).unwrap_err();
+        let e = refused(&[("GORGE_NOTIFICATION_BROKER_URL", "http://redis:6379")]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_URL");
+        assert!(e.reason.contains("redis:// or rediss://"), "{e}");
+        let e = refused(&[("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:notaport/0")]);
+        assert!(e.reason.contains("not a valid Redis URL"), "{e}");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                "/nonexistent/gorge-password",
+            ),
+        ]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            ("GORGE_NOTIFICATION_BROKER_PREFIX", "two words"),
+        ]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_PREFIX");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            ("GORGE_NOTIFICATION_PEERS", "http://peer:22281"),
+        ]);
+        assert!(e.reason.contains("cannot be combined with peers"), "{e}");
+    }
+
+    #[test]
+    fn the_broker_password_file_wins_over_the_url() {
+        let dir = std::env::temp_dir().join(format!("gorge-broker-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let c = load_env(&[
+            (
+                "GORGE_NOTIFICATION_BROKER_URL",
+                "redis://user:from-url@redis:6379/0",
+            ),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                file.to_str().unwrap(),
+            ),
+        ])
+        .unwrap();
+        let info = crate::broker::connection_info(&c.broker.unwrap()).unwrap();
+        assert_eq!(info.redis_settings().password(), Some("from-file"));
+        assert_eq!(info.redis_settings().username(), Some("user"));
+        std::fs::write(&file, "\n").unwrap();
+        let e = load_env(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                file.to_str().unwrap(),
+            ),
+        ])
+        .unwrap_err();
+        assert!(e.reason.contains("one non-empty line"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn defaults() {
         let c = build_with(Settings::default(), None).unwrap();
         assert_eq!(
