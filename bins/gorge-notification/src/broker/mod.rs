@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo};
 use slog::Logger;
 use tokio::sync::{mpsc, Notify};
@@ -76,6 +77,9 @@ pub fn connection_info(config: &BrokerConfig) -> Result<ConnectionInfo, String> 
     let info = url
         .into_connection_info()
         .map_err(|e| format!("is not a valid Redis URL: {e}"))?;
+    // Every call is one small request waiting for its answer: Nagle's algorithm would hold
+    // a write back for the previous one's ACK, which the other side may delay (40 ms).
+    let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
     Ok(match &config.password {
         Some(password) => {
             let redis = info
