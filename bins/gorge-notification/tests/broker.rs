@@ -512,3 +512,29 @@ async fn a_full_publish_queue_drops_and_counts_and_the_rest_arrives_late() {
     post(&a, "marker").await;
     assert_eq!(keys(&mut on_b, 1).await, ["marker"]);
 }
+
+#[tokio::test]
+async fn a_starting_node_loads_a_history_longer_than_one_read() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    // More than one page (256 entries) of the stream.
+    let posted: Vec<String> = (0..300).map(|i| format!("l{i}")).collect();
+    for key in &posted {
+        post(&a, key).await;
+    }
+    eventually(PATIENCE, "every message is in the stream", || async {
+        metric(&a, "gorge_notification_broker_own_skipped_total").await == 300.0
+    })
+    .await;
+    // A socket queue that holds a replay of all of them (the default holds 256 frames).
+    let c = Server::start(&[
+        (BROKER_URL, &redis.url()),
+        ("GORGE_NOTIFICATION_QUEUE_FRAMES", "1024"),
+    ]);
+    ready(&c).await;
+    assert_eq!(
+        metric(&c, "gorge_notification_broker_hydrated_entries_total").await,
+        300.0
+    );
+    assert_eq!(replayed(&c).await, posted);
+}

@@ -117,6 +117,8 @@ struct Shared {
     history_age: Duration,
     /// The stream is trimmed to about this many entries.
     max_entries: usize,
+    /// At start, no more than this many bytes of entries are loaded (the history's bytes).
+    max_bytes: usize,
     metrics: BrokerMetrics,
     log: Logger,
     publisher_up: Updown,
@@ -162,6 +164,7 @@ impl Broker {
                 history_age: Duration::from_millis(limits.history_age_ms),
                 // Never so few that a reader a moment behind finds its entries trimmed.
                 max_entries: limits.history_entries.max(64),
+                max_bytes: limits.history_bytes,
                 metrics,
                 log,
                 publisher_up: Updown::default(),

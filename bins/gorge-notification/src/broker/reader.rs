@@ -181,6 +181,10 @@ async fn check_epoch(
 
 /// Loads the entries of the last history age (by Redis's clock) into history, oldest first,
 /// each with its age. Returns how many were taken.
+///
+/// Read newest first in pages of [`READ_COUNT`], and only as far back as the history keeps:
+/// the age, the entries and the bytes of the history limits, so a stream holding large or
+/// many entries costs this server no more than its history would.
 async fn hydrate(
     shared: &Shared,
     app: &ServerState,
@@ -191,34 +195,53 @@ async fn hydrate(
         within(CALL_TIMEOUT, redis::cmd("TIME").query_async(&mut *conn)).await?;
     let now_ms = seconds * 1000 + micros / 1000;
     let age_limit = shared.history_age.as_millis() as u64;
-    let value = within(
-        CALL_TIMEOUT,
-        redis::cmd("XREVRANGE")
-            .arg(&shared.stream_key)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(shared.max_entries)
-            .query_async::<Value>(conn),
-    )
-    .await?;
-    let mut entries = entries_of(value);
-    entries.reverse();
-    let mut taken = 0u64;
-    let last_id = entries
-        .last()
-        .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
-    for entry in entries {
-        let age = now_ms.saturating_sub(id_millis(&entry.id));
-        if age > age_limit {
-            continue;
+    let mut kept: Vec<StreamEntry> = Vec::new();
+    let mut bytes = 0usize;
+    let mut last_id: Option<String> = None;
+    let mut end = "+".to_string();
+    'pages: loop {
+        let value = within(
+            CALL_TIMEOUT,
+            redis::cmd("XREVRANGE")
+                .arg(&shared.stream_key)
+                .arg(&end)
+                .arg("-")
+                .arg("COUNT")
+                .arg(READ_COUNT)
+                .query_async::<Value>(&mut *conn),
+        )
+        .await?;
+        let page = entries_of(value);
+        let full = page.len() == READ_COUNT;
+        for entry in page {
+            last_id.get_or_insert_with(|| entry.id.clone());
+            end = format!("({}", entry.id);
+            bytes += entry
+                .fields
+                .iter()
+                .map(|(n, v)| n.len() + v.len())
+                .sum::<usize>();
+            if now_ms.saturating_sub(id_millis(&entry.id)) > age_limit
+                || kept.len() >= shared.max_entries
+                || bytes > shared.max_bytes
+            {
+                break 'pages;
+            }
+            kept.push(entry);
         }
+        if !full {
+            break;
+        }
+    }
+    let mut taken = 0u64;
+    for entry in kept.into_iter().rev() {
+        let age = now_ms.saturating_sub(id_millis(&entry.id));
         if take(shared, app, state, entry, age).await {
             taken += 1;
         }
     }
     shared.metrics.broker_hydrated_entries.inc_by(taken);
-    state.last_id = Some(last_id);
+    state.last_id = Some(last_id.unwrap_or_else(|| "0-0".to_string()));
     Ok(taken)
 }
 
