@@ -146,6 +146,18 @@ expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PING_INTERVAL_SE
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PING_INTERVAL_SECONDS: ""' \
     --set notification.env.GORGE_NOTIFICATION_PING_INTERVAL_SECONDS=
 expect_rendered notification-configmap.yaml 'TZ: "UTC"' --set notification.env.TZ=UTC
+# Broker mode: the URL and prefix instead of peer DNS, the password only as a mounted file.
+broker=(--set notification.broker.url=redis://redis.phorge.svc:6379/0 --set notification.broker.existingSecret=gorge-redis)
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_BROKER_URL: "redis://redis.phorge.svc:6379/0"' "${broker[@]}"
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_BROKER_PREFIX: "gorge:notification"' "${broker[@]}"
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: "/var/run/secrets/gorge/broker/password"' "${broker[@]}"
+expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_PEER_DNS: "gorge-notification-peers.phorge.svc.cluster.local:22281"' "${broker[@]}"
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PEER_DNS: "gorge-notification-peers.phorge.svc.cluster.local:22281"'
+expect_rendered notification-deployment.yaml 'secretName: gorge-redis' "${broker[@]}"
+expect_rendered notification-deployment.yaml '!secretName: gorge-redis' --set notification.broker.existingSecret=gorge-redis
+expect_rendered notification-deployment.yaml 'minReadySeconds: 5'
+expect_refusal "notification.env.GORGE_NOTIFICATION_BROKER_URL is set by the chart; use notification.broker.url instead" \
+    -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_BROKER_URL=redis://x:6379
 expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_OUTBOUND_BLACKLIST: "192.168.1.7,fc00::/7"' \
     --set 'webhook.outboundBlacklist[0]=192.168.1.7' --set 'webhook.outboundBlacklist[1]=fc00::/7'
 # Grace periods too short for preStop + drain/delivery.

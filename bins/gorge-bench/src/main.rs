@@ -3,6 +3,7 @@
 //! Every subcommand talks only to loopback, stops by itself within `--timeout`, and ends
 //! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
 
+mod cluster;
 mod drill;
 mod flood;
 mod floor;
@@ -36,6 +37,8 @@ enum Command {
     Notify(notify::NotifyArgs),
     /// Drain a seeded herald_webhookrequest backlog with gorge-webhook processes.
     Webhook(webhook::WebhookArgs),
+    /// Cross-node POST→frame latency and CPU per message of a cluster, mesh or Redis.
+    Cluster(cluster::ClusterArgs),
     /// Fault drills with a PASS/FAIL verdict.
     Drill(drill::DrillArgs),
     /// Anonymous sockets flooding one kind of frame while admin POSTs are timed.
@@ -78,6 +81,7 @@ fn main() {
         Command::Notify(a) => ("notify", a.timeout),
         Command::Webhook(a) => ("webhook", a.timeout),
         Command::Drill(a) => ("drill", a.timeout),
+        Command::Cluster(a) => ("cluster", a.timeout),
         Command::Floor(a) => ("floor", a.timeout),
         Command::Flood(a) => ("flood", a.timeout),
     };
@@ -90,6 +94,7 @@ fn main() {
                 Command::Notify(a) => notify::run(a).await,
                 Command::Webhook(a) => webhook::run(a).await,
                 Command::Drill(a) => drill::run(a).await,
+                Command::Cluster(a) => cluster::run(a).await,
                 Command::Floor(a) => floor::run(a).await,
                 Command::Flood(a) => flood::run(a).await,
             }

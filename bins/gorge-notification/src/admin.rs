@@ -159,6 +159,9 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
     let accepted_at = Instant::now();
     match ingest::accept(app, instance.clone(), &body, accepted_at) {
         Ok(Ingested::Accepted { payload, touched }) => {
+            if let Some(broker) = &app.broker {
+                broker.publish(&instance, payload.clone(), &touched);
+            }
             app.relay.relay(&instance, payload, &touched);
             receipt(app)
         }

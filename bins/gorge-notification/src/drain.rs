@@ -1,5 +1,6 @@
 //! Graceful drain on SIGTERM (docs/notification.md, "Failure behaviour"): close every socket with 1001, spread over the drain
-//! window with jitter, while the peer relay flushes its queues.
+//! window with jitter, while the peer relay flushes its queues (or the broker its publish
+//! queue).
 //!
 //! Browsers reconnect immediately after a close and then back off without jitter; closing
 //! thousands of sockets in the same second would move them all onto the remaining pods at
@@ -56,6 +57,13 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
     };
     let relay = app.relay.clone();
     let peers = tokio::spawn(async move { relay.shutdown(window).await });
+    // What PHP posted here last still goes to the stream (the publisher runs until exit).
+    let broker = app.broker.clone();
+    let published = tokio::spawn(async move {
+        if let Some(broker) = broker {
+            broker.flush(window).await;
+        }
+    });
     for (outbound, offset) in sockets.iter().zip(offsets) {
         tokio::time::sleep_until(started + offset).await;
         outbound.close(CloseReason::GoingAway);
@@ -79,6 +87,7 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
         }
     }
     let _ = peers.await;
+    let _ = published.await;
     emit!(app.log, events::NOTIFY_DRAIN_DONE;
         "open_sockets" => app.hub.open_sockets(),
         "elapsed_ms" => started.elapsed().as_millis() as u64);

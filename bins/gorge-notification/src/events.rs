@@ -81,5 +81,28 @@ gorge_service::events! {
         NOTIFY_PEER_QUEUES_DROPPED: Warning @ "peers" ["pending", "deadline_ms"]
             "At shutdown, `pending` relayed messages were still queued at the deadline and are \
              dropped";
+        NOTIFY_BROKER_UP: Info @ "broker" ["connection"]
+            "The publisher's or the reader's connection to the broker works, at start or again \
+             after a failure";
+        NOTIFY_BROKER_DOWN: Warning @ "broker" ["connection", "error"]
+            "A broker call failed or timed out (once per outage of that connection; it \
+             reconnects with backoff, local delivery goes on)";
+        NOTIFY_BROKER_HYDRATED: Info @ "broker" ["entries", "elapsed_ms"]
+            "At start, the last history age of the stream was loaded into history; `/readyz` \
+             and `replay` go ahead";
+        NOTIFY_BROKER_NOT_HYDRATED: Warning @ "broker" ["waited_ms"]
+            "The broker could not be read within the start-up wait: ready without history, \
+             loaded when the broker answers";
+        NOTIFY_BROKER_EPOCH_CHANGED: Warning @ "broker" ["before", "now"]
+            "Redis restarted empty or was flushed (its epoch key changed): the history it held \
+             is gone; reading starts from the new stream";
+        NOTIFY_BROKER_PROBE_TIMEOUT: Warning @ "broker" ["seq", "timeout_ms"]
+            "Our own entry `seq` did not come back to the reader in time: its connection is \
+             replaced";
+        NOTIFY_BROKER_NOT_FLUSHED: Warning @ "broker" ["pending", "deadline_ms"]
+            "At shutdown, `pending` messages were still waiting for the broker at the drain \
+             deadline: other servers' browsers will not get them";
+        NOTIFY_BROKER_BAD_ENTRY: Warning @ "broker" ["id", "reason"]
+            "A stream entry that is not a message of this service was skipped";
     ];
 }

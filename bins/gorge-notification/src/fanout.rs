@@ -40,6 +40,7 @@ pub const HANDOFF_BYTES: usize = 64 << 20;
 pub const BATCH_BYTES: usize = 1 << 20;
 
 /// One accepted message.
+#[derive(Clone)]
 pub struct Job {
     pub instance: String,
     pub subscribers: Vec<String>,
@@ -58,6 +59,8 @@ pub struct Fanout {
     /// in the channel.
     tx: Mutex<SyncSender<Job>>,
     accepted: AtomicU64,
+    /// The `at_ms` of the last job handed over (changed only under `tx`'s lock).
+    last_at_ms: AtomicU64,
     /// How many jobs the thread has finished.
     delivered: watch::Sender<u64>,
     waiting_bytes: Arc<AtomicUsize>,
@@ -91,6 +94,7 @@ impl Fanout {
             hub,
             tx: Mutex::new(tx),
             accepted: AtomicU64::new(0),
+            last_at_ms: AtomicU64::new(0),
             delivered,
             waiting_bytes,
         }
@@ -107,14 +111,31 @@ impl Fanout {
     }
 
     /// Hands a message over without waiting.
-    pub fn submit(&self, mut job: Job) -> Result<(), Full> {
+    pub fn submit(&self, job: Job) -> Result<(), Full> {
+        self.submit_aged(job, 0)
+    }
+
+    /// [`Fanout::submit`] for a message accepted `age_ms` ago elsewhere (history loaded at
+    /// start keeps each message's age, so it expires and replays as it would have there).
+    ///
+    /// Never older than the message handed over before it: the history is kept in hand-over
+    /// order and a replay stops at the first message older than it asks for, so one aged
+    /// message behind a newer one (a POST accepted here while the history was still loading)
+    /// would hide the newer one from every replay. Such a message is taken as that young.
+    pub fn submit_aged(&self, mut job: Job, age_ms: u64) -> Result<(), Full> {
         let len = job.frame.len();
         if self.waiting_bytes.fetch_add(len, Ordering::Relaxed) + len > HANDOFF_BYTES {
             self.waiting_bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(Full);
         }
         let tx = self.tx.lock().expect("fan-out lock poisoned");
-        job.at_ms = self.hub.now_ms();
+        let at_ms = self
+            .hub
+            .now_ms()
+            .saturating_sub(age_ms)
+            .max(self.last_at_ms.load(Ordering::Relaxed));
+        self.last_at_ms.store(at_ms, Ordering::Relaxed);
+        job.at_ms = at_ms;
         match tx.try_send(job) {
             Ok(()) => {
                 self.accepted.fetch_add(1, Ordering::Release);

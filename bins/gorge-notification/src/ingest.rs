@@ -56,6 +56,19 @@ pub fn accept(
     body: &[u8],
     accepted_at: Instant,
 ) -> Result<Ingested, IngestError> {
+    accept_aged(app, instance, body, accepted_at, 0)
+}
+
+/// [`accept`] for a message accepted `age_ms` ago elsewhere (see [`Fanout::submit_aged`]).
+///
+/// [`Fanout::submit_aged`]: crate::fanout::Fanout::submit_aged
+fn accept_aged(
+    app: &ServerState,
+    instance: String,
+    body: &[u8],
+    accepted_at: Instant,
+    age_ms: u64,
+) -> Result<Ingested, IngestError> {
     let parsed = aphlict::parse_admin_message(body, &app.fingerprint);
     let id = matches!(parsed, Ok(AdminMessage::Accepted(_)))
         .then(|| unique_id(body))
@@ -92,7 +105,7 @@ pub fn accept(
         at_ms: 0,
     };
     let instance = job.instance.clone();
-    if app.fanout.submit(job).is_err() {
+    if app.fanout.submit_aged(job, age_ms).is_err() {
         // Not taken in: a retry of it must be.
         id.inspect(|id| app.recent_ids.forget(*id));
         return Err(IngestError::FanoutFull);
@@ -107,14 +120,43 @@ pub fn accept(
     })
 }
 
-/// Takes in a message another server accepted (its `touched` names that server), as a relayed
-/// admin POST is taken in: stored, delivered, counted in `messages.in`, never relayed on.
-pub fn ingest_relayed(
+/// Why a message from elsewhere was not taken in.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotTaken {
+    /// It carries our fingerprint already (counted in `messages.in`, as a relayed POST is).
+    AlreadySeen,
+    /// Not JSON, or not an object.
+    Malformed,
+    /// The instance name is over the limit.
+    InstanceName,
+}
+
+/// Takes in a message another server accepted `age_ms` ago (its `touched` names that
+/// server), as a relayed admin POST is taken in: stored, delivered, counted in
+/// `messages.in`, never relayed on. Broker mode's reader uses it for live entries (`age_ms`
+/// 0) and for the history it loads at start (their age in the stream). Waits while the
+/// fan-out's hand-off is full rather than drop it: nothing waits on this but the reader,
+/// which is where the back-pressure belongs.
+pub async fn ingest_relayed(
     app: &ServerState,
-    instance: String,
+    instance: &str,
     body: &[u8],
-) -> Result<Ingested, IngestError> {
-    accept(app, instance, body, Instant::now())
+    age_ms: u64,
+) -> Result<(), NotTaken> {
+    let accepted_at = Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match accept_aged(app, instance.to_owned(), body, accepted_at, age_ms) {
+            Ok(Ingested::Accepted { .. }) => return Ok(()),
+            Ok(Ingested::AlreadySeen) => return Err(NotTaken::AlreadySeen),
+            Err(IngestError::Message(_)) => return Err(NotTaken::Malformed),
+            Err(IngestError::InstanceName) => return Err(NotTaken::InstanceName),
+            Err(IngestError::FanoutFull) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            }
+        }
+    }
 }
 
 /// The `uniqueID` of a message, hashed; `None` when it has none (or is not an object).

@@ -9,7 +9,8 @@
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
 //! - [`admin`]: `POST /`, `/status/`, `/history/` and the probes;
 //! - [`admin_runtime`]: the admin port's own thread, out of the browsers' reach;
-//! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out);
+//! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out), from PHP, a
+//!   peer or the broker;
 //! - [`warmup`]: a starting server fills its history from a ready peer;
 //! - [`client`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
@@ -18,12 +19,15 @@
 //! - [`wire`]: WebSocket frames encoded once, and the bounded reader of client frames;
 //! - [`drain`]: the graceful drain on SIGTERM;
 //! - [`peers`]: relaying to the other servers of a cluster;
+//! - [`broker`]: broker mode, the cluster on a Redis stream instead of peers;
+//! - [`history_gate`]: `/readyz` and client commands wait until the history is filled;
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`fdlimit`]: raising the open-file limit at startup;
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
 pub mod admin_runtime;
+pub mod broker;
 pub mod budget;
 pub mod client;
 pub mod config;
@@ -31,6 +35,7 @@ pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod history_gate;
 pub mod ingest;
 pub mod inspect;
 pub mod metrics;

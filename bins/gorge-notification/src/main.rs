@@ -142,7 +142,9 @@ async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
         eprintln!("gorge-notification: {copy}");
         return 1;
     }
-    let server = match Server::bind(config, MonotonicClock::new(), log).await {
+    // History loaded at start (broker mode) keeps its age: the clock must reach that far back.
+    let clock = MonotonicClock::starting_at(config.hub.history_age_ms);
+    let server = match Server::bind(config, clock, log).await {
         Ok(server) => server,
         Err(e) => {
             emit!(log, events::NOTIFY_BIND_FAILED; "addr" => %e.addr, "error" => %e);

@@ -1,4 +1,4 @@
-//! Wiring: the hub, metrics, peers and both kinds of listener, bound first and then served
+//! Wiring: the hub, metrics, peers or the broker, and both kinds of listener, bound first and then served
 //! until SIGTERM and drained. [`Server::bind`] takes the clock, so tests run the whole
 //! service in-process with a manual clock instead of sleeping.
 
@@ -17,12 +17,14 @@ use slog::Logger;
 use tokio::sync::Notify;
 
 use crate::admin_runtime::AdminRuntime;
+use crate::broker::{Broker, BrokerMetrics};
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
+use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
-use crate::state::{ConnectionLimits, HistoryGate, ServerState};
+use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client, drain, fdlimit, warmup};
 use gorge_service::emit;
 
@@ -74,10 +76,31 @@ impl Server {
             &mut registry,
             log.clone(),
         );
-        // Nothing to warm from without peers: ready at once, as before.
+        let broker_metrics = BrokerMetrics::register(&mut registry);
+        let broker = config.broker.as_ref().map(|broker| {
+            broker_metrics.broker_enabled.set(1);
+            Broker::new(
+                broker,
+                fingerprint.clone(),
+                &config.hub,
+                broker_metrics,
+                log.clone(),
+            )
+        });
+        // History is filled at start from a peer (mesh) or from the stream (broker mode,
+        // which refuses peers); with neither, it is warm at once, as before.
         let has_peers = !config.peers.static_peers.is_empty() || config.peers.dns.is_some();
-        let history_gate = Arc::new(HistoryGate::new(!has_peers));
-        metrics.history_warm.set(i64::from(!has_peers));
+        let history_gate = Arc::new(match (&broker, has_peers) {
+            (Some(_), _) => HistoryGate::new(
+                false,
+                "loading history from the broker",
+                metrics.history_warm.clone(),
+            ),
+            (None, true) => {
+                HistoryGate::new(false, "history is warming up", metrics.history_warm.clone())
+            }
+            (None, false) => HistoryGate::new(true, "", metrics.history_warm.clone()),
+        });
         let probes = Probes::new(registry, history_gate.readiness());
         let (hub, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
@@ -88,6 +111,7 @@ impl Server {
             metrics,
             probes,
             relay,
+            broker: broker.clone(),
             limits: ConnectionLimits {
                 max_frame_bytes: config.max_frame_bytes,
                 inbound: config.inbound,
@@ -106,6 +130,10 @@ impl Server {
             ),
             history_exports: std::sync::atomic::AtomicUsize::new(0),
         });
+        if let Some(broker) = &broker {
+            broker.start_publisher();
+            broker.start_reader(app.clone());
+        }
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
                 "hint" => "the admin port has no authentication: keep it off public networks, \
@@ -203,7 +231,8 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
-        if !app.history_gate.is_open() {
+        // Broker mode's reader fills history from the stream instead (started by `bind`).
+        if app.broker.is_none() && !app.history_gate.is_open() {
             tokio::spawn(warmup::run(app.clone(), self.warmup_deadline));
         }
         let options = RunOptions {

@@ -391,7 +391,10 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
             let command = aphlict::parse_client_command(&text);
             if matches!(command, ClientCommand::Replay { .. }) {
                 // A replay answered before history is warm would miss what the browser came
-                // back for; the gate opens within the warm-up's deadline.
+                // back for; the gate opens within the warm-up's deadline, or once the broker's
+                // history is handed to the fan-out. First, so that the settling below covers
+                // those messages too. Other commands go ahead: what a socket subscribed
+                // meanwhile gets live, its replay leaves out (the hub's `live_from`).
                 app.history_gate.opened().await;
             }
             let hub = app.fanout.settled().await;

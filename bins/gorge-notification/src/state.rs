@@ -1,6 +1,6 @@
 //! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
-//! probes, the peer relay, the limits that apply per request or per socket, and the history
-//! gate (is the history warm yet).
+//! probes, the peer relay or the broker, the limits that apply per request or per socket, and
+//! the history gate (is the history warm yet).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 use gorge_hub::Hub;
 use gorge_service::Probes;
 use slog::Logger;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
+use crate::broker::Broker;
 use crate::budget::InboundLimits;
 use crate::fanout::Fanout;
+use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 
@@ -39,6 +41,8 @@ pub struct ServerState {
     pub metrics: Metrics,
     pub probes: Arc<Probes>,
     pub relay: Arc<PeerRelay>,
+    /// Broker mode's publishing side, when `BROKER_URL` is set.
+    pub broker: Option<Arc<Broker>>,
     pub limits: ConnectionLimits,
     pub started: Instant,
     pub log: Logger,
@@ -47,65 +51,13 @@ pub struct ServerState {
     /// Set when the drain starts: when it stops waiting for sockets. A socket closed by the
     /// drain may take until then to write what is queued and its 1001.
     pub drain_ends: OnceLock<tokio::time::Instant>,
-    /// Open once history holds what this server must be able to replay.
+    /// Open once history holds what this server must be able to replay (at once without
+    /// peers or a broker to fill it from).
     pub history_gate: Arc<HistoryGate>,
     /// Messages taken in recently, by `uniqueID`: each is taken in once.
     pub recent_ids: crate::ingest::RecentIds,
     /// `GET /history/` exports being built now (each holds up to the history's bytes).
     pub history_exports: std::sync::atomic::AtomicUsize,
-}
-
-/// Whether this server's history is warm: it holds every message of the history window the
-/// cluster had (warmed from a peer, or loaded from a broker), or there was nothing to warm
-/// from. Until then `/readyz` answers 503 and `replay` commands wait: a browser that
-/// reconnected here and replayed an empty history would miss what it came back for.
-///
-/// It opens once and never closes. Both ways of filling history (the mesh's warm-up from a
-/// peer and a broker's load at start) open it when they are done, whatever the outcome.
-#[derive(Debug)]
-pub struct HistoryGate {
-    open: watch::Sender<bool>,
-}
-
-impl HistoryGate {
-    /// A gate that is already open (nothing to warm from) or closed until [`HistoryGate::open`].
-    pub fn new(open: bool) -> HistoryGate {
-        HistoryGate {
-            open: watch::Sender::new(open),
-        }
-    }
-
-    /// Opens the gate for good.
-    pub fn open(&self) {
-        self.open.send_replace(true);
-    }
-
-    pub fn is_open(&self) -> bool {
-        *self.open.borrow()
-    }
-
-    /// Completes once the gate is open.
-    pub async fn opened(&self) {
-        if self.is_open() {
-            return;
-        }
-        let _ = self.open.subscribe().wait_for(|open| *open).await;
-    }
-
-    /// The readiness check `/readyz` asks: not ready while history is still being filled.
-    pub fn readiness(self: &Arc<Self>) -> gorge_service::ReadinessCheck {
-        let gate = Arc::clone(self);
-        Arc::new(move || {
-            let open = gate.is_open();
-            Box::pin(async move {
-                if open {
-                    Ok(())
-                } else {
-                    Err("history is warming up".to_owned())
-                }
-            })
-        })
-    }
 }
 
 impl ServerState {

@@ -238,7 +238,6 @@ pub async fn run(app: Arc<ServerState>, deadline: Duration) {
 }
 
 fn open(app: &ServerState) {
-    app.metrics.history_warm.set(1);
     app.history_gate.open();
 }
 

@@ -6,6 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
+use gorge_notification::broker::BrokerMetrics;
 use gorge_notification::config::Settings;
 use gorge_notification::metrics::{Metrics, PREFIX};
 use gorge_notification::peers::PeerMetrics;
@@ -24,6 +25,7 @@ fn the_settings_table_is_the_declaration() {
 fn the_metrics_table_is_the_declaration() {
     let mut families = Metrics::families();
     families.extend(PeerMetrics::families());
+    families.extend(BrokerMetrics::families());
     docs::check_table(&page(), &metrics::docs_table(PREFIX, &families));
 }
 

@@ -15,20 +15,30 @@ pub trait MillisClock: Send + Sync {
 #[derive(Debug)]
 pub struct MonotonicClock {
     start: Instant,
+    /// What the clock read at `start`.
+    offset_ms: u64,
 }
 
 impl MonotonicClock {
     /// A clock reading 0 now.
     pub fn new() -> Arc<Self> {
+        Self::starting_at(0)
+    }
+
+    /// A clock reading `ms` now, so that a time up to `ms` in the past (a message loaded
+    /// into history at start with its age) is still a reading of this clock.
+    pub fn starting_at(ms: u64) -> Arc<Self> {
         Arc::new(MonotonicClock {
             start: Instant::now(),
+            offset_ms: ms,
         })
     }
 }
 
 impl MillisClock for MonotonicClock {
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        elapsed.saturating_add(self.offset_ms)
     }
 }
 

@@ -22,6 +22,9 @@ pub use prometheus_client::metrics::counter::Counter;
 pub use prometheus_client::metrics::gauge::Gauge;
 pub use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
+/// A gauge of fractional values (seconds of lag and the like).
+pub type GaugeF64 = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 /// The label set of a [`Labeled`] family: each label's name with its value.
 pub type LabelSet<const N: usize> = [(&'static str, Cow<'static, str>); N];
 

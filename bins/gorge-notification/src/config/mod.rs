@@ -24,7 +24,7 @@ use std::time::Duration;
 use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
-use gorge_service::config::{env_value, CheckLine, Source};
+use gorge_service::config::{env_value, CheckLine, Secret, Source};
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
 use gorge_service::ConfigError;
 use serde_json::Value;
@@ -100,6 +100,19 @@ pub struct PeerConfig {
     pub keep_for: Duration,
 }
 
+/// Broker mode (spec §8b): the Redis that carries messages between nodes and keeps history.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// The URL as given (it may hold a password: printed masked).
+    pub url: Secret,
+    /// From `BROKER_PASSWORD_FILE`; wins over a password in the URL.
+    pub password: Option<Secret>,
+    /// Keys are `<prefix>:stream` and `<prefix>:epoch`.
+    pub prefix: String,
+    /// Messages waiting to be published, at most.
+    pub queue_capacity: usize,
+}
+
 /// A file key that was accepted but ignored; logged once at startup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IgnoredKey {
@@ -122,6 +135,8 @@ pub struct Config {
     /// Close frames are spread over this window on SIGTERM.
     pub drain_window: Duration,
     pub peers: PeerConfig,
+    /// Broker mode, when `BROKER_URL` is set (never together with peers).
+    pub broker: Option<BrokerConfig>,
     pub config_file: Option<PathBuf>,
     pub ignored: Vec<IgnoredKey>,
     /// Logged at startup and printed by `--check-config`.
@@ -323,6 +338,8 @@ fn build(
         None => None,
     };
 
+    let broker = broker_config(settings, !static_peers.is_empty() || dns.is_some())?;
+
     let s = settings;
     let hub = Limits {
         queue_frames: usize_of(s.queue_frames),
@@ -379,6 +396,7 @@ fn build(
             timeout: Duration::from_millis(s.peer_timeout_ms),
             keep_for: Duration::from_millis(s.history_age_ms),
         },
+        broker,
         config_file,
         ignored: file.ignored,
         warnings: Vec::new(),
@@ -386,6 +404,56 @@ fn build(
         log: Layered::default(),
         servers_source,
     })
+}
+
+/// Broker mode's settings, validated: a `redis://` or `rediss://` URL the client accepts, a
+/// readable password file, a usable prefix, and no peers (both would deliver every message).
+fn broker_config(
+    settings: &Settings,
+    has_peers: bool,
+) -> Result<Option<BrokerConfig>, ConfigError> {
+    let url_key = env_key("broker_url");
+    let Some(url) = settings.broker_url.clone().filter(|url| !url.is_empty()) else {
+        return Ok(None);
+    };
+    if has_peers {
+        return Err(ConfigError::new(
+            &url_key,
+            &url,
+            "cannot be combined with peers (GORGE_NOTIFICATION_PEERS, GORGE_NOTIFICATION_PEER_DNS \
+             or the file's cluster[]): both would deliver every message; use one",
+        ));
+    }
+    let password = match &settings.broker_password_file {
+        Some(path) => {
+            let key = env_key("broker_password_file");
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
+            let line = text.trim_end_matches(['\r', '\n']);
+            if line.is_empty() || line.contains('\n') {
+                return Err(ConfigError::new(&key, path, "must hold one non-empty line"));
+            }
+            Some(Secret::new(line))
+        }
+        None => None,
+    };
+    let broker = BrokerConfig {
+        url,
+        password,
+        prefix: settings.broker_prefix.trim().to_string(),
+        queue_capacity: usize_of(settings.broker_queue_capacity),
+    };
+    if let Err(why) = crate::broker::connection_info(&broker) {
+        return Err(ConfigError::new(&url_key, &broker.url, why));
+    }
+    if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
+        return Err(ConfigError::new(
+            env_key("broker_prefix"),
+            &settings.broker_prefix,
+            "must be non-empty, without spaces (e.g. gorge:notification)",
+        ));
+    }
+    Ok(Some(broker))
 }
 
 /// The `--check-config` lines: servers, peers, every flat setting with its source, then the
@@ -531,6 +599,76 @@ mod tests {
         load_from(None, &move |var| {
             vars.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn broker_settings_are_validated() {
+        assert!(load_env(&[]).unwrap().broker.is_none());
+        let c =
+            load_env(&[("GORGE_NOTIFICATION_BROKER_URL", "rediss://u:p@redis:6380/2")]).unwrap();
+        let broker = c.broker.unwrap();
+        assert_eq!(broker.prefix, "gorge:notification");
+        assert_eq!(broker.queue_capacity, 4096);
+        // The URL may hold a password: never printed.
+        assert_eq!(broker.url.to_string(), "********");
+
+        let refused = |vars: &[(&str, &str)]| load_env(vars).unwrap_err();
+        let e = refused(&[("GORGE_NOTIFICATION_BROKER_URL", "http://redis:6379")]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_URL");
+        assert!(e.reason.contains("redis:// or rediss://"), "{e}");
+        let e = refused(&[("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:notaport/0")]);
+        assert!(e.reason.contains("not a valid Redis URL"), "{e}");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                "/nonexistent/gorge-password",
+            ),
+        ]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            ("GORGE_NOTIFICATION_BROKER_PREFIX", "two words"),
+        ]);
+        assert_eq!(e.key, "GORGE_NOTIFICATION_BROKER_PREFIX");
+        let e = refused(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            ("GORGE_NOTIFICATION_PEERS", "http://peer:22281"),
+        ]);
+        assert!(e.reason.contains("cannot be combined with peers"), "{e}");
+    }
+
+    #[test]
+    fn the_broker_password_file_wins_over_the_url() {
+        let dir = std::env::temp_dir().join(format!("gorge-broker-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let c = load_env(&[
+            (
+                "GORGE_NOTIFICATION_BROKER_URL",
+                "redis://user:from-url@redis:6379/0",
+            ),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                file.to_str().unwrap(),
+            ),
+        ])
+        .unwrap();
+        let info = crate::broker::connection_info(&c.broker.unwrap()).unwrap();
+        assert_eq!(info.redis_settings().password(), Some("from-file"));
+        assert_eq!(info.redis_settings().username(), Some("user"));
+        std::fs::write(&file, "\n").unwrap();
+        let e = load_env(&[
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0"),
+            (
+                "GORGE_NOTIFICATION_BROKER_PASSWORD_FILE",
+                file.to_str().unwrap(),
+            ),
+        ])
+        .unwrap_err();
+        assert!(e.reason.contains("one non-empty line"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use gorge_hub::Limits;
 use gorge_service::settings::{
-    Bytes, Count, CountOrZero, Millis, Optional, Port, Seconds, SecondsOrZero, Text,
+    Bytes, Count, CountOrZero, Millis, Optional, Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 
 gorge_service::settings! {
@@ -39,6 +39,16 @@ gorge_service::settings! {
         peer_queue_capacity: Count = 1024,
             "Messages queued per peer before new ones are dropped (counted)";
         peer_timeout_ms: Millis = 5000, "Timeout of one relay POST";
+        broker_url: Optional<SecretText> = None,
+            "Broker mode (instead of peers): `redis://[user:pass@]host:port/db` or `rediss://` \
+             (TLS) of a Redis ≥ 6.2 or Valkey; masked when printed";
+        broker_password_file: Optional<Text> = None,
+            "File holding the broker password (one line; wins over a password in the URL)";
+        broker_prefix: Text = "gorge:notification".to_string(),
+            "Prefix of the broker's keys (`<prefix>:stream`, `<prefix>:epoch`); one per Phorge \
+             install sharing a Redis";
+        broker_queue_capacity: Count = 4096,
+            "Messages waiting to be published to the broker before new ones are dropped (counted)";
         max_frame_bytes: Bytes = 64 * 1024,
             "Largest inbound WebSocket frame/message; larger → close 1009";
         max_admin_body_bytes: Bytes = 1 << 20, "Largest admin POST body; larger → 413";

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::ops::Deref;
 use std::path::Path;
 use std::process::Command;

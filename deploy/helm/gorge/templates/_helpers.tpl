@@ -234,6 +234,9 @@ GORGE_NOTIFICATION_PEERS: nothing (peers are found through GORGE_NOTIFICATION_PE
 GORGE_NOTIFICATION_DRAIN_SECONDS: notification.drainSeconds
 GORGE_NOTIFICATION_MAX_SOCKETS: notification.maxSockets
 GORGE_NOTIFICATION_CONFIG_FILE: nothing (the chart configures through the environment)
+GORGE_NOTIFICATION_BROKER_URL: notification.broker.url
+GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: notification.broker.existingSecret
+GORGE_NOTIFICATION_BROKER_PREFIX: notification.broker.prefix
 {{- end -}}
 {{- define "gorge.webhook.managedEnv" -}}
 GORGE_LISTEN_ADDR: webhook.port
@@ -361,6 +364,11 @@ ConfigMap data of each component. The Deployments hash exactly this (not the who
 ConfigMap, whose labels carry the chart version), so a pod restarts only when its own
 settings change.
 */}}
+{{/* Where the broker password Secret is mounted (broker mode). */}}
+{{- define "gorge.notification.brokerPasswordFile" -}}
+/var/run/secrets/gorge/broker/{{ .Values.notification.broker.passwordKey }}
+{{- end -}}
+
 {{- define "gorge.notification.configData" -}}
 {{- $n := .Values.notification -}}
 GORGE_NOTIFICATION_CLIENT_PORT: {{ $n.clientPort | quote }}
@@ -369,7 +377,15 @@ GORGE_NOTIFICATION_ADMIN_PORT: {{ $n.adminPort | quote }}
 the kubelet's probes, the admin Service and the peers reach it on the pod address, and the
 NetworkPolicy (notification-networkpolicy.yaml) admits only Phorge's pods and this release. */}}
 GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR: "0.0.0.0"
+{{- if $n.broker.url }}
+GORGE_NOTIFICATION_BROKER_URL: {{ $n.broker.url | quote }}
+GORGE_NOTIFICATION_BROKER_PREFIX: {{ $n.broker.prefix | quote }}
+{{- with $n.broker.existingSecret }}
+GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: {{ include "gorge.notification.brokerPasswordFile" $ | quote }}
+{{- end }}
+{{- else }}
 GORGE_NOTIFICATION_PEER_DNS: {{ include "gorge.notification.peerDns" . | quote }}
+{{- end }}
 GORGE_NOTIFICATION_DRAIN_SECONDS: {{ $n.drainSeconds | quote }}
 {{- with include "gorge.notification.maxSockets" . }}
 GORGE_NOTIFICATION_MAX_SOCKETS: {{ . | quote }}

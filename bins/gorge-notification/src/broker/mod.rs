@@ -1,0 +1,342 @@
+//! Broker mode (docs/notification.md, "Broker mode"; spec §8b): the servers of a cluster
+//! exchange messages through one Redis stream instead of relaying to each other, and the
+//! stream is also the history a starting server loads, so it survives restarts of every node.
+//!
+//! A stream and not Pub/Sub: entry ids are time-ordered, which is what Aphlict's age-based
+//! replay needs (load the last `HISTORY_AGE_MS` at start, resume from the last id read after an
+//! outage), and entries wait for a reader that was away.
+//!
+//! - this module: the handle the admin port publishes through, the shared state, the keys and
+//!   the entry fields;
+//! - [`publisher`]: the one task that `XADD`s, from a bounded queue (the POST never waits);
+//! - [`reader`]: the task that loads history at start, then reads the stream on its own
+//!   connection, and finds a connection that delivers nothing;
+//! - [`metrics`], the `gorge_notification_broker_*` families.
+
+mod metrics;
+mod publisher;
+mod reader;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo};
+use slog::Logger;
+use tokio::sync::{mpsc, Notify};
+
+use crate::config::BrokerConfig;
+use crate::events;
+use crate::state::ServerState;
+use gorge_service::emit;
+pub use metrics::BrokerMetrics;
+
+/// Bound of every Redis call but the blocking read (connecting included).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one `XREAD BLOCK` waits for entries; its call timeout is this plus
+/// [`CALL_TIMEOUT`].
+const BLOCK: Duration = Duration::from_secs(5);
+
+/// With nothing to publish for this long, the publisher adds a probe entry, so the reader
+/// always has one of our own entries to expect.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Our own entry (message or probe) must come back to the reader within this long after
+/// Redis acknowledged it; otherwise the reader's connection is taken to be wedged (it may
+/// look healthy, with its blocking read pending, and deliver nothing) and is replaced.
+/// Shorter than a blocking read, which alone could only time out after [`BLOCK`] plus slack.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// At startup, `/readyz` waits this long at most for the history to load. If Redis cannot
+/// be reached by then the server becomes ready without it (PHP must reach some server) and
+/// loads it when Redis answers.
+pub const HYDRATE_WAIT: Duration = Duration::from_secs(15);
+
+/// Reconnect backoff: doubled from the first to the last, each wait jittered down to half.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_LAST: Duration = Duration::from_secs(5);
+
+/// Entry fields. A message entry has all but `probe`; a probe entry `fingerprint`, `seq` and
+/// `probe`.
+const FIELD_FINGERPRINT: &str = "fingerprint";
+const FIELD_SEQ: &str = "seq";
+const FIELD_INSTANCE: &str = "instance";
+const FIELD_MESSAGE: &str = "message";
+const FIELD_PROBE: &str = "probe";
+
+/// The Redis client settings of `config`: the URL, with the password file's password.
+pub fn connection_info(config: &BrokerConfig) -> Result<ConnectionInfo, String> {
+    let url = config.url.expose();
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err("must be a redis:// or rediss:// (TLS) URL".into());
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| format!("is not a valid Redis URL: {e}"))?;
+    // Every call is one small request waiting for its answer: Nagle's algorithm would hold
+    // a write back for the previous one's ACK, which the other side may delay (40 ms).
+    let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    Ok(match &config.password {
+        Some(password) => {
+            let redis = info
+                .redis_settings()
+                .clone()
+                .set_password(password.expose());
+            info.set_redis_settings(redis)
+        }
+        None => info,
+    })
+}
+
+/// One message waiting to be published.
+struct Outgoing {
+    instance: String,
+    message: Bytes,
+    queued_at: Instant,
+}
+
+/// The broker of one server: publishing from the admin port, and the state the publisher
+/// and the reader share.
+pub struct Broker {
+    shared: Arc<Shared>,
+    queue: mpsc::Sender<Outgoing>,
+    /// Taken by [`Broker::start_publisher`].
+    jobs: Mutex<Option<mpsc::Receiver<Outgoing>>>,
+}
+
+struct Shared {
+    client: Client,
+    stream_key: String,
+    epoch_key: String,
+    fingerprint: String,
+    /// Entries older than this are neither published late nor loaded at start.
+    history_age: Duration,
+    /// The stream is trimmed to about this many entries.
+    max_entries: usize,
+    /// At start, no more than this many bytes of entries are loaded (the history's bytes).
+    max_bytes: usize,
+    metrics: BrokerMetrics,
+    log: Logger,
+    publisher_up: Updown,
+    reader_up: Updown,
+    /// The first of our own entries Redis acknowledged that the reader has not seen yet,
+    /// `(seq, when acknowledged)`.
+    unseen_own: Mutex<Option<(u64, Instant)>>,
+    /// The highest seq of our own entries the reader has seen.
+    own_seen: AtomicU64,
+    /// Messages queued or being published; the drain waits for zero.
+    pending: AtomicUsize,
+    /// Woken when `pending` drops to zero.
+    idle: Notify,
+}
+
+/// One connection's state, logged once per change.
+#[derive(Default)]
+struct Updown {
+    up: AtomicBool,
+    /// Set once the first down was logged, so a server that never reached Redis logs it once.
+    down_logged: AtomicBool,
+}
+
+impl Broker {
+    /// The broker of `config`, not yet running; see [`Broker::start_publisher`] and
+    /// [`reader::spawn`].
+    pub fn new(
+        config: &BrokerConfig,
+        fingerprint: String,
+        limits: &gorge_hub::Limits,
+        metrics: BrokerMetrics,
+        log: Logger,
+    ) -> Arc<Broker> {
+        let info = connection_info(config).expect("validated with the configuration");
+        let client = Client::open(info).expect("validated with the configuration");
+        let (queue, jobs) = mpsc::channel(config.queue_capacity.max(1));
+        Arc::new(Broker {
+            shared: Arc::new(Shared {
+                client,
+                stream_key: format!("{}:stream", config.prefix),
+                epoch_key: format!("{}:epoch", config.prefix),
+                fingerprint,
+                history_age: Duration::from_millis(limits.history_age_ms),
+                // Never so few that a reader a moment behind finds its entries trimmed.
+                max_entries: limits.history_entries.max(64),
+                max_bytes: limits.history_bytes,
+                metrics,
+                log,
+                publisher_up: Updown::default(),
+                reader_up: Updown::default(),
+                unseen_own: Mutex::new(None),
+                own_seen: AtomicU64::new(0),
+                pending: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+            queue,
+            jobs: Mutex::new(Some(jobs)),
+        })
+    }
+
+    /// Starts the publisher task (inside a Tokio runtime).
+    pub fn start_publisher(&self) {
+        if let Some(jobs) = lock(&self.jobs).take() {
+            tokio::spawn(publisher::run(self.shared.clone(), jobs));
+        }
+    }
+
+    /// Starts the reader task: history first, then the live stream. `app.history_gate`
+    /// opens once the history is loaded (or [`HYDRATE_WAIT`] passed).
+    pub fn start_reader(&self, app: Arc<ServerState>) {
+        tokio::spawn(reader::run(self.shared.clone(), app));
+    }
+
+    /// Queues a stamped message for the stream if it entered the cluster here (nobody but us
+    /// in `touched`). Never waits: a full queue drops it and counts.
+    pub fn publish(&self, instance: &str, stamped_body: Bytes, touched: &[String]) {
+        let own = self.shared.fingerprint.as_str();
+        if !touched.iter().all(|fingerprint| fingerprint == own) {
+            return;
+        }
+        let outgoing = Outgoing {
+            instance: instance.to_owned(),
+            message: stamped_body,
+            queued_at: Instant::now(),
+        };
+        // Counted before sending, so the publisher finishing it first never underflows.
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        if self.queue.try_send(outgoing).is_err() {
+            self.shared
+                .metrics
+                .broker_dropped
+                .with(["queue_full"])
+                .inc();
+            self.shared.message_done();
+        }
+    }
+
+    /// Waits up to `deadline` until every message queued so far is published (or dropped as
+    /// too old): at SIGTERM, so that what PHP posted here last reaches the other servers.
+    pub async fn flush(&self, deadline: Duration) {
+        let shared = &self.shared;
+        let until_idle = async {
+            loop {
+                let notified = shared.idle.notified();
+                tokio::pin!(notified);
+                // Registered before the check, so a wake-up in between is not lost.
+                notified.as_mut().enable();
+                if shared.pending.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(deadline, until_idle).await.is_err() {
+            emit!(shared.log, events::NOTIFY_BROKER_NOT_FLUSHED;
+                "pending" => shared.pending.load(Ordering::Acquire),
+                "deadline_ms" => deadline.as_millis() as u64);
+        }
+    }
+}
+
+impl Shared {
+    /// Called once for every message counted in `pending`, whatever became of it.
+    fn message_done(&self) {
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// A new connection whose every answer must come within `response_timeout`.
+    async fn connect(
+        &self,
+        response_timeout: Duration,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(Some(response_timeout));
+        match tokio::time::timeout(
+            CALL_TIMEOUT,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        {
+            Ok(connected) => connected,
+            Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// Records that `side` works again (logged when it did not).
+    fn mark_up(&self, side: &Updown, which: &'static str) {
+        if !side.up.swap(true, Ordering::AcqRel) {
+            side.down_logged.store(false, Ordering::Release);
+            emit!(self.log, events::NOTIFY_BROKER_UP; "connection" => which);
+        }
+        self.set_up_gauge();
+    }
+
+    /// Records that `side` failed (logged once per outage, not per call).
+    fn mark_down(&self, side: &Updown, which: &'static str, error: &redis::RedisError) {
+        side.up.store(false, Ordering::Release);
+        if !side.down_logged.swap(true, Ordering::AcqRel) {
+            emit!(self.log, events::NOTIFY_BROKER_DOWN;
+                "connection" => which, "error" => %error);
+        }
+        self.set_up_gauge();
+    }
+
+    fn set_up_gauge(&self) {
+        let up = self.publisher_up.up.load(Ordering::Acquire)
+            && self.reader_up.up.load(Ordering::Acquire);
+        self.metrics.broker_up.set(i64::from(up));
+    }
+}
+
+/// The error of a call that did not answer in time.
+fn timed_out() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+}
+
+/// Runs `call` within `limit`.
+async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+/// Reconnect delays: doubling, each jittered into its upper half so that every server of a
+/// cluster does not knock at the same instant when Redis comes back.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            next: BACKOFF_FIRST,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = BACKOFF_FIRST;
+    }
+
+    async fn wait(&mut self) {
+        let full = self.next;
+        self.next = (self.next * 2).min(BACKOFF_LAST);
+        let half = full / 2;
+        let jitter = rand::random_range(0..=half.as_millis() as u64);
+        tokio::time::sleep(half + Duration::from_millis(jitter)).await;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

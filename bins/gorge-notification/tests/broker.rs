@@ -1,0 +1,540 @@
+//! Broker mode (spec §8b) with real processes: every test starts its own `redis-server` on a
+//! free loopback port with persistence off, so it can pause (`SIGSTOP`), kill and restart it,
+//! and real `gorge-notification` processes that share it.
+//!
+//! "Exactly once" is shown by order, not by waiting for nothing: a socket reads exactly the
+//! frames expected, then a marker posted last must be its very next frame.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::Redis;
+use common::{Server, Ws, BIN, PATIENCE};
+use gorge_testkit::process::Signal;
+use gorge_testkit::{eventually, free_port, http};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const INSTANCE: &str = "broker";
+const PHID: &str = "PHID-USER-broker";
+
+const BROKER_URL: &str = "GORGE_NOTIFICATION_BROKER_URL";
+
+/// A node in broker mode, once `/readyz` answers 200 (its history is loaded).
+async fn node(url: &str) -> Server {
+    let server = Server::start(&[(BROKER_URL, url)]);
+    ready(&server).await;
+    server
+}
+
+/// A node restarted on the ports of one that is gone.
+async fn node_on(client_port: u16, admin_port: u16, url: &str) -> Server {
+    let server = Server::start_on(client_port, admin_port, &[(BROKER_URL, url)])
+        .expect("restarted on its ports");
+    ready(&server).await;
+    server
+}
+
+async fn readyz(server: &Server) -> u16 {
+    http::request(server.admin_port, "GET", "/readyz", &[], b"")
+        .await
+        .status
+}
+
+async fn ready(server: &Server) {
+    eventually(PATIENCE, "/readyz answers 200", || async {
+        readyz(server).await == 200
+    })
+    .await;
+}
+
+fn message(key: &str) -> String {
+    serde_json::json!({"key": key, "type": "notification", "subscribers": [PHID]}).to_string()
+}
+
+async fn post(server: &Server, key: &str) {
+    server
+        .post_ok(&format!("?instance={INSTANCE}"), &message(key))
+        .await;
+}
+
+async fn subscribed(server: &Server) -> Ws {
+    let mut ws = server.ws(&format!("/~{INSTANCE}/")).await;
+    ws.subscribe(&[PHID]).await;
+    ws
+}
+
+/// The `key` of a delivered frame.
+fn key_of(frame: &str) -> String {
+    let value: Value = serde_json::from_str(frame).unwrap();
+    value["key"].as_str().unwrap().to_string()
+}
+
+/// The next `n` frames' keys.
+async fn keys(ws: &mut Ws, n: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    for _ in 0..n {
+        keys.push(key_of(&ws.next_text().await));
+    }
+    keys
+}
+
+async fn metric(server: &Server, name: &str) -> f64 {
+    server.metric(name).await.unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_post_on_one_node_reaches_a_socket_on_every_node_exactly_once() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    let mut on_b = subscribed(&b).await;
+
+    let posted: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
+    for (i, key) in posted.iter().enumerate() {
+        post(if i % 2 == 0 { &a } else { &b }, key).await;
+    }
+    // The frames of one server arrive in its order; the two origins may interleave.
+    for ws in [&mut on_a, &mut on_b] {
+        let mut got = keys(ws, posted.len()).await;
+        got.sort();
+        assert_eq!(got, posted);
+    }
+    // Nothing else came in between: the marker is the next frame everywhere.
+    post(&a, "marker").await;
+    assert_eq!(keys(&mut on_a, 1).await, ["marker"]);
+    assert_eq!(keys(&mut on_b, 1).await, ["marker"]);
+
+    // A's message on B went A → stream → B, stamped like a relayed one (touched: A then B).
+    post(&a, "route").await;
+    let on_a_frame: Value = serde_json::from_str(&on_a.next_text().await).unwrap();
+    let on_b_frame: Value = serde_json::from_str(&on_b.next_text().await).unwrap();
+    assert_eq!(on_a_frame["touched"], serde_json::json!([a.fingerprint]));
+    assert_eq!(
+        on_b_frame["touched"],
+        serde_json::json!([a.fingerprint, b.fingerprint])
+    );
+    assert_eq!(
+        metric(&b, "gorge_notification_broker_received_total").await,
+        5.0
+    );
+    assert_eq!(metric(&a, "gorge_notification_broker_up").await, 1.0);
+    eventually(PATIENCE, "A skipped its own 5 entries", || async {
+        metric(&a, "gorge_notification_broker_own_skipped_total").await == 5.0
+    })
+    .await;
+}
+
+/// Posts `count` messages to `server`, and waits until `reader`'s socket got them all (so
+/// they are in the stream).
+async fn post_through(server: &Server, reader: &mut Ws, count: usize) -> Vec<String> {
+    let posted: Vec<String> = (0..count).map(|i| format!("h{i}")).collect();
+    for key in &posted {
+        post(server, key).await;
+    }
+    assert_eq!(keys(reader, count).await, posted);
+    posted
+}
+
+/// A browser's first moves on a server: subscribe, then `replay` 60 s; what it got, in order.
+async fn replayed(server: &Server) -> Vec<String> {
+    let mut ws = subscribed(server).await;
+    ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
+        .await;
+    ws.sync().await.iter().map(|frame| key_of(frame)).collect()
+}
+
+#[tokio::test]
+async fn a_node_killed_and_restarted_replays_every_message_in_order() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let mut b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    let posted = post_through(&a, &mut on_b, 12).await;
+    drop(on_b);
+
+    let (client_port, admin_port) = (b.client_port, b.admin_port);
+    b.process.kill();
+    let b = node_on(client_port, admin_port, &redis.url()).await;
+    assert_eq!(replayed(&b).await, posted);
+    assert_eq!(
+        metric(&b, "gorge_notification_broker_hydrated_entries_total").await,
+        12.0
+    );
+    let hydrated = b.wait_for_log("NOTIFY_BROKER_HYDRATED").await;
+    assert_eq!(hydrated["entries"], 12);
+}
+
+#[tokio::test]
+async fn after_a_whole_cluster_restart_a_new_browser_replays_everything() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    let posted = post_through(&a, &mut on_b, 20).await;
+    drop((on_b, a, b));
+
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    assert_eq!(replayed(&a).await, posted);
+    assert_eq!(replayed(&b).await, posted);
+}
+
+#[tokio::test]
+async fn redis_paused_five_seconds_delays_messages_and_loses_none() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    let mut on_b = subscribed(&b).await;
+    post(&a, "before").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["before"]);
+    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+
+    redis.process.signal(Signal::STOP);
+    let paused = Instant::now();
+    let posted: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
+    for key in &posted {
+        let started = Instant::now();
+        post(&a, key).await;
+        // The POST never waits for Redis (each call there has a 2 s timeout).
+        assert!(started.elapsed() < Duration::from_secs(1), "{key}");
+        assert_eq!(
+            keys(&mut on_a, 1).await,
+            [key.as_str()],
+            "delivered locally at once"
+        );
+    }
+    eventually(PATIENCE, "broker_up turned 0", || async {
+        metric(&a, "gorge_notification_broker_up").await == 0.0
+    })
+    .await;
+    // Readiness stays: a cluster whose every node went unready would be reached by no PHP.
+    assert_eq!(readyz(&a).await, 200);
+    assert_eq!(readyz(&b).await, 200);
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(paused.elapsed())).await;
+    redis.process.signal(Signal::CONT);
+
+    assert_eq!(
+        keys(&mut on_b, posted.len()).await,
+        posted,
+        "late, in order"
+    );
+    post(&a, "marker").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["marker"], "none twice");
+    assert_eq!(keys(&mut on_a, 1).await, ["marker"]);
+    eventually(PATIENCE, "broker_up back to 1", || async {
+        metric(&a, "gorge_notification_broker_up").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric(&a, "gorge_notification_broker_published_total").await,
+        7.0
+    );
+    // Logged once per outage and connection, not per failed call.
+    assert!(a.log_events("NOTIFY_BROKER_DOWN").len() <= 2);
+}
+
+#[tokio::test]
+async fn redis_restarted_empty_is_counted_and_later_messages_flow() {
+    let mut redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    let mut on_b = subscribed(&b).await;
+    post(&a, "before").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["before"]);
+    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+
+    redis.restart_empty();
+    for server in [&a, &b] {
+        eventually(PATIENCE, "the epoch change was counted", || async {
+            metric(server, "gorge_notification_broker_epoch_changes_total").await == 1.0
+        })
+        .await;
+    }
+    post(&a, "after").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["after"]);
+    post(&b, "back").await;
+    assert_eq!(keys(&mut on_a, 2).await, ["after", "back"]);
+    assert_eq!(keys(&mut on_b, 1).await, ["back"]);
+}
+
+/// A TCP proxy in front of Redis that can wedge the reader's connections: replies to a
+/// connection that has sent `XREAD` are swallowed, while the connection stays open and
+/// everything else (the publisher's, and any connection opened later) passes.
+struct WedgingProxy {
+    port: u16,
+    /// Connections numbered below this are wedged if they are readers.
+    wedge_below: Arc<AtomicU64>,
+    /// Connections accepted so far.
+    opened: Arc<AtomicU64>,
+}
+
+impl WedgingProxy {
+    async fn start(upstream: u16) -> WedgingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let wedge_below = Arc::new(AtomicU64::new(0));
+        let wedge = wedge_below.clone();
+        let opened = Arc::new(AtomicU64::new(0));
+        let counted = opened.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let id = counted.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                tokio::spawn(forward(client, server, id, wedge.clone()));
+            }
+        });
+        WedgingProxy {
+            port,
+            wedge_below,
+            opened,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn wedge_open_readers(&self) {
+        let opened = self.opened.load(Ordering::SeqCst);
+        self.wedge_below.store(opened, Ordering::SeqCst);
+    }
+}
+
+async fn forward(client: TcpStream, server: TcpStream, id: u64, wedge_below: Arc<AtomicU64>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let reader = Arc::new(AtomicBool::new(false));
+    let is_reader = reader.clone();
+    let upstream = tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = client_read.read(&mut buf).await {
+            if buf[..n].windows(5).any(|w| w == b"XREAD") {
+                is_reader.store(true, Ordering::SeqCst);
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+        if reader.load(Ordering::SeqCst) && id < wedge_below.load(Ordering::SeqCst) {
+            continue;
+        }
+        if client_write.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+}
+
+#[tokio::test]
+async fn a_reader_connection_that_delivers_nothing_is_found_by_the_probe() {
+    let redis = Redis::start();
+    let proxy = WedgingProxy::start(redis.port).await;
+    let a = node(&proxy.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    post(&b, "before").await;
+    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+
+    // A's reader connection, open now, goes silent; connections opened later work.
+    proxy.wedge_open_readers();
+    let wedged = Instant::now();
+    post(&b, "during").await;
+    let probe = a.wait_for_log("NOTIFY_BROKER_PROBE_TIMEOUT").await;
+    // Found by the probe (2 s after our own entry was acknowledged), before the blocking
+    // read's own timeout (5 s + 2 s) would have.
+    assert!(
+        wedged.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        wedged.elapsed()
+    );
+    assert_eq!(probe["timeout_ms"], 2000);
+    assert_eq!(keys(&mut on_a, 1).await, ["during"], "late, not lost");
+    assert!(metric(&a, "gorge_notification_broker_probe_timeouts_total").await >= 1.0);
+    assert!(metric(&a, "gorge_notification_broker_reconnects_total").await >= 1.0);
+}
+
+#[test]
+fn broker_and_peers_together_stop_startup_with_exit_2() {
+    for peers in [
+        ("GORGE_NOTIFICATION_PEERS", "http://127.0.0.1:1"),
+        ("GORGE_NOTIFICATION_PEER_DNS", "peers:22281"),
+    ] {
+        // Bounded: a binary that accepted this would serve until killed.
+        let mut child = Command::new(BIN)
+            .env_clear()
+            .env(BROKER_URL, "redis://127.0.0.1:1/")
+            .env(peers.0, peers.1)
+            .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
+            .env("GORGE_NOTIFICATION_CLIENT_PORT", free_port().to_string())
+            .env("GORGE_NOTIFICATION_ADMIN_PORT", free_port().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("still running with {peers:?} and a broker");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("GORGE_NOTIFICATION_BROKER_URL")
+                && stderr.contains("cannot be combined with peers"),
+            "{stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn readiness_and_replay_wait_until_the_history_is_loaded() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    for key in ["w1", "w2", "w3"] {
+        post(&a, key).await;
+    }
+    assert_eq!(keys(&mut on_a, 3).await, ["w1", "w2", "w3"]);
+
+    // B starts while Redis does not answer: it cannot load the history yet.
+    redis.process.signal(Signal::STOP);
+    let b = Server::start(&[(BROKER_URL, &redis.url())]);
+    let mut ws = b.ws(&format!("/~{INSTANCE}/")).await;
+    ws.send(&serde_json::json!({"command": "subscribe", "data": [PHID]}).to_string())
+        .await;
+    ws.send(r#"{"command":"replay","data":{"age":60000}}"#)
+        .await;
+    assert_eq!(
+        readyz(&b).await,
+        503,
+        "not ready before its history is loaded"
+    );
+
+    redis.process.signal(Signal::CONT);
+    // The replay was answered only once the history was there: it has everything.
+    let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
+    assert_eq!(replayed, ["w1", "w2", "w3"]);
+    ready(&b).await;
+}
+
+#[tokio::test]
+async fn a_message_posted_while_the_history_loads_is_replayed() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    for key in ["old1", "old2"] {
+        post(&a, key).await;
+    }
+    assert_eq!(keys(&mut on_a, 2).await, ["old1", "old2"]);
+    // The older messages become 2 s older than what follows (a message age, not a wait for
+    // an event).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    redis.process.signal(Signal::STOP);
+    let b = Server::start(&[(BROKER_URL, &redis.url())]);
+    // Accepted and kept here before the older messages arrive from the stream.
+    post(&b, "late").await;
+    let late_posted = Instant::now();
+    redis.process.signal(Signal::CONT);
+    ready(&b).await;
+
+    // A replay reaching back past "late" but not to the older messages' real age.
+    let age = late_posted.elapsed().as_millis() as u64 + 500;
+    let mut ws = subscribed(&b).await;
+    ws.send(&format!(r#"{{"command":"replay","data":{{"age":{age}}}}}"#))
+        .await;
+    let replayed: Vec<String> = ws.sync().await.iter().map(|f| key_of(f)).collect();
+    assert!(replayed.contains(&"late".to_string()), "{replayed:?}");
+}
+
+#[tokio::test]
+async fn a_full_publish_queue_drops_and_counts_and_the_rest_arrives_late() {
+    let redis = Redis::start();
+    let a = Server::start(&[
+        (BROKER_URL, &redis.url()),
+        ("GORGE_NOTIFICATION_BROKER_QUEUE_CAPACITY", "2"),
+    ]);
+    ready(&a).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+
+    redis.process.signal(Signal::STOP);
+    eventually(PATIENCE, "broker_up turned 0", || async {
+        metric(&a, "gorge_notification_broker_up").await == 0.0
+    })
+    .await;
+    let posted: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
+    for key in &posted {
+        post(&a, key).await;
+    }
+    // The queue holds 2; the publisher may hold one more it is retrying.
+    let dropped = metric(
+        &a,
+        "gorge_notification_broker_dropped_total{reason=\"queue_full\"}",
+    )
+    .await as usize;
+    assert!((3..=4).contains(&dropped), "{dropped}");
+    redis.process.signal(Signal::CONT);
+
+    // The first ones, in order, late; then nothing else before the marker.
+    let kept = posted.len() - dropped;
+    assert_eq!(keys(&mut on_b, kept).await, posted[..kept]);
+    post(&a, "marker").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["marker"]);
+}
+
+#[tokio::test]
+async fn a_starting_node_loads_a_history_longer_than_one_read() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    // More than one page (256 entries) of the stream.
+    let posted: Vec<String> = (0..300).map(|i| format!("l{i}")).collect();
+    for key in &posted {
+        post(&a, key).await;
+    }
+    eventually(PATIENCE, "every message is in the stream", || async {
+        metric(&a, "gorge_notification_broker_own_skipped_total").await == 300.0
+    })
+    .await;
+    // A socket queue that holds a replay of all of them (the default holds 256 frames).
+    let c = Server::start(&[
+        (BROKER_URL, &redis.url()),
+        ("GORGE_NOTIFICATION_QUEUE_FRAMES", "1024"),
+    ]);
+    ready(&c).await;
+    assert_eq!(
+        metric(&c, "gorge_notification_broker_hydrated_entries_total").await,
+        300.0
+    );
+    assert_eq!(replayed(&c).await, posted);
+}
