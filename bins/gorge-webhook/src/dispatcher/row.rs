@@ -217,6 +217,14 @@ impl Dispatcher {
                 self.metrics
                     .attempt_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
+                emit!(self.log, events::WEBHOOK_POSTED;
+                    "request" => &candidate.phid, "hook" => &hook.phid,
+                    "host" => uri_host(&hook.uri),
+                    "result" => match &result {
+                        Ok(status) => status.to_string(),
+                        Err(err) => format!("{err:?}"),
+                    },
+                    "elapsed_ms" => started.elapsed().as_millis() as u64);
                 result
             }
             Err(err) => Err(err),
@@ -234,7 +242,8 @@ impl Dispatcher {
             } else {
                 emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
                     "request" => &candidate.phid, "hook" => &hook.phid, "code" => &decision.code,
-                    "reason" => decision.class, "status" => decision.row.status().as_str());
+                    "reason" => decision.class, "status" => decision.row.status().as_str(),
+                    "host" => uri_host(&hook.uri));
             }
         }
         Ok(RowEnd::Done)
