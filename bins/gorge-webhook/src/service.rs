@@ -154,6 +154,10 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         store.clone(),
         probes.clone(),
         settings.service_token.clone(),
+        crate::api::Breaker {
+            window_sec: settings.error_backoff_sec,
+            threshold: settings.error_threshold,
+        },
         log.clone(),
     );
     let listeners = match bind_all(vec![ListenerSpec {
