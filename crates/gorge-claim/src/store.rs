@@ -521,9 +521,10 @@ impl ClaimStore {
     /// Readiness: the first privilege this user lacks on `{namespace}_herald`, as the
     /// `GRANT` statement that adds it, or `None` when it has all three the service needs
     /// (`SELECT` and `UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook`).
-    /// Each probe touches no row (`LIMIT 0`, `WHERE FALSE`); the server checks privileges
-    /// before it plans a statement, so a missing one is refused all the same. Any other
-    /// error (no database, no table, no connection) is returned as is.
+    /// Each probe touches no row (`LIMIT 0`), and the `UPDATE` is only explained: `EXPLAIN`
+    /// needs the privileges of the statement it explains but runs nothing, so the probe
+    /// writes nothing to the binary log of Phorge's server. Any other error (no database,
+    /// no table, no connection) is returned as is.
     pub async fn missing_grant(&self) -> Result<Option<String>, ClaimError> {
         const PROBES: [(&str, &str, &str); 3] = [
             (
@@ -534,7 +535,7 @@ impl ClaimStore {
             (
                 "UPDATE",
                 "herald_webhookrequest",
-                "UPDATE herald_webhookrequest SET dateModified = dateModified WHERE FALSE",
+                "EXPLAIN UPDATE herald_webhookrequest SET dateModified = dateModified WHERE FALSE",
             ),
             (
                 "SELECT",
