@@ -1,11 +1,13 @@
-//! The diagnostic HTTP API on the status port: `/api/webhook/stats`, `/api/webhook/hooks`
-//! (token-protected counts, never URIs or keys) and the shared probes
-//! (`/healthz`, `/readyz`, `/metrics`).
+//! The diagnostic HTTP API on the status port: `/api/webhook/stats`, `/api/webhook/hooks`,
+//! `/api/webhook/queue` (token-protected counts and PHIDs, never URIs or keys: without a
+//! token the port is unauthenticated) and the shared probes (`/healthz`, `/readyz`,
+//! `/metrics`).
 
 use std::sync::Arc;
 
+use crate::clock::{SystemClock, UnixClock};
 use crate::events;
-use gorge_claim::ClaimStore;
+use gorge_claim::{ClaimError, ClaimStore};
 use gorge_service::emit;
 use gorge_service::http::{error_response, internal_error, json_response, method_not_allowed};
 use gorge_service::{Handler, Probes, Response, Secret};
@@ -18,20 +20,39 @@ use subtle::ConstantTimeEq;
 /// Header carrying the service token (preferred over `?token=`).
 pub const TOKEN_HEADER: &str = "X-Service-Token";
 
+/// Hooks listed by `/api/webhook/queue` at most (each costs one breaker query).
+pub const QUEUE_HOOKS_LIMIT: u64 = 50;
+
+/// Phorge's breaker, as `/api/webhook/queue` judges it: `threshold` failures within
+/// `window_sec` (`GORGE_WEBHOOK_ERROR_THRESHOLD`, `GORGE_WEBHOOK_ERROR_BACKOFF_SEC`).
+#[derive(Debug, Clone, Copy)]
+pub struct Breaker {
+    pub window_sec: u64,
+    pub threshold: u64,
+}
+
 /// Everything the API handler needs.
 pub struct Api {
     store: ClaimStore,
     probes: Arc<Probes>,
     token: Secret,
+    breaker: Breaker,
     log: Logger,
 }
 
 impl Api {
-    pub fn new(store: ClaimStore, probes: Arc<Probes>, token: Secret, log: Logger) -> Arc<Api> {
+    pub fn new(
+        store: ClaimStore,
+        probes: Arc<Probes>,
+        token: Secret,
+        breaker: Breaker,
+        log: Logger,
+    ) -> Arc<Api> {
         Arc::new(Api {
             store,
             probes,
             token,
+            breaker,
             log,
         })
     }
@@ -53,6 +74,7 @@ impl Api {
         let route = match path {
             "/api/webhook/stats" => Route::Stats,
             "/api/webhook/hooks" => Route::Hooks,
+            "/api/webhook/queue" => Route::Queue,
             _ => return error_response(StatusCode::NOT_FOUND, "no such endpoint"),
         };
         if request.method() != Method::GET {
@@ -75,6 +97,7 @@ impl Api {
                 .hook_count()
                 .await
                 .map(|total| json!({"data": {"total": total}})),
+            Route::Queue => self.queue().await,
         };
         match answer {
             Ok(body) => json_response(StatusCode::OK, &body),
@@ -84,6 +107,32 @@ impl Api {
                 internal_error()
             }
         }
+    }
+
+    /// The backlog per hook, longest waiting first: counts and PHIDs, and the breaker as
+    /// Phorge judges it from the table (so it holds whichever process delivers).
+    async fn queue(&self) -> Result<serde_json::Value, ClaimError> {
+        let now = SystemClock.now_sec();
+        let hooks = self.store.queue_by_hook(now, QUEUE_HOOKS_LIMIT).await?;
+        let since = now.saturating_sub(self.breaker.window_sec);
+        let mut listed = Vec::with_capacity(hooks.len());
+        for hook in &hooks {
+            let failures = self.store.recent_failures(&hook.hook_phid, since).await?;
+            listed.push(json!({
+                "hookPHID": hook.hook_phid,
+                "queued": hook.queued,
+                "oldestAgeSec": hook.oldest_age_sec,
+                "oldestRequestPHID": hook.oldest_request_phid,
+                "recentFailures": failures,
+                "breakerOpen": failures >= self.breaker.threshold,
+            }));
+        }
+        Ok(json!({"data": {
+            "hooks": listed,
+            "truncated": hooks.len() as u64 == QUEUE_HOOKS_LIMIT,
+            "errorBackoffSec": self.breaker.window_sec,
+            "errorThreshold": self.breaker.threshold,
+        }}))
     }
 
     /// The header when present (even if wrong), else `?token=`; compared in constant time.
@@ -106,6 +155,7 @@ impl Api {
 enum Route {
     Stats,
     Hooks,
+    Queue,
 }
 
 /// The percent-decoded value of the first `token=` query parameter.

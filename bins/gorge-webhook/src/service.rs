@@ -172,6 +172,10 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
         store.clone(),
         probes.clone(),
         settings.service_token.clone(),
+        crate::api::Breaker {
+            window_sec: settings.error_backoff_sec,
+            threshold: settings.error_threshold,
+        },
         log.clone(),
     );
     // SO_REUSEPORT would let this copy bind beside one that serves, splitting the status

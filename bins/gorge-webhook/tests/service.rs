@@ -514,3 +514,83 @@ async fn access_denied_over_tcp_explains_localhost_accounts() {
     drop(service);
     db.drop_database().await;
 }
+
+/// `/api/webhook/queue`: which hooks have queued rows, the oldest first, and whose breaker
+/// is open — counts and PHIDs only, never a URI or a key (the port may be unauthenticated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_per_hook_shows_counts_phids_and_open_breakers() {
+    let db = TestDb::create().await.unwrap();
+    let now = unix_now();
+    // Hook A: two rows Phorge kept for itself (not handed over), so they stay queued.
+    let a = enabled_hook(&db, "http://127.0.0.1:9/a-secret-path").await;
+    let oldest_a = NewRequest::new(&a, "PHID-TASK-a1").not_handed_over();
+    db.insert_request(&oldest_a, now - 100).await.unwrap();
+    db.insert_request(
+        &NewRequest::new(&a, "PHID-TASK-a2").not_handed_over(),
+        now - 50,
+    )
+    .await
+    .unwrap();
+    // Hook B: ten failures in the window (the default threshold), then one queued row its
+    // open breaker holds back.
+    let b = db.tagged_hook_phid("b");
+    db.insert_hook(
+        &b,
+        "http://127.0.0.1:9/b-secret-path",
+        HookStatus::Enabled,
+        "key-b",
+    )
+    .await
+    .unwrap();
+    for i in 0..10 {
+        let failed = NewRequest::new(&b, &format!("PHID-TASK-b{i}")).attempted(
+            RequestStatus::Failed,
+            RequestResult::Fail,
+            now,
+        );
+        db.insert_request(&failed, now - 20).await.unwrap();
+    }
+    let held = NewRequest::new(&b, "PHID-TASK-bq");
+    db.insert_request(&held, now - 10).await.unwrap();
+
+    let service = Service::start(db.namespace(), &[("GORGE_SERVICE_TOKEN", "t0k")]);
+    assert_eq!(service.get("/api/webhook/queue", &[]).0, 401);
+    let (status, body) = service.get("/api/webhook/queue", &[("X-Service-Token", "t0k")]);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !body.contains("secret-path") && !body.contains("key-b") && !body.contains("127.0.0.1"),
+        "{body}"
+    );
+    let mut data: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let data = data["data"].take();
+    let hooks = data["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 2, "{body}");
+    // Ages are read against the service's clock: only bounded from below and above.
+    let age_a = hooks[0]["oldestAgeSec"].as_u64().unwrap();
+    assert!((100..100 + 60).contains(&age_a), "{body}");
+    assert_eq!(
+        hooks[0],
+        serde_json::json!({"hookPHID": a, "queued": 2, "oldestAgeSec": age_a,
+            "oldestRequestPHID": oldest_a.phid, "recentFailures": 0, "breakerOpen": false})
+    );
+    let age_b = hooks[1]["oldestAgeSec"].as_u64().unwrap();
+    assert_eq!(
+        hooks[1],
+        serde_json::json!({"hookPHID": b, "queued": 1, "oldestAgeSec": age_b,
+            "oldestRequestPHID": held.phid, "recentFailures": 10, "breakerOpen": true})
+    );
+    assert_eq!(
+        (
+            &data["truncated"],
+            &data["errorBackoffSec"],
+            &data["errorThreshold"]
+        ),
+        (
+            &serde_json::json!(false),
+            &serde_json::json!(300),
+            &serde_json::json!(10)
+        )
+    );
+    drop(service);
+    db.drop_database().await;
+}

@@ -51,7 +51,7 @@ pub use error::ClaimError;
 pub use lock::{hook_lock_name, HookLock};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use store::{
-    Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, ObjectLoad, PoolState,
-    QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
+    Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, HookQueue, ObjectLoad,
+    PoolState, QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
     MAX_PROPERTIES_BYTES,
 };

@@ -272,6 +272,19 @@ pub struct QueueDepth {
     pub oldest_age_sec: Option<u64>,
 }
 
+/// One hook's part of the backlog, for the diagnostic API: counts and PHIDs only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookQueue {
+    /// The hook's PHID.
+    pub hook_phid: String,
+    /// Its rows with status `queued` (Phorge's own included).
+    pub queued: u64,
+    /// `now - dateCreated` of its oldest queued row.
+    pub oldest_age_sec: u64,
+    /// The PHID of that row (the one Phorge's Herald webhook page lists first).
+    pub oldest_request_phid: String,
+}
+
 /// Connection gauges of both pools (read from counters, no I/O).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolState {
@@ -563,9 +576,10 @@ impl ClaimStore {
     /// Readiness: the first privilege this user lacks on `{namespace}_herald`, as the
     /// `GRANT` statement that adds it, or `None` when it has all three the service needs
     /// (`SELECT` and `UPDATE` on `herald_webhookrequest`, `SELECT` on `herald_webhook`).
-    /// Each probe touches no row (`LIMIT 0`, `WHERE FALSE`); the server checks privileges
-    /// before it plans a statement, so a missing one is refused all the same. Any other
-    /// error (no database, no table, no connection) is returned as is.
+    /// Each probe touches no row (`LIMIT 0`), and the `UPDATE` is only explained: `EXPLAIN`
+    /// needs the privileges of the statement it explains but runs nothing, so the probe
+    /// writes nothing to the binary log of Phorge's server. Any other error (no database,
+    /// no table, no connection) is returned as is.
     pub async fn missing_grant(&self) -> Result<Option<String>, ClaimError> {
         const PROBES: [(&str, &str, &str); 3] = [
             (
@@ -576,7 +590,7 @@ impl ClaimStore {
             (
                 "UPDATE",
                 "herald_webhookrequest",
-                "UPDATE herald_webhookrequest SET dateModified = dateModified WHERE FALSE",
+                "EXPLAIN UPDATE herald_webhookrequest SET dateModified = dateModified WHERE FALSE",
             ),
             (
                 "SELECT",
@@ -973,6 +987,34 @@ impl ClaimStore {
             queued,
             oldest_age_sec: oldest.map(|created| now.saturating_sub(created)),
         })
+    }
+
+    /// The hooks with queued rows, the one waiting longest first, at most `limit` of them.
+    /// One grouped scan of the queued rows (the `key_status` index), then one row per hook.
+    pub async fn queue_by_hook(&self, now: u64, limit: u64) -> Result<Vec<HookQueue>, ClaimError> {
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec::<(String, u64, u64, String), _, _>(
+                "SELECT g.webhookPHID, g.queued, g.oldest, r.phid FROM \
+                   (SELECT webhookPHID, COUNT(*) AS queued, MIN(dateCreated) AS oldest, \
+                           MIN(id) AS first_id \
+                    FROM herald_webhookrequest WHERE status = 'queued' \
+                    GROUP BY webhookPHID ORDER BY first_id LIMIT ?) AS g \
+                 JOIN herald_webhookrequest AS r ON r.id = g.first_id \
+                 ORDER BY g.first_id",
+                (limit,),
+            ))
+            .await;
+        let (_conn, rows) = self.settle(conn, out, "queue by hook")?;
+        Ok(rows
+            .into_iter()
+            .map(|(hook_phid, queued, oldest, phid)| HookQueue {
+                hook_phid,
+                queued,
+                oldest_age_sec: now.saturating_sub(oldest),
+                oldest_request_phid: phid,
+            })
+            .collect())
     }
 
     /// Pool gauges for `/metrics`.

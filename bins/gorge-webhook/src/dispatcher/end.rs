@@ -20,11 +20,12 @@ pub(super) enum RowEnd {
     /// Not claimed: another claimant won (`lost`), or shutdown began before the claim.
     NotClaimed { lost: bool },
     /// A result was written for the claim at `version`: `landed` unless the row had been
-    /// re-claimed after the lease.
+    /// re-claimed after the lease. `host`: the hook URI's host when a POST was attempted.
     Written {
         decision: Decision,
         version: u64,
         landed: bool,
+        host: Option<String>,
     },
     /// A database error: the row stays queued for a later poll.
     DbError(ClaimError),
@@ -64,6 +65,7 @@ impl Dispatcher {
                 decision,
                 version,
                 landed,
+                host,
             } => {
                 self.local_state().row_errors.remove(&candidate.id);
                 if !landed {
@@ -77,7 +79,13 @@ impl Dispatcher {
                 if decision.outcome == DeliveryOutcome::Sent {
                     emit!(self.log, events::WEBHOOK_DELIVERED;
                         "request" => request, "hook" => hook, "code" => &decision.code);
+                } else if let Some(host) = host {
+                    emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
+                        "request" => request, "hook" => hook, "code" => &decision.code,
+                        "reason" => decision.class, "status" => decision.row.status().as_str(),
+                        "host" => host);
                 } else {
+                    // No POST was made (a `hook` failure): no host to name.
                     emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
                         "request" => request, "hook" => hook, "code" => &decision.code,
                         "reason" => decision.class, "status" => decision.row.status().as_str());

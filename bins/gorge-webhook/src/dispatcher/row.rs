@@ -210,6 +210,14 @@ impl Dispatcher {
                 self.metrics
                     .attempt_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
+                emit!(self.log, events::WEBHOOK_POSTED;
+                    "request" => &candidate.phid, "hook" => &hook.phid,
+                    "host" => uri_host(&hook.uri),
+                    "result" => match &result {
+                        Ok(status) => status.to_string(),
+                        Err(err) => format!("{err:?}"),
+                    },
+                    "elapsed_ms" => started.elapsed().as_millis() as u64);
                 result
             }
             Err(err) => Err(err),
@@ -219,7 +227,8 @@ impl Dispatcher {
         }
         // 9. The outcome, in Phorge's values.
         let decision = outcome::after_attempt(properties, result, self.clock.now_sec());
-        self.write(candidate, &claim, decision).await
+        self.write(candidate, &claim, decision, Some(uri_host(&hook.uri)))
+            .await
     }
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
@@ -281,12 +290,13 @@ impl Dispatcher {
 
     /// Writes `decision` while the row is still ours. Database errors are retried for as
     /// long as the claim's lease protects the row (never a taken-over row, never a statement
-    /// the server rejects).
+    /// the server rejects). `host`: the hook URI's host when a POST was attempted.
     async fn write(
         &self,
         candidate: &Candidate,
         claim: &Claim,
         decision: Decision,
+        host: Option<String>,
     ) -> Result<RowEnd, ClaimError> {
         let write = &decision.row;
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
@@ -332,6 +342,7 @@ impl Dispatcher {
             decision,
             version: claim.version,
             landed,
+            host,
         })
     }
 
@@ -358,7 +369,7 @@ impl Dispatcher {
             Err(end) => return Ok(end),
         };
         let decision = outcome::without_attempt(code, properties);
-        self.write(candidate, &claim, decision).await
+        self.write(candidate, &claim, decision, None).await
     }
 
     /// The server rejected a statement about row `id` (e.g. the claim UPDATE is out of
