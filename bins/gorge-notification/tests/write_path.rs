@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Server, Ws, PATIENCE};
+use common::{Endpoints, InProcess, Server, Ws, PATIENCE};
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -225,7 +225,7 @@ async fn a_slow_but_live_client_is_not_reaped_as_idle() {
 }
 
 /// Sends `bytes` on a fresh connection and returns the close frame the server sends back.
-async fn close_frame_after(server: &Server, bytes: &[u8]) -> Vec<u8> {
+async fn close_frame_after(server: &Endpoints, bytes: &[u8]) -> Vec<u8> {
     let mut stream = raw_ws(server.client_port, false).await;
     stream.write_all(bytes).await.unwrap();
     let mut got = Vec::new();
@@ -235,7 +235,7 @@ async fn close_frame_after(server: &Server, bytes: &[u8]) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_violations_get_the_rfc_close_code_and_are_counted_apart() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     // An unmasked client frame: 1002.
     let got = close_frame_after(&server, b"\x81\x02hi").await;
     assert_eq!(&got[..4], b"\x88\x10\x03\xea", "{got:?}");

@@ -3,9 +3,10 @@
 //!
 //! Pure functions: the dispatcher decides *whether* to write, this module decides *what*.
 
+use gorge_claim::handover::with_marker;
 use gorge_claim::ResultWrite;
 use phorge_wire::values::{ErrorType, HookErrorCode, RequestResult, RequestStatus, RetryMode};
-use phorge_wire::webhook::{ErrorCode, RequestProperties};
+use phorge_wire::webhook::{ErrorCode, PropertiesError, RequestProperties};
 
 use crate::delivery::DeliveryError;
 
@@ -160,14 +161,35 @@ pub fn after_attempt(
     }
 }
 
-/// A terminal failure decided before any request (`hook` type): `failed`, `none`, epoch 0.
-/// `properties` is the complete new column text.
-pub fn without_attempt(code: HookErrorCode, properties: String) -> Decision {
+/// The `class` label of a failure decided before any request (Phorge's `hook` error type).
+pub const NOT_ATTEMPTED: &str = "hook";
+
+/// A terminal failure decided before any request: Phorge's `hook` error type with `code`
+/// written into `properties` (every other key kept); `failed`, `none`, epoch 0.
+pub fn without_attempt(code: HookErrorCode, properties: &RequestProperties) -> Decision {
+    not_attempted(code, properties.rewritten(ErrorType::Hook, code.as_str()))
+}
+
+/// [`without_attempt`] for a `properties` column that could not be parsed: `properties` is
+/// the complete new column text (see [`PropertiesError::rewritten_with`]).
+pub fn not_attempted(code: HookErrorCode, properties: String) -> Decision {
     Decision {
         row: ResultWrite::NotAttempted { properties },
         outcome: DeliveryOutcome::Failed,
-        class: "hook",
+        class: NOT_ATTEMPTED,
         code: code.as_str().to_string(),
+    }
+}
+
+/// The `properties` text for an `invalid-row` failure: every readable key kept. Text that
+/// was not read (not UTF-8, too long) is replaced by the error keys after the hand-over
+/// marker, so the row still says whose it is.
+pub fn invalid_row_properties(text: Option<&str>) -> String {
+    let code = HookErrorCode::InvalidRow;
+    match text.map(RequestProperties::parse) {
+        Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code.as_str()),
+        Some(Err(err)) => err.rewritten_with(code),
+        None => with_marker(&PropertiesError::NotAnObject.rewritten_with(code)),
     }
 }
 
@@ -253,11 +275,15 @@ mod tests {
 
     #[test]
     fn terminal_failures_write_no_epoch() {
-        let d = without_attempt(HookErrorCode::Disabled, "{}".into());
+        let d = without_attempt(HookErrorCode::Disabled, &props("never"));
         assert_eq!(
             (d.row.status(), d.row.result(), d.row.epoch(), d.class),
             (RequestStatus::Failed, RequestResult::None, None, "hook")
         );
         assert_eq!(d.code, "disabled");
+        assert_eq!(
+            d.row.properties(),
+            r#"{"retry":"never","x":1,"errorType":"hook","errorCode":"disabled"}"#
+        );
     }
 }

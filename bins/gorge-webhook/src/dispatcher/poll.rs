@@ -237,7 +237,7 @@ impl Dispatcher {
         if self.local_state().quarantined.contains(&broken.id) {
             return Ok(false);
         }
-        let properties = super::row::invalid_row_properties(broken.properties.as_deref());
+        let properties = crate::outcome::invalid_row_properties(broken.properties.as_deref());
         match self
             .store
             .fail_unclaimable(broken.id, broken.date_modified, &properties)
@@ -272,8 +272,10 @@ impl Dispatcher {
     /// Counts and logs (once per row) a row failed with `invalid-row`.
     pub(super) fn invalid_row(&self, id: u64, reason: InvalidRowReason, why: &str) {
         self.metrics.invalid_row(reason);
-        self.metrics
-            .delivered(crate::outcome::DeliveryOutcome::Failed, "hook");
+        self.metrics.delivered(
+            crate::outcome::DeliveryOutcome::Failed,
+            crate::outcome::NOT_ATTEMPTED,
+        );
         emit!(self.log, events::WEBHOOK_INVALID_ROW;
             "id" => id, "reason" => reason.label(), "why" => why,
             "code" => HookErrorCode::InvalidRow.as_str(), "status" => "failed");

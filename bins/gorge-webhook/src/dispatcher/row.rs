@@ -12,9 +12,8 @@
 
 use std::time::Duration;
 
-use gorge_claim::handover::with_marker;
 use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, Unchecked};
-use phorge_wire::values::{ErrorType, HookErrorCode, HookStatus};
+use phorge_wire::values::{HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -50,18 +49,6 @@ pub(super) struct Preload {
     pub failures: u64,
 }
 
-/// The `properties` text for an `invalid-row` failure: every readable key kept. Text that
-/// was not read (not UTF-8, too long) is replaced by the error keys after the hand-over
-/// marker, so the row still says whose it is.
-pub(super) fn invalid_row_properties(text: Option<&str>) -> String {
-    let code = HookErrorCode::InvalidRow;
-    match text.map(RequestProperties::parse) {
-        Some(Ok(properties)) => properties.rewritten(ErrorType::Hook, code.as_str()),
-        Some(Err(err)) => err.rewritten_with(code),
-        None => with_marker(&PropertiesError::NotAnObject.rewritten_with(code)),
-    }
-}
-
 impl Dispatcher {
     pub(super) async fn work(
         self: std::sync::Arc<Self>,
@@ -94,10 +81,11 @@ impl Dispatcher {
                 emit!(self.log, events::WEBHOOK_INVALID_PROPERTIES;
                     "request" => &candidate.phid, "error" => %err,
                     "bytes" => candidate.properties.len());
-                let text = err.rewritten_properties();
-                return self
-                    .fail_before_delivery(candidate, HookErrorCode::InvalidProperties, text)
-                    .await;
+                let decision = outcome::not_attempted(
+                    HookErrorCode::InvalidProperties,
+                    err.rewritten_properties(),
+                );
+                return self.fail_before_delivery(candidate, decision).await;
             }
         };
         // 2. The hook.
@@ -352,8 +340,8 @@ impl Dispatcher {
         properties: &RequestProperties,
         code: HookErrorCode,
     ) -> Result<RowEnd, ClaimError> {
-        let text = properties.rewritten(ErrorType::Hook, code.as_str());
-        self.fail_before_delivery(candidate, code, text).await
+        let decision = outcome::without_attempt(code, properties);
+        self.fail_before_delivery(candidate, decision).await
     }
 
     /// A terminal failure without a POST, written only after winning the claim so that two
@@ -361,14 +349,12 @@ impl Dispatcher {
     async fn fail_before_delivery(
         &self,
         candidate: &Candidate,
-        code: HookErrorCode,
-        properties: String,
+        decision: Decision,
     ) -> Result<RowEnd, ClaimError> {
         let claim = match self.claim(candidate).await? {
             Ok(claim) => claim,
             Err(end) => return Ok(end),
         };
-        let decision = outcome::without_attempt(code, properties);
         self.write(candidate, &claim, decision, None).await
     }
 
@@ -392,7 +378,7 @@ impl Dispatcher {
         }
         self.local_state().row_errors.remove(&id);
         if let Some(candidate) = candidate {
-            let properties = invalid_row_properties(Some(&candidate.properties));
+            let properties = outcome::invalid_row_properties(Some(&candidate.properties));
             match self
                 .store
                 .fail_unclaimable(id, candidate.date_modified, &properties)
