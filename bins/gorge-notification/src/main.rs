@@ -2,7 +2,8 @@
 //!
 //! Startup order: configuration (exit 2 on any invalid value), logging, no other copy
 //! serving on the admin port (exit 1 if one does), the fingerprint, the hub and metrics, every
-//! listener bound (exit 1 if any bind fails), then serve until SIGTERM and drain. See docs/notification.md for the operator's view.
+//! listener bound (exit 1 if any bind fails), then serve until SIGTERM and drain. See
+//! docs/notification.md for the operator's view.
 
 use clap::Parser;
 use gorge_hub::MonotonicClock;

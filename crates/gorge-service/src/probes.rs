@@ -1,7 +1,9 @@
 //! The probe endpoints every service exposes on its health port: `/healthz` (the process is
 //! alive), `/readyz` (a readiness function the service supplies; 503 once draining) and
 //! `/metrics` (the service's prometheus-client registry, then the `process_*` metrics, in
-//! the format the scraper's `Accept` asks for: see [`Exposition`]).
+//! the format the scraper's `Accept` asks for: see [`Exposition`]). `/healthz` and `/readyz`
+//! answers carry the process's pid (`X-Gorge-Pid`), so a copy about to start beside this one
+//! can name it ([`crate::takeover`]).
 
 use std::future::Future;
 use std::pin::Pin;
