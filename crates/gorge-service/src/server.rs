@@ -7,6 +7,13 @@
 //! starts if they ask for it ([`BoundListener::close_at_drain_start`]). Reading a request is time-limited twice: its head by hyper's header timeout, and
 //! the whole request (head, body and handler) by a request deadline, so a body that never
 //! ends does not hold a connection forever.
+//!
+//! A listener may also be served on a runtime of its own ([`BoundListener::on_runtime`]),
+//! hold its connections under a cap shared with others ([`BoundListener::with_connection_cap`]),
+//! close connections that send no request in time
+//! ([`BoundListener::with_first_request_deadline`]) and read HTTP/1.0 upgrades as HTTP/1.1
+//! ([`BoundListener::serve_http10_upgrades`]). Each request carries its connection's
+//! [`Accepted`] instant.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -69,7 +76,10 @@ pub struct Accepted(pub std::time::Instant);
 /// keeps a clone for as long as it holds the socket, so the place is freed only when the
 /// descriptor is.
 #[derive(Debug, Clone)]
-pub struct ConnectionSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+pub struct ConnectionSlot {
+    /// Held, never read: the place is given back when the last clone is dropped.
+    _permit: Arc<OwnedSemaphorePermit>,
+}
 
 /// A bound on open connections, which listeners given clones of it share, and the counter
 /// of connections refused over it.
@@ -308,7 +318,9 @@ pub(crate) async fn serve(
                 let slot = match &bound.cap {
                     None => None,
                     Some(cap) => match cap.slots.clone().try_acquire_owned() {
-                        Ok(permit) => Some(ConnectionSlot(Arc::new(permit))),
+                        Ok(permit) => Some(ConnectionSlot {
+                            _permit: Arc::new(permit),
+                        }),
                         Err(_) => {
                             // Closed before anything is read: the descriptor comes back now.
                             cap.refused.inc();
