@@ -354,16 +354,10 @@ async fn a_reader_connection_that_delivers_nothing_is_found_by_the_probe() {
 
     // A's reader connection, open now, goes silent; connections opened later work.
     proxy.wedge_open_readers();
-    let wedged = Instant::now();
     post(&b, "during").await;
     let probe = a.wait_for_log("NOTIFY_BROKER_PROBE_TIMEOUT").await;
-    // Found by the probe (2 s after our own entry was acknowledged), before the blocking
-    // read's own timeout (5 s + 2 s) would have.
-    assert!(
-        wedged.elapsed() < Duration::from_secs(6),
-        "{:?}",
-        wedged.elapsed()
-    );
+    // Found by the probe (our own entry not back 2 s after Redis acknowledged it), not by
+    // the blocking read's own timeout (5 s + 2 s), which logs no such event.
     assert_eq!(probe["timeout_ms"], 2000);
     assert_eq!(keys(&mut on_a, 1).await, ["during"], "late, not lost");
     assert!(metric(&a, "gorge_notification_broker_probe_timeouts_total").await >= 1.0);
