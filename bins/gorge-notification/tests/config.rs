@@ -567,7 +567,8 @@ fn an_unknown_log_component_is_refused_with_a_suggestion() {
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
         "invalid configuration: GORGE_LOG_LEVEL=\"info,peer=debug\": unknown component `peer` \
-         (did you mean `peers`?); this service's components: admin, clients, fanout, peers\n"
+         (did you mean `peers`?); this service's components: admin, broker, clients, fanout, \
+         peers\n"
     );
     let output = run(
         &["--check-config"],
