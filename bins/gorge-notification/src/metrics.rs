@@ -41,8 +41,8 @@ gorge_service::metrics! {
             when the connection ended between the 101 and the hand-over";
         messages_in: Counter, "Messages accepted";
         history_warm: Gauge,
-            "1 once history is warm (filled from a peer at startup, or nothing to fill it \
-             from); until then /readyz is 503 and replays wait";
+            "1 once history is warm (filled from a peer or the broker at startup, or nothing \
+             to fill it from); until then /readyz is 503 and replays wait";
         history_warmed: Counter[result] = [["kept"], ["duplicate"], ["invalid"]],
             "Messages of a peer's history taken at warm-up: kept, duplicate (already here by \
              relay) or invalid";
