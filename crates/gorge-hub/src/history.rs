@@ -108,14 +108,27 @@ impl History {
 
     /// Appends `entry` (stamped `now_ms`) and drops the oldest entries beyond any limit.
     pub fn append(&mut self, entry: Entry, now_ms: u64) {
-        if self.limits.entries == 0 || entry.cost() > self.limits.bytes {
-            self.expire(now_ms);
-            return;
+        if self.fits(&entry) {
+            self.push(entry);
         }
+        self.trim(now_ms);
+    }
+
+    /// Whether `entry` can be retained at all under the limits.
+    fn fits(&self, entry: &Entry) -> bool {
+        self.limits.entries != 0 && entry.cost() <= self.limits.bytes
+    }
+
+    /// Stores `entry` as the newest, with the next sequence number.
+    fn push(&mut self, entry: Entry) {
         self.bytes += entry.cost();
         let seq = self.next_seq;
         self.next_seq += 1;
         self.entries.push_back(Stored { seq, entry });
+    }
+
+    /// Drops the oldest entries beyond the entry and byte limits, then those past the age.
+    fn trim(&mut self, now_ms: u64) {
         while self.entries.len() > self.limits.entries || self.bytes > self.limits.bytes {
             self.pop_oldest();
         }
@@ -184,18 +197,11 @@ impl History {
         all.sort_by_key(|entry| entry.at_ms);
         self.bytes = 0;
         for entry in all {
-            if entry.cost() > self.limits.bytes || self.limits.entries == 0 {
-                continue;
+            if self.fits(&entry) {
+                self.push(entry);
             }
-            self.bytes += entry.cost();
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.entries.push_back(Stored { seq, entry });
         }
-        while self.entries.len() > self.limits.entries || self.bytes > self.limits.bytes {
-            self.pop_oldest();
-        }
-        self.expire(now_ms);
+        self.trim(now_ms);
     }
 
     /// Every retained entry, oldest first (no expiry: call [`History::expire`] first).
