@@ -25,17 +25,7 @@ fn the_metrics_table_is_the_declaration() {
 /// The prose names the components a per-component `GORGE_LOG_LEVEL` accepts, as declared.
 #[test]
 fn the_log_components_are_the_declared_ones() {
-    let names: Vec<String> = events::components(gorge_webhook::events::ALL)
-        .iter()
-        .map(|c| format!("`{c}`"))
-        .collect();
-    let sentence = format!("Components of this service: {}.", names.join(", "));
-    let text = std::fs::read_to_string(page()).unwrap().replace('\n', " ");
-    assert!(
-        text.contains(&sentence),
-        "{} does not say: {sentence}",
-        page().display()
-    );
+    docs::check_components(&page(), gorge_webhook::events::ALL);
 }
 
 #[test]

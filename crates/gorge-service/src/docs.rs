@@ -95,6 +95,25 @@ pub fn check_file(path: &Path, content: &str) {
     disagrees(path, content, &found)
 }
 
+/// Checks that the page at `path` names, in its prose, the components a per-component
+/// `GORGE_LOG_LEVEL` accepts for a service whose events are `events`, exactly as declared:
+/// "Components of this service: `a`, `b`." (line breaks in the page count as spaces).
+pub fn check_components(path: &Path, events: &[crate::events::Event]) {
+    let names: Vec<String> = crate::events::components(events)
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect();
+    let sentence = format!("Components of this service: {}.", names.join(", "));
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .replace('\n', " ");
+    assert!(
+        text.contains(&sentence),
+        "{} does not say: {sentence}",
+        path.display()
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
