@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::histogram::Histogram;
-use crate::http1::HttpConn;
+use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, open_many, round3, shared_phid};
 use crate::procs::{self, Service};
 use crate::sys;
@@ -287,16 +287,14 @@ fn post_all(
                             d.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
                         }
                         let started = Instant::now();
-                        let result = async {
-                            if conn.is_none() {
-                                conn = Some(HttpConn::connect(admin).await?);
-                            }
-                            let c = conn
-                                .as_mut()
-                                .ok_or_else(|| std::io::Error::other("no connection"))?;
-                            c.request("POST", "/", &[("Content-Type", PHP_CONTENT_TYPE)], &body)
-                                .await
-                        }
+                        let result = request_kept(
+                            &mut conn,
+                            admin,
+                            "POST",
+                            "/",
+                            &[("Content-Type", PHP_CONTENT_TYPE)],
+                            &body,
+                        )
                         .await;
                         match result {
                             Ok(response) if response.status == 200 => {
@@ -307,7 +305,6 @@ fn post_all(
                             }
                             Err(_) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
-                                conn = None;
                             }
                         }
                     }

@@ -218,6 +218,30 @@ impl HttpConn {
     }
 }
 
+/// One request on a kept-alive connection to `addr`, connecting first when there is none;
+/// a connection that failed is dropped, so the next request connects afresh.
+pub async fn request_kept(
+    conn: &mut Option<HttpConn>,
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> io::Result<HttpResponse> {
+    let result = async {
+        let c = match conn {
+            Some(c) => c,
+            None => conn.insert(HttpConn::connect(addr).await?),
+        };
+        c.request(method, target, headers, body).await
+    }
+    .await;
+    if result.is_err() {
+        *conn = None;
+    }
+    result
+}
+
 /// One GET on a fresh connection, bounded by `limit`.
 pub async fn get_once(addr: SocketAddr, target: &str, limit: Duration) -> io::Result<HttpResponse> {
     tokio::time::timeout(limit, async {

@@ -15,7 +15,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::histogram::Histogram;
-use crate::http1::{parse_url, HttpConn};
+use crate::http1::{parse_url, request_kept, HttpConn};
 use crate::server_metrics;
 use crate::sys;
 use crate::ws_client::{self, Deliveries, Ws};
@@ -321,21 +321,14 @@ pub async fn run(args: NotifyArgs) -> Value {
                         let body = message_body(seq, &subscribers, sent_us, &payload);
                         deliveries.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
                         let started = Instant::now();
-                        let result = async {
-                            if conn.is_none() {
-                                conn = Some(HttpConn::connect(admin).await?);
-                            }
-                            let c = conn
-                                .as_mut()
-                                .ok_or_else(|| std::io::Error::other("no connection"))?;
-                            c.request(
-                                "POST",
-                                &target,
-                                &[("Content-Type", PHP_CONTENT_TYPE)],
-                                &body,
-                            )
-                            .await
-                        }
+                        let result = request_kept(
+                            &mut conn,
+                            admin,
+                            "POST",
+                            &target,
+                            &[("Content-Type", PHP_CONTENT_TYPE)],
+                            &body,
+                        )
                         .await;
                         match result {
                             Ok(response) if response.status == 200 => {
@@ -346,7 +339,6 @@ pub async fn run(args: NotifyArgs) -> Value {
                             }
                             Err(_) => {
                                 post_errors.io.fetch_add(1, Ordering::Relaxed);
-                                conn = None;
                             }
                         }
                     }
