@@ -5,7 +5,9 @@
 
 use std::io::Write;
 
-use gorge_testkit::healthcheck::{assert_failed_probes_say_why, assert_invalid_configuration};
+use gorge_testkit::healthcheck::{
+    assert_failed_probes_say_why, assert_invalid_configuration, assert_port_0_is_refused,
+};
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{free_port, Receiver, RefusedPort};
 
@@ -87,13 +89,5 @@ fn a_failed_probe_says_why() {
 
 #[test]
 fn port_0_is_refused_not_probed() {
-    let (code, stdout, stderr) = run_to_end(BIN, &["healthcheck", "--port", "0"], &[]);
-    assert_eq!(
-        (code, stdout.as_str(), stderr.as_str()),
-        (
-            Some(1),
-            "",
-            "healthcheck: --port 0 is not a port: expected 1-65535\n"
-        )
-    );
+    assert_port_0_is_refused(run_to_end(BIN, &["healthcheck", "--port", "0"], &[]));
 }

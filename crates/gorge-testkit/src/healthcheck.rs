@@ -15,6 +15,21 @@ pub fn assert_invalid_configuration(ran: (Option<i32>, String, String), culprit:
     );
 }
 
+/// What `healthcheck --port 0` must do: refuse the value (exit 1, nothing on stdout, one
+/// line naming the valid range) instead of probing a port the kernel would pick. `ran` is
+/// `process::run_to_end`'s result for that command.
+pub fn assert_port_0_is_refused(ran: (Option<i32>, String, String)) {
+    let (code, stdout, stderr) = ran;
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (
+            Some(1),
+            "",
+            "healthcheck: --port 0 is not a port: expected 1-65535\n"
+        )
+    );
+}
+
 /// Runs `probe` (the binary's `healthcheck` aimed at 127.0.0.1:`port`, returning its exit
 /// code and stderr) against a closed port and a server answering 503: both fail with one
 /// line that names the URL and says why.
