@@ -456,21 +456,9 @@ async fn an_http_1_0_upgrade_is_served_as_aphlict_serves_it() {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
         .await
         .unwrap();
-    stream
-        .write_all(
-            b"GET /~acme/ HTTP/1.0\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n\
-              Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-              Sec-WebSocket-Version: 13\r\n\r\n",
-        )
+    let head = common::raw_upgrade(&mut stream, "GET /~acme/ HTTP/1.0")
         .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+        .to_ascii_lowercase();
     assert!(
         head.starts_with("http/1.1 101 switching protocols\r\n"),
         "{head}"

@@ -48,20 +48,8 @@ async fn raw_ws(port: u16, tiny: bool) -> TcpStream {
     } else {
         TcpStream::connect(("127.0.0.1", port)).await.unwrap()
     };
-    stream
-        .write_all(
-            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let head = common::raw_upgrade(&mut stream, "GET / HTTP/1.1").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
     stream
 }
 

@@ -273,6 +273,25 @@ impl Drop for InProcess {
 }
 
 /// Posts `body` to the admin port as Phorge's PHP client does (labelled as a form).
+/// A WebSocket upgrade made by hand on `stream`, for tests that need the raw bytes after it:
+/// writes `request_line` (e.g. `GET / HTTP/1.1`) with the upgrade headers and RFC 6455's
+/// sample key, and returns the response head, byte by byte up to its blank line.
+pub async fn raw_upgrade(stream: &mut TcpStream, request_line: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!(
+        "{request_line}\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
 pub async fn post(admin_port: u16, query: &str, body: &str) -> HttpResponse {
     http::request(
         admin_port,
