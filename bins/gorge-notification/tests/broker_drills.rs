@@ -180,9 +180,9 @@ fn assert_nothing_missed(tally: &browser::Tally, records: &[Record], posted: &[S
     );
     // A page is handed each message once; it may receive one again on a reconnect's
     // replay, which `JX.Leader` drops by id (the "≤ 1 duplicate per reconnect").
-    // The frames a new connection got live in the 100 ms before its `replay` come again in
-    // the replay: that overlap is the hub's replay (Aphlict's too), not the broker's, and is
-    // not asserted here (`duplicates_on_one_connection` in the printed tally).
+    // No connection gets a message twice (spec §8a): the replay leaves out what the
+    // socket got live in the 100 ms before it.
+    assert_eq!(tally.duplicates_on_one_connection, 0, "{tally:?}");
     assert_eq!(tally.page_duplicates, 0, "{tally:?}");
     assert!(tally.worst_duplicates_beyond_reconnects <= 0, "{tally:?}");
 }
