@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::redis::Redis;
 use common::{Server, Ws, BIN, PATIENCE};
 use gorge_testkit::process::Signal;
-use gorge_testkit::{eventually, free_port, http};
+use gorge_testkit::{eventually, free_ports, http};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -374,14 +374,16 @@ fn broker_and_peers_together_stop_startup_with_exit_2() {
         ("GORGE_NOTIFICATION_PEERS", "http://127.0.0.1:1"),
         ("GORGE_NOTIFICATION_PEER_DNS", "peers:22281"),
     ] {
+        // Two ports held at once, so they differ (two free_port() calls can return one port).
+        let ports = free_ports(2);
         // Bounded: a binary that accepted this would serve until killed.
         let mut child = Command::new(BIN)
             .env_clear()
             .env(BROKER_URL, "redis://127.0.0.1:1/")
             .env(peers.0, peers.1)
             .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
-            .env("GORGE_NOTIFICATION_CLIENT_PORT", free_port().to_string())
-            .env("GORGE_NOTIFICATION_ADMIN_PORT", free_port().to_string())
+            .env("GORGE_NOTIFICATION_CLIENT_PORT", ports[0].to_string())
+            .env("GORGE_NOTIFICATION_ADMIN_PORT", ports[1].to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

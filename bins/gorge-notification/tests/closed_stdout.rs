@@ -6,18 +6,21 @@ mod common;
 use std::process::Command;
 
 use common::{metric, post, BIN, PATIENCE};
-use gorge_testkit::{eventually, free_port, http, Process};
+use gorge_testkit::{eventually, free_ports, http, Process};
 
 const DROPPED: &str = "gorge_notification_log_lines_dropped_total";
 
 #[tokio::test]
 async fn a_closed_stdout_drops_and_counts_lines_and_the_server_keeps_serving() {
-    let admin_port = free_port();
+    // Two ports held at once, so they differ (two free_port() calls can return one port).
+    let [client_port, admin_port] = free_ports(2)[..] else {
+        unreachable!()
+    };
     let mut command = Command::new(BIN);
     command
         .env_clear()
         .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
-        .env("GORGE_NOTIFICATION_CLIENT_PORT", free_port().to_string())
+        .env("GORGE_NOTIFICATION_CLIENT_PORT", client_port.to_string())
         .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
         .env("GORGE_LOG_FORMAT", "json")
         // Every accepted message is a debug line: each POST below makes one to drop.
