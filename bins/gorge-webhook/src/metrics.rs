@@ -45,6 +45,12 @@ gorge_service::metrics! {
             [SkipReason::BreakerOpen.label()],
             [SkipReason::InFlight.label()],
         ], "Candidates passed over this round, by reason";
+        held_rows: Counter,
+            "Rows delivered under a hook lock kept from the hook's previous row (no GET_LOCK \
+             and RELEASE_LOCK of their own; see Per-hook lock)";
+        hold_bounds: Counter,
+            "Lock holds ended by their bound (32 rows or 1 s); the hook then rests as long as \
+             its lock was held";
         results_taken_over: Counter,
             "Result writes that found the row re-claimed after the lease (see below)";
         policy_blocks: Counter, "Hook URIs or redirect hops refused by the blacklist";

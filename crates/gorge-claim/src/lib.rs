@@ -15,6 +15,9 @@
 //!   independent settings.
 //! - [`ClaimStore::try_hook_lock`] serialises deliveries per hook across replicas (and with
 //!   Phorge's own PHP worker) with Phorge's MySQL named lock, held on a dedicated connection.
+//! - A process holding a hook's lock finds that hook's next fresh rows with
+//!   [`ClaimStore::next_hook_rows`] (a bounded index scan, on the lock's own session) and
+//!   delivers them under the same lock.
 //! - [`ClaimStore::load_objects`] loads requests' objects and transactions as Phorge's
 //!   worker does ([`objects`] says where each PHID type is stored).
 //!
@@ -40,6 +43,7 @@ pub mod handover;
 mod lock;
 mod object_load;
 pub mod objects;
+mod rows;
 mod store;
 #[cfg(feature = "test-support")]
 // Test support (never in a release build) whose row fields, which mirror the table's
@@ -50,6 +54,7 @@ pub mod testdb;
 pub use error::ClaimError;
 pub use lock::{hook_lock_name, HookLock};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
+pub use rows::HOOK_SCAN_ROWS;
 pub use store::{
     Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, HookQueue, ObjectLoad,
     PoolState, QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,

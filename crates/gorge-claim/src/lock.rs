@@ -98,6 +98,26 @@ impl HookLock {
         &self.name
     }
 
+    /// The session holding the lock, while it is still ours: statements run on it prove the
+    /// session (and with it the lock) is alive (see `rows.rs`).
+    pub(crate) fn session(&mut self) -> Option<&mut Conn> {
+        self.conn.as_mut()
+    }
+
+    /// Gives up the lock's session after a statement on it failed or timed out: closed, and
+    /// killed from a fresh connection so that the server frees the lock (see `conn.rs`).
+    pub(crate) fn give_up(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.sessions.discard(conn);
+            self.held.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// True while the lock's session has not been given up.
+    pub fn is_held(&self) -> bool {
+        self.conn.is_some()
+    }
+
     /// Releases the lock and returns the connection to the pool.
     pub async fn release(mut self) -> Result<(), ClaimError> {
         let Some(conn) = self.conn.take() else {

@@ -334,7 +334,7 @@ const PACKET_HEADROOM_BYTES: u64 = 64 << 10;
 
 /// The candidate query's columns, `properties` only when it is short enough to fetch (the
 /// bound is evaluated by the server, which knows its own packet size), and its length.
-fn candidates_select() -> String {
+pub(crate) fn candidates_select() -> String {
     format!(
         "SELECT id, phid, webhookPHID, objectPHID, \
          IF(LENGTH(properties) <= LEAST({MAX_PROPERTIES_BYTES}, \
@@ -427,7 +427,7 @@ pub(crate) fn int(row: &mut Row, index: usize) -> Option<u64> {
 }
 
 /// Reads one candidate row; `Err(None)` when the row cannot even be addressed.
-fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
+pub(crate) fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
     let (Some(id), Some(date_modified)) = (int(row, 0), int(row, 6)) else {
         return Err(None);
     };

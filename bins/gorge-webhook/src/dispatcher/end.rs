@@ -33,6 +33,15 @@ pub(super) enum RowEnd {
     Rejected(ClaimError),
 }
 
+impl RowEnd {
+    /// The row was POSTed, answered 2xx, and its `sent` result landed: the hook is taking
+    /// requests, so its next rows may follow under the same lock.
+    pub(super) fn delivered(&self) -> bool {
+        matches!(self, RowEnd::Written { decision, landed: true, host: Some(_), .. }
+            if decision.outcome == DeliveryOutcome::Sent)
+    }
+}
+
 impl From<ClaimError> for RowEnd {
     fn from(err: ClaimError) -> Self {
         if err.is_row_data_error() {

@@ -3,6 +3,7 @@
 //! - this file: the poll loop, its back-off on database errors, and progress for readiness;
 //! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
 //! - [`row`]: the per-request steps (docs/webhook.md, "Per-request steps"), top to bottom;
+//! - [`hold`]: a hook's next rows under the lock its first row took, within a bound;
 //! - [`end`]: how a row's steps ended ([`end::RowEnd`]), counted and logged in one place;
 //! - [`breaker`]: the per-hook circuit breaker;
 //! - [`state`]: what this process is working on right now.
@@ -14,6 +15,7 @@
 
 mod breaker;
 mod end;
+mod hold;
 mod poll;
 mod row;
 mod state;

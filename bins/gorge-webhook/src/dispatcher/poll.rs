@@ -160,13 +160,10 @@ impl Dispatcher {
         if starts.is_empty() {
             return Ok(Vec::new());
         }
-        let properties: Vec<Result<RequestProperties, PropertiesError>> = starts
+        let candidates: Vec<&Candidate> = starts.iter().map(|(candidate, _)| candidate).collect();
+        let hooks: Vec<&str> = candidates
             .iter()
-            .map(|(candidate, _)| RequestProperties::parse(&candidate.properties))
-            .collect();
-        let hooks: Vec<&str> = starts
-            .iter()
-            .map(|(candidate, _)| candidate.webhook_phid.as_str())
+            .map(|candidate| candidate.webhook_phid.as_str())
             .collect();
         let since = self
             .clock
@@ -174,12 +171,35 @@ impl Dispatcher {
             .saturating_sub(self.config.error_backoff_sec);
         let mut loaded_hooks = self.store.load_hooks(&hooks).await?;
         let failures = self.store.recent_failures_by_hook(&hooks, since).await?;
-        // Objects only for rows that will get that far (readable properties).
-        let wanted: Vec<(usize, (&str, &[String]))> = starts
+        let requests = self.load_requests(&candidates).await?;
+        Ok(candidates
+            .iter()
+            .zip(requests)
+            .map(|(candidate, properties)| Preload {
+                properties,
+                // One row per hook starts per round: each hook is taken once.
+                hook: loaded_hooks.remove(&candidate.webhook_phid),
+                failures: failures.get(&candidate.webhook_phid).copied().unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Each candidate's parsed properties with its object and transactions, loaded in one
+    /// query per table for all of them (objects only for rows with usable properties: only
+    /// they get that far).
+    pub(super) async fn load_requests(
+        &self,
+        candidates: &[&Candidate],
+    ) -> Result<Vec<Result<(RequestProperties, ObjectLoad), PropertiesError>>, ClaimError> {
+        let properties: Vec<Result<RequestProperties, PropertiesError>> = candidates
+            .iter()
+            .map(|candidate| RequestProperties::parse(&candidate.properties))
+            .collect();
+        let wanted: Vec<(usize, (&str, &[String]))> = candidates
             .iter()
             .zip(&properties)
             .enumerate()
-            .filter_map(|(i, ((candidate, _), properties))| {
+            .filter_map(|(i, (candidate, properties))| {
                 let properties = properties.as_ref().ok()?;
                 Some((
                     i,
@@ -191,21 +211,16 @@ impl Dispatcher {
             })
             .collect();
         let requests: Vec<(&str, &[String])> = wanted.iter().map(|(_, r)| *r).collect();
-        let mut objects: Vec<Option<ObjectLoad>> = vec![None; starts.len()];
+        let mut objects: Vec<Option<ObjectLoad>> = vec![None; candidates.len()];
         for ((i, _), load) in wanted.iter().zip(self.store.load_objects(&requests).await?) {
             objects[*i] = Some(load);
         }
-        Ok(starts
-            .iter()
-            .zip(properties)
+        Ok(properties
+            .into_iter()
             .zip(objects)
-            .map(|(((candidate, _), properties), object)| Preload {
-                // Every row with usable properties has its object.
-                properties: properties
-                    .map(|properties| (properties, object.unwrap_or(ObjectLoad::Missing))),
-                // One row per hook starts per round: each hook is taken once.
-                hook: loaded_hooks.remove(&candidate.webhook_phid),
-                failures: failures.get(&candidate.webhook_phid).copied().unwrap_or(0),
+            // Every row with usable properties has its object.
+            .map(|(properties, object)| {
+                properties.map(|properties| (properties, object.unwrap_or(ObjectLoad::Missing)))
             })
             .collect())
     }

@@ -4,7 +4,8 @@
 //! parse `properties` → load the hook → per-hook lock → breaker → outbound policy (resolves
 //! the host; after the lock and breaker so skipped rows resolve nothing) → load the object
 //! and its transactions as Phorge does → claim → POST → write the result (only while the
-//! row is still ours) → release the lock.
+//! row is still ours) → the hook's next rows under the same lock, then release it
+//! (`hold.rs`).
 //!
 //! Nothing is written before the claim is won, except for rows that cannot be claimed at
 //! all (see [`Dispatcher::row_rejected`]), which are failed with a compare-and-set of their
@@ -18,6 +19,7 @@ use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayl
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::end::RowEnd;
+use super::hold::Held;
 use super::state::Slot;
 use super::Dispatcher;
 use crate::delivery::DeliveryError;
@@ -65,15 +67,28 @@ impl Dispatcher {
             _permit: permit,
         };
         self.metrics.in_flight.inc();
+        let mut held = None;
         let end = self
-            .process(&candidate, preload)
+            .process(&candidate, preload, &mut held)
             .await
             .unwrap_or_else(RowEnd::from);
+        let go_on = end.delivered();
         self.finish_row(&candidate, end).await;
+        if let Some(held) = held {
+            // The hook's next rows under the same lock (`hold.rs`), which then releases it.
+            self.hold(held, candidate.id, go_on).await;
+        }
     }
 
-    /// The per-request steps for one candidate, in the order of this module's doc.
-    async fn process(&self, candidate: &Candidate, preload: Preload) -> Result<RowEnd, ClaimError> {
+    /// The per-request steps for one candidate, in the order of this module's doc. When the
+    /// hook's lock was taken, it is left in `held` (not released) with the hook, for the
+    /// caller to go on with the hook's next rows.
+    async fn process(
+        &self,
+        candidate: &Candidate,
+        preload: Preload,
+        held: &mut Option<Held>,
+    ) -> Result<RowEnd, ClaimError> {
         // 1. Properties.
         let (properties, object) = match preload.properties {
             Ok(loaded) => loaded,
@@ -120,19 +135,22 @@ impl Dispatcher {
             self.rest(&hook.phid, self.config.poll_interval);
             return Ok(RowEnd::Skipped(SkipReason::HookBusy));
         };
+        let since = self.clock.now_ms();
         self.local_state().lock_busy.remove(&hook.phid);
         let result = self
             .deliver_locked(candidate, &hook, &properties, preload.failures, object)
             .await;
-        if let Err(err) = lock.release().await {
-            // The server frees the lock with the session that the release just closed.
-            emit!(self.log, events::WEBHOOK_LOCK_RELEASE_FAILED; "hook" => &hook.phid, "error" => %err);
-        }
+        *held = Some(Held {
+            lock,
+            hook,
+            failures: preload.failures,
+            since,
+        });
         result
     }
 
     /// Steps 4–9, with the hook lock held.
-    async fn deliver_locked(
+    pub(super) async fn deliver_locked(
         &self,
         candidate: &Candidate,
         hook: &Hook,
@@ -220,7 +238,7 @@ impl Dispatcher {
     }
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
-    fn rest(&self, hook: &str, duration: std::time::Duration) {
+    pub(super) fn rest(&self, hook: &str, duration: std::time::Duration) {
         let until = self.clock.now_ms() + duration.as_millis() as u64;
         self.local_state().resting.insert(hook.to_string(), until);
     }

@@ -1,0 +1,129 @@
+//! Holding a hook's lock across its consecutive rows.
+//!
+//! Phorge's worker takes the hook's named lock for each request; taking and releasing it
+//! were two of the ~4.4 statements this service spent per row. Once a row of a hook has
+//! been delivered (POSTed, answered 2xx, its `sent` result written), the process keeps the
+//! lock and goes on with the hook's next fresh rows ([`ClaimStore::next_hook_rows`], read
+//! on the lock's own session, [`NEXT_ROWS`] at a time with their objects and transactions
+//! in one query per table), one after the other: still at most one request in flight per
+//! hook, each row still claimed with its own compare-and-set before its POST.
+//!
+//! The hold ends, and the lock is released, when:
+//! - a row does not end in a landed `sent` result (a failure, a hook error, a lost claim, a
+//!   database error): the next row starts over from a poll round, breaker check included;
+//! - the hook has no more fresh rows (or the next one's `properties` cannot be parsed: the
+//!   poll round fails it);
+//! - shutdown begins;
+//! - the bound is reached: [`HOLD_MAX_ROWS`] rows or [`HOLD_MAX`] since the lock was taken.
+//!   Then the hook rests (is left out of the candidate query) for as long as the lock was
+//!   held, so that while gorge drains a hook's backlog the lock is free at least half of
+//!   the time, and Phorge's own worker (which tries `GET_LOCK` without waiting and yields
+//!   for 15 s when it is taken) is never starved in mixed or rollback mode.
+//!
+//! The hook row and its breaker count are those the poll round read when the hold began;
+//! the bound keeps them at most [`HOLD_MAX`] old (Phorge reads them per request). The lock
+//! session's `wait_timeout` (`GORGE_WEBHOOK_MYSQL_LOCK_SESSION_TIMEOUT`) is far above the
+//! bound, and every fetch of next rows runs on that session, so a hold never outlives it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gorge_claim::{Candidate, Hook, HookLock};
+
+use super::Dispatcher;
+use crate::events;
+use gorge_service::emit;
+
+/// Most rows delivered under one taking of a hook's lock (the first one included).
+pub(super) const HOLD_MAX_ROWS: u32 = 32;
+
+/// Longest a hook's lock is held for rows after the first (clock time).
+pub(super) const HOLD_MAX: Duration = Duration::from_secs(1);
+
+/// Next rows fetched at a time while holding a lock.
+pub(super) const NEXT_ROWS: usize = 8;
+
+/// A hook's lock, still held after a row, with what the poll round read for the hook.
+pub(super) struct Held {
+    pub lock: HookLock,
+    pub hook: Hook,
+    pub failures: u64,
+    /// When the lock was taken (clock milliseconds).
+    pub since: u64,
+}
+
+impl Dispatcher {
+    /// Delivers the hook's next rows under `held` while `go_on` (the last row was
+    /// delivered) and within the bound, then releases the lock. `after`: the id of the row
+    /// delivered last.
+    pub(super) async fn hold(&self, mut held: Held, mut after: u64, mut go_on: bool) {
+        let since = held.since;
+        let mut rows = 1u32;
+        let mut bounded = false;
+        'hold: while go_on {
+            go_on = false;
+            let held_ms = self.clock.now_ms().saturating_sub(since);
+            if rows >= HOLD_MAX_ROWS || held_ms >= HOLD_MAX.as_millis() as u64 {
+                bounded = true;
+                break;
+            }
+            if self.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            let want = NEXT_ROWS.min((HOLD_MAX_ROWS - rows) as usize);
+            let next = match self
+                .store
+                .next_hook_rows(&mut held.lock, &held.hook.phid, after, want)
+                .await
+            {
+                Ok(batch) => batch.rows,
+                // The lock's session was given up; rows and the error are the poll's again.
+                Err(_) => break,
+            };
+            let candidates: Vec<&Candidate> = next.iter().collect();
+            let Ok(requests) = self.load_requests(&candidates).await else {
+                break;
+            };
+            for (candidate, request) in next.iter().zip(requests) {
+                let Ok((properties, object)) = request else {
+                    break 'hold;
+                };
+                {
+                    let mut state = self.local_state();
+                    if state.quarantined.contains(&candidate.id) || !state.rows.insert(candidate.id)
+                    {
+                        break 'hold;
+                    }
+                }
+                if self.clock.now_ms().saturating_sub(since) >= HOLD_MAX.as_millis() as u64 {
+                    self.local_state().rows.remove(&candidate.id);
+                    bounded = true;
+                    break 'hold;
+                }
+                self.metrics.held_rows.inc();
+                let end = self
+                    .deliver_locked(candidate, &held.hook, &properties, held.failures, object)
+                    .await
+                    .unwrap_or_else(super::end::RowEnd::from);
+                go_on = end.delivered();
+                self.finish_row(candidate, end).await;
+                self.local_state().rows.remove(&candidate.id);
+                rows += 1;
+                after = candidate.id;
+                if !go_on || !held.lock.is_held() {
+                    break 'hold;
+                }
+            }
+        }
+        let held_for = Duration::from_millis(self.clock.now_ms().saturating_sub(since));
+        let hook = held.hook.phid;
+        if let Err(err) = held.lock.release().await {
+            // The server frees the lock with the session that the release just closed.
+            emit!(self.log, events::WEBHOOK_LOCK_RELEASE_FAILED; "hook" => &hook, "error" => %err);
+        }
+        if bounded {
+            self.metrics.hold_bounds.inc();
+            self.rest(&hook, held_for);
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! A hook's lock held across its consecutive rows (docs/webhook.md, "Per-hook lock"): one
+//! GET_LOCK for a run of the hook's rows, ended by a failure, by its bound (32 rows or 1 s,
+//! after which the hook rests as long as it was held), and never keeping the lock from
+//! Phorge's worker once the run is over.
+
+mod common;
+
+use common::{enabled_hook, queue, Harness};
+use gorge_claim::testdb::{server_opts, RequestStatus, TestDb};
+use gorge_testkit::{CapturedLog, Receiver, Reply};
+use gorge_webhook::clock::ManualUnixClock;
+use mysql_async::prelude::Queryable;
+
+const T0: u64 = 1_700_000_000;
+const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+const FOREVER: &str = r#"{"retry":"forever","transactionPHIDs":[],"triggerPHIDs":[]}"#;
+
+/// Queues `n` rows of `hook`; returns their ids.
+async fn queue_rows(db: &TestDb, hook: &str, n: usize, properties: &str) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(queue(db, hook, &format!("PHID-TASK-{i}"), properties, T0).await);
+    }
+    ids
+}
+
+/// Whether another session can take `hook`'s lock now (and gives it back at once).
+async fn lock_is_free(db: &TestDb, hook: &str) -> bool {
+    let name = gorge_claim::hook_lock_name(db.namespace(), hook);
+    let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
+    let got: Option<i64> = conn
+        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
+        .await
+        .unwrap();
+    let _ = conn.disconnect().await;
+    got == Some(1)
+}
+
+/// The old code took and released the lock per row and started one row per hook per round:
+/// this round delivered 1 of the 5 rows.
+#[tokio::test]
+async fn one_round_delivers_a_hooks_consecutive_rows_under_one_lock() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let ids = queue_rows(&db, &hook, 5, NEVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    let round = dispatcher.run_round().await.unwrap();
+    assert_eq!(
+        round.started, 1,
+        "one row of the hook starts from the round"
+    );
+    assert_eq!(receiver.count(), 5);
+    assert_eq!(metrics.held_rows.get(), 4);
+    // In id order, one at a time.
+    let posted: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.object_phid())
+        .collect();
+    let expected: Vec<String> = (0..5).map(|i| format!("PHID-TASK-{i}")).collect();
+    assert_eq!(posted, expected);
+    for id in ids {
+        assert_eq!(db.read_request(id).await.unwrap().status.as_str(), "sent");
+    }
+    assert!(lock_is_free(&db, &hook).await, "released after the run");
+    assert_eq!(metrics.hold_bounds.get(), 0);
+}
+
+/// A failed attempt ends the run: the next row waits for a poll round (and its breaker
+/// check). Old code: the same, one row per round; this pins that holding changes nothing
+/// for failing hooks.
+#[tokio::test]
+async fn a_failure_ends_the_run() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(500);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    queue_rows(&db, &hook, 3, FOREVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 1);
+    assert_eq!(metrics.held_rows.get(), 0);
+    assert!(lock_is_free(&db, &hook).await);
+}
+
+/// The row bound: 32 rows under one taking of the lock, then it is released; the rest
+/// comes with the next round. Old code: 1 row in the first round.
+#[tokio::test]
+async fn a_run_stops_at_its_row_bound() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    queue_rows(&db, &hook, 40, NEVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 32);
+    assert_eq!(metrics.hold_bounds.get(), 1);
+    assert!(lock_is_free(&db, &hook).await);
+    // The clock did not move while the lock was held: the rest is 0 and the hook is due.
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 40);
+    assert_eq!(db.count_requests(RequestStatus::Queued).await.unwrap(), 0);
+}
+
+/// The time bound: each POST takes 300 ms of clock time, so the run stops once the lock
+/// has been held 1 s, and the hook then rests as long (its rows are not even fetched)
+/// before it is taken again. Old code: 1 row in the first round, and the second round
+/// delivered the next row at once.
+#[tokio::test]
+async fn a_run_stops_at_its_time_bound_and_the_hook_rests_as_long() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    queue_rows(&db, &hook, 10, NEVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let posting = clock.clone();
+    receiver.set_behaviour(move |_, _| {
+        posting.advance_ms(300);
+        Reply::Status(200)
+    });
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    // Rows start at 0, 300, 600 and 900 ms of holding; at 1 200 ms the bound is passed.
+    assert_eq!(receiver.count(), 4);
+    assert_eq!(metrics.hold_bounds.get(), 1);
+    assert!(lock_is_free(&db, &hook).await);
+
+    let round = dispatcher.run_round().await.unwrap();
+    assert_eq!((round.fetched, receiver.count()), (0, 4), "resting");
+    clock.advance_ms(1_200);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 8);
+}
+
+/// A lock Phorge's worker (here: another session) holds is not taken at all, and rows of
+/// the hook are left alone, whether or not a run would follow.
+#[tokio::test]
+async fn a_lock_held_elsewhere_starts_no_run() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    queue_rows(&db, &hook, 3, NEVER).await;
+    let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
+    let mut phorge = mysql_async::Conn::new(server_opts()).await.unwrap();
+    let got: Option<i64> = phorge
+        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(1));
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 0);
+    phorge
+        .exec_drop("DO RELEASE_LOCK(?)", (&name,))
+        .await
+        .unwrap();
+    clock.advance_sec(1);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 3);
+}
