@@ -51,6 +51,12 @@ gorge_service::metrics! {
         hold_bounds: Counter,
             "Lock holds ended by their bound (32 rows or 1 s); the hook then rests as long as \
              its lock was held";
+        claims_unclear: Counter,
+            "Batch claims of a hold's next rows that won some rows but not all (which ones \
+             cannot be told): none is sent, the rows won wait out their lease";
+        claims_given_back: Counter,
+            "Rows a hold claimed with others and did not deliver (the hold ended first), made \
+             fresh again";
         results_taken_over: Counter,
             "Result writes that found the row re-claimed after the lease (see below)";
         policy_blocks: Counter, "Hook URIs or redirect hops refused by the blacklist";

@@ -172,3 +172,34 @@ async fn a_lock_held_elsewhere_starts_no_run() {
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 3);
 }
+
+/// The next rows are claimed together; a hold that ends before delivering all of them (the
+/// second POST fails) gives the rest back fresh, and the next round delivers them. Old code:
+/// no batch claim (1 row per round; nothing to give back).
+#[tokio::test]
+async fn rows_claimed_together_and_not_delivered_are_given_back() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    receiver.set_behaviour(|_, index| Reply::Status(if index == 1 { 500 } else { 200 }));
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let ids = queue_rows(&db, &hook, 5, NEVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 2);
+    assert_eq!(metrics.claims_given_back.get(), 3);
+    for &id in &ids[2..] {
+        let row = db.read_request(id).await.unwrap();
+        assert_eq!(
+            (row.status.as_str(), row.date_modified),
+            ("queued", row.date_created),
+            "fresh again"
+        );
+    }
+    assert!(lock_is_free(&db, &hook).await);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 5);
+    assert_eq!(db.count_requests(RequestStatus::Queued).await.unwrap(), 0);
+}

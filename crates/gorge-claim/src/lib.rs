@@ -54,7 +54,7 @@ pub mod testdb;
 pub use error::ClaimError;
 pub use lock::{hook_lock_name, HookLock};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
-pub use rows::HOOK_SCAN_ROWS;
+pub use rows::{BatchClaim, HOOK_SCAN_ROWS};
 pub use store::{
     Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, HookQueue, ObjectLoad,
     PoolState, QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,

@@ -16,7 +16,18 @@
 //!   is no longer held. A failed or timed-out query gives the session up (closed and
 //!   killed, which frees the lock).
 //!
-//! Finding is not claiming: each row is still claimed with its own compare-and-set.
+//! Finding is not claiming. The rows found are claimed together with
+//! [`ClaimStore::claim_fresh`], one `UPDATE` for all of them, also on the lock's session:
+//! each row's compare-and-set is "still fresh" (`status = 'queued' AND dateModified =
+//! dateCreated AND lastRequestEpoch = 0`, a state no claim or write ever returns a row to
+//! except [`ClaimStore::unclaim_fresh`]), and its new version is
+//! `max(dateCreated + 1, now)` as a single claim's would be. Which rows were won can be told
+//! from the count alone only when it is all or none: MariaDB has no `UPDATE … RETURNING`, and
+//! a later `SELECT` cannot tell our version from another claimant's of the same second. So a
+//! partial count (another process changed one of them in between: a claim it made without
+//! the lock, for a hook it saw disabled or missing) counts as none won, and the rows won
+//! wait out their lease like the row of a process that died, then go out once. Rows claimed
+//! and not delivered when the hold ends are given back with [`ClaimStore::unclaim_fresh`].
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Row, Value};
@@ -24,7 +35,9 @@ use mysql_async::{Row, Value};
 use crate::error::ClaimError;
 use crate::handover::handed_over_sql;
 use crate::lock::HookLock;
-use crate::store::{candidates_select, read_candidate, Batch, ClaimStore};
+use crate::store::{
+    candidates_select, placeholders, read_candidate, Batch, Candidate, Claim, ClaimStore,
+};
 
 /// Most `key_ratelimit` entries one [`ClaimStore::next_hook_rows`] query reads.
 pub const HOOK_SCAN_ROWS: u64 = 32;
@@ -46,6 +59,31 @@ fn next_hook_rows_sql() -> String {
     let mut sql = candidates_select();
     sql.push_str(NEXT_HOOK_ROWS_SQL_TAIL);
     sql
+}
+
+/// The batch claim after its `IN (` list; see the module doc.
+const CLAIM_FRESH_SQL_TAIL: &str = concat!(
+    ") AND status = 'queued' AND dateModified = dateCreated AND lastRequestEpoch = 0 AND ",
+    handed_over_sql!()
+);
+
+/// Gives back rows claimed by [`ClaimStore::claim_fresh`] at `now`: only while each is still
+/// at the version that claim wrote and has no result.
+const UNCLAIM_FRESH_SQL_TAIL: &str = concat!(
+    ") AND status = 'queued' AND lastRequestEpoch = 0 \
+AND dateModified = GREATEST(dateCreated + 1, ?) AND ",
+    handed_over_sql!()
+);
+
+/// What a batch claim won.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchClaim {
+    /// Every row, in the order given.
+    All(Vec<Claim>),
+    /// None of them.
+    None,
+    /// Some but not all: which ones cannot be told (see the module doc); none may be sent.
+    Unclear,
 }
 
 impl ClaimStore {
@@ -95,6 +133,76 @@ impl ClaimStore {
             }
         }
         Ok(batch)
+    }
+
+    /// Claims `rows` (fresh rows of the hook `lock` holds, as [`ClaimStore::next_hook_rows`]
+    /// found them) with one `UPDATE` on the lock's session, at `now`. An error gives the
+    /// session up, as in [`ClaimStore::next_hook_rows`].
+    pub async fn claim_fresh(
+        &self,
+        lock: &mut HookLock,
+        rows: &[&Candidate],
+        now: u64,
+    ) -> Result<BatchClaim, ClaimError> {
+        if rows.is_empty() {
+            return Ok(BatchClaim::None);
+        }
+        let Some(session) = lock.session() else {
+            return Err(ClaimError::Timeout("the hook lock's session was given up"));
+        };
+        let sql = format!(
+            "UPDATE herald_webhookrequest SET dateModified = GREATEST(dateCreated + 1, ?) \
+             WHERE id IN ({}{CLAIM_FRESH_SQL_TAIL}",
+            placeholders(rows.len())
+        );
+        let mut params: Vec<Value> = vec![now.into()];
+        params.extend(rows.iter().map(|row| Value::from(row.id)));
+        let out = self.timed(session.exec_drop(sql, params)).await;
+        let affected = match out {
+            Ok(Ok(())) => session.affected_rows(),
+            Ok(Err(err)) => {
+                lock.give_up();
+                return Err(self.err(err));
+            }
+            Err(_) => {
+                lock.give_up();
+                return Err(ClaimError::Timeout("batch claim"));
+            }
+        };
+        Ok(if affected == rows.len() as u64 {
+            BatchClaim::All(
+                rows.iter()
+                    .map(|row| Claim {
+                        id: row.id,
+                        version: (row.date_created + 1).max(now),
+                    })
+                    .collect(),
+            )
+        } else if affected == 0 {
+            BatchClaim::None
+        } else {
+            BatchClaim::Unclear
+        })
+    }
+
+    /// Gives back rows of a [`ClaimStore::claim_fresh`] at `now` that were not delivered:
+    /// fresh again, while still at that claim's version without a result. Returns how many
+    /// were given back.
+    pub async fn unclaim_fresh(&self, ids: &[u64], now: u64) -> Result<u64, ClaimError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "UPDATE herald_webhookrequest SET dateModified = dateCreated \
+             WHERE id IN ({}{UNCLAIM_FRESH_SQL_TAIL}",
+            placeholders(ids.len())
+        );
+        let mut params: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+        params.push(now.into());
+        let mut conn = self.conn().await?;
+        let out = self.timed(conn.exec_drop(sql, params)).await;
+        let (conn, ()) = self.settle(conn, out, "giving back claimed rows")?;
+        Ok(conn.affected_rows())
     }
 }
 

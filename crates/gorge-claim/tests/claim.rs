@@ -716,3 +716,88 @@ async fn objects_of_a_round_are_loaded_together_as_each_alone() {
     assert_eq!(store.load_object(b, &stored_b).await.unwrap(), loads[2]);
     db.drop_database().await;
 }
+
+/// A held hook's next fresh rows, found on the lock's session and claimed together: all won
+/// (versions as single claims would write them), none, or some — which cannot be told, so
+/// it is reported as such; and rows given back are fresh again only while still at that
+/// claim's version.
+#[tokio::test]
+async fn a_held_hooks_rows_are_found_and_claimed_together() {
+    let db = fresh_db().await;
+    let store = db.store();
+    let hook = db.hook_phid();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(insert_fresh_request(&db).await);
+    }
+    let mut lock = store.try_hook_lock(&hook).await.unwrap().expect("free");
+    let batch = store
+        .next_hook_rows(&mut lock, &hook, ids[0], 3)
+        .await
+        .unwrap();
+    let found: Vec<u64> = batch.rows.iter().map(|c| c.id).collect();
+    assert_eq!(
+        found,
+        ids[1..4].to_vec(),
+        "after the id given, oldest first, limited"
+    );
+
+    let now = T0 + 5;
+    let rows: Vec<&Candidate> = batch.rows.iter().collect();
+    let gorge_claim::BatchClaim::All(claims) =
+        store.claim_fresh(&mut lock, &rows, now).await.unwrap()
+    else {
+        panic!("all three are fresh");
+    };
+    assert_eq!(
+        claims,
+        ids[1..4]
+            .iter()
+            .map(|&id| Claim { id, version: now })
+            .collect::<Vec<_>>()
+    );
+    // Claimed rows are no longer fresh: not found again, not claimed again.
+    let again = store
+        .next_hook_rows(&mut lock, &hook, ids[0], 8)
+        .await
+        .unwrap();
+    let again: Vec<u64> = again.rows.iter().map(|c| c.id).collect();
+    assert_eq!(again, vec![ids[4]]);
+    assert_eq!(
+        store.claim_fresh(&mut lock, &rows, now).await.unwrap(),
+        gorge_claim::BatchClaim::None
+    );
+    // One of two taken by another claimant in between: which one was won cannot be told.
+    let last = as_candidate(&db.read_request(ids[4]).await.unwrap());
+    let first = as_candidate(&db.read_request(ids[0]).await.unwrap());
+    assert!(store.claim(&last, now).await.unwrap().is_some());
+    assert_eq!(
+        store
+            .claim_fresh(&mut lock, &[&first, &last], now)
+            .await
+            .unwrap(),
+        gorge_claim::BatchClaim::Unclear
+    );
+    // Give back two of the three; one of them got a result meanwhile and stays as it is.
+    let claim = claims[0];
+    let write = ResultWrite::Attempted {
+        status: RequestStatus::Sent,
+        result: RequestResult::Okay,
+        epoch: now,
+        properties: with_marker("{}"),
+    };
+    assert!(store.write_result(&claim, &write, now).await.unwrap());
+    assert_eq!(
+        store.unclaim_fresh(&[ids[1], ids[2]], now).await.unwrap(),
+        1
+    );
+    let given_back = db.read_request(ids[2]).await.unwrap();
+    assert_eq!(given_back.date_modified, given_back.date_created);
+    assert_eq!(
+        db.read_request(ids[1]).await.unwrap().status,
+        RequestStatus::Sent
+    );
+    lock.release().await.unwrap();
+    store.close().await;
+    db.drop_database().await;
+}

@@ -3,10 +3,11 @@
 //! Phorge's worker takes the hook's named lock for each request; taking and releasing it
 //! were two of the ~4.4 statements this service spent per row. Once a row of a hook has
 //! been delivered (POSTed, answered 2xx, its `sent` result written), the process keeps the
-//! lock and goes on with the hook's next fresh rows ([`ClaimStore::next_hook_rows`], read
+//! lock and goes on with the hook's next fresh rows ([`gorge_claim::ClaimStore::next_hook_rows`], read
 //! on the lock's own session, [`NEXT_ROWS`] at a time with their objects and transactions
-//! in one query per table), one after the other: still at most one request in flight per
-//! hook, each row still claimed with its own compare-and-set before its POST.
+//! in one query per table, and claimed together with [`gorge_claim::ClaimStore::claim_fresh`]), one
+//! after the other: still at most one request in flight per hook, no POST before its row's
+//! claim. Rows claimed and not delivered when the hold ends are given back fresh.
 //!
 //! The hold ends, and the lock is released, when:
 //! - a row does not end in a landed `sent` result (a failure, a hook error, a lost claim, a
@@ -28,7 +29,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use gorge_claim::{Candidate, Hook, HookLock};
+use gorge_claim::{BatchClaim, Candidate, Hook, HookLock};
 
 use super::Dispatcher;
 use crate::events;
@@ -58,19 +59,19 @@ impl Dispatcher {
     /// delivered last.
     pub(super) async fn hold(&self, mut held: Held, mut after: u64, mut go_on: bool) {
         let since = held.since;
-        let mut rows = 1u32;
+        let mut rows_done = 1u32;
         let mut bounded = false;
-        'hold: while go_on {
+        while go_on {
             go_on = false;
             let held_ms = self.clock.now_ms().saturating_sub(since);
-            if rows >= HOLD_MAX_ROWS || held_ms >= HOLD_MAX.as_millis() as u64 {
+            if rows_done >= HOLD_MAX_ROWS || held_ms >= HOLD_MAX.as_millis() as u64 {
                 bounded = true;
                 break;
             }
             if self.stopping.load(Ordering::SeqCst) {
                 break;
             }
-            let want = NEXT_ROWS.min((HOLD_MAX_ROWS - rows) as usize);
+            let want = NEXT_ROWS.min((HOLD_MAX_ROWS - rows_done) as usize);
             let next = match self
                 .store
                 .next_hook_rows(&mut held.lock, &held.hook.phid, after, want)
@@ -84,34 +85,73 @@ impl Dispatcher {
             let Ok(requests) = self.load_requests(&candidates).await else {
                 break;
             };
-            for (candidate, request) in next.iter().zip(requests) {
-                let Ok((properties, object)) = request else {
-                    break 'hold;
-                };
-                {
+            // The rows up to the first one that cannot go out here: unusable properties
+            // (the poll round fails it), or a row this process already knows.
+            let usable: Vec<_> = {
+                let state = self.local_state();
+                candidates
+                    .into_iter()
+                    .zip(requests)
+                    .map_while(|(candidate, request)| {
+                        let known = state.quarantined.contains(&candidate.id)
+                            || state.rows.contains(&candidate.id);
+                        (!known).then_some(())?;
+                        request.ok().map(|request| (candidate, request))
+                    })
+                    .collect()
+            };
+            let rows: Vec<&Candidate> = usable.iter().map(|(candidate, _)| *candidate).collect();
+            let claimed_at = self.clock.now_sec();
+            match self
+                .store
+                .claim_fresh(&mut held.lock, &rows, claimed_at)
+                .await
+            {
+                Ok(BatchClaim::All(claims)) => {
                     let mut state = self.local_state();
-                    if state.quarantined.contains(&candidate.id) || !state.rows.insert(candidate.id)
-                    {
-                        break 'hold;
+                    for claim in claims {
+                        state.preclaimed.insert(claim.id, claim);
                     }
                 }
-                if self.clock.now_ms().saturating_sub(since) >= HOLD_MAX.as_millis() as u64 {
-                    self.local_state().rows.remove(&candidate.id);
-                    bounded = true;
-                    break 'hold;
+                Ok(BatchClaim::None) => break,
+                Ok(BatchClaim::Unclear) => {
+                    self.metrics.claims_unclear.inc();
+                    break;
                 }
+                Err(_) => break,
+            }
+            for (candidate, (properties, object)) in usable {
+                go_on = false;
+                if self.clock.now_ms().saturating_sub(since) >= HOLD_MAX.as_millis() as u64 {
+                    bounded = true;
+                    break;
+                }
+                self.local_state().rows.insert(candidate.id);
                 self.metrics.held_rows.inc();
                 let end = self
                     .deliver_locked(candidate, &held.hook, &properties, held.failures, object)
                     .await
                     .unwrap_or_else(super::end::RowEnd::from);
-                go_on = end.delivered();
+                go_on = end.delivered() && held.lock.is_held();
                 self.finish_row(candidate, end).await;
                 self.local_state().rows.remove(&candidate.id);
-                rows += 1;
+                rows_done += 1;
                 after = candidate.id;
-                if !go_on || !held.lock.is_held() {
-                    break 'hold;
+                if !go_on {
+                    break;
+                }
+            }
+            // Rows claimed with the others and not delivered go back to fresh.
+            let left: Vec<u64> = {
+                let mut state = self.local_state();
+                rows.iter()
+                    .map(|row| row.id)
+                    .filter(|id| state.preclaimed.remove(id).is_some())
+                    .collect()
+            };
+            if !left.is_empty() {
+                if let Ok(given_back) = self.store.unclaim_fresh(&left, claimed_at).await {
+                    self.metrics.claims_given_back.inc_by(given_back);
                 }
             }
         }

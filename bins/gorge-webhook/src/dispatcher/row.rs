@@ -285,6 +285,11 @@ impl Dispatcher {
         if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(Err(RowEnd::NotClaimed { lost: false }));
         }
+        // Claimed already, with the other rows of a hold (`hold.rs`).
+        if let Some(claim) = self.local_state().preclaimed.remove(&candidate.id) {
+            self.metrics.claim_won();
+            return Ok(Ok(claim));
+        }
         match self.store.claim(candidate, self.clock.now_sec()).await? {
             Some(claim) => {
                 self.metrics.claim_won();

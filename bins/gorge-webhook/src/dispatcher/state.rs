@@ -34,6 +34,9 @@ pub(super) struct LocalState {
     /// tried (clock milliseconds). A lock held for longer than any delivery takes is held
     /// by something that is not delivering (a session left behind by a dead connection).
     pub lock_busy: HashMap<String, (u64, u64)>,
+    /// Rows a hold claimed together (`hold.rs`), until their steps reach the claim: at most
+    /// `NEXT_ROWS` per slot.
+    pub preclaimed: HashMap<u64, gorge_claim::Claim>,
 }
 
 /// A hook not tried again within this long (clock milliseconds) is forgotten by
