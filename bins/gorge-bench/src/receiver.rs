@@ -364,7 +364,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 {
                     state.bad_signatures.fetch_add(1, Ordering::Relaxed);
                 }
-                let Some(_inflight) = InFlight::enter(&state, hook) else {
+                let Some(inflight) = InFlight::enter(&state, hook) else {
                     return;
                 };
                 let roll: f64 = rand::random();
@@ -399,6 +399,10 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 } else {
                     plain_on(state.close_each, 500, "Internal Server Error", b"no")
                 };
+                // No longer in flight once the answer is decided, before it is written: the
+                // sender may read it and send the hook's next request before this task runs
+                // again (a preempted task then saw two "in flight" that never overlapped).
+                drop(inflight);
                 if reader.get_mut().write_all(&response).await.is_err() || state.close_each {
                     let _ = reader.get_mut().shutdown().await;
                     return;
