@@ -1,14 +1,16 @@
 //! Test support shared by the gorge crates (a dev-dependency only): free loopback ports,
 //! a simulated `JX.Aphlict` browser,
 //! one wrapper for the child processes integration tests start, one raw HTTP/1.1 client and
-//! one scripted HTTP receiver, one slog drain that captures events, and the check of the
-//! alerting rules and dashboards against a real `/metrics`.
+//! one scripted HTTP receiver, one slog drain that captures events, the reading of the
+//! `--check-config` report, and the check of the alerting rules and dashboards against a real
+//! `/metrics`.
 //!
 //! Tests speak raw HTTP/1.1 on purpose: the services' byte-level answers (status lines,
 //! header case, bodies) are part of their contract, and a full client would normalise them.
 
 pub mod browser;
 pub mod capture;
+pub mod check_config;
 pub mod healthcheck;
 pub mod http;
 pub mod monitoring;
