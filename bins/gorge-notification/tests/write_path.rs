@@ -191,11 +191,12 @@ async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_but_live_client_is_not_reaped_as_idle() {
-    let server = Server::start(&[
-        ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "1"),
-        ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "2"),
-        ("GORGE_NOTIFICATION_QUEUE_BYTES", "16777216"),
-    ]);
+    let server = InProcess::start(|config| {
+        config.ping_interval = Duration::from_secs(1);
+        config.idle_timeout = Duration::from_secs(2);
+        config.hub.queue_bytes = 16 << 20;
+    })
+    .await;
     let mut ws = tiny_ws(&server).await;
     ws.subscribe(&["PHID-BIG"]).await;
     const COUNT: usize = 30;
