@@ -40,10 +40,13 @@
 mod conn;
 mod error;
 pub mod handover;
+mod held;
+mod hooks;
 mod lock;
 mod object_load;
 pub mod objects;
 mod rows;
+mod stats;
 mod store;
 #[cfg(feature = "test-support")]
 // Test support (never in a release build) whose row fields, which mirror the table's
@@ -52,11 +55,13 @@ mod store;
 pub mod testdb;
 
 pub use error::ClaimError;
+pub use held::{BatchClaim, HOOK_SCAN_ROWS};
+pub use hooks::Hook;
 pub use lock::{hook_lock_name, HookLock};
+pub use object_load::{ObjectLoad, Unchecked};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
-pub use rows::{BatchClaim, HOOK_SCAN_ROWS};
-pub use store::{
-    Batch, BrokenRow, Candidate, Claim, ClaimStore, ClaimTiming, Hook, HookQueue, ObjectLoad,
-    PoolState, QueueDepth, ResultWrite, Stats, StoreOptions, Unchecked, MAX_EXCLUDED_HOOKS,
-    MAX_PROPERTIES_BYTES,
+pub use rows::{
+    Batch, BrokenRow, Candidate, Claim, ResultWrite, MAX_EXCLUDED_HOOKS, MAX_PROPERTIES_BYTES,
 };
+pub use stats::{HookQueue, QueueDepth, Stats};
+pub use store::{ClaimStore, ClaimTiming, PoolState, StoreOptions};

@@ -19,6 +19,7 @@ use ring::digest;
 
 use crate::conn::Sessions;
 use crate::error::ClaimError;
+use crate::store::ClaimStore;
 
 /// Characters of Phorge's `PhabricatorHash::digestForIndex`, indexed by `byte & 0x3F`.
 const INDEX_ALPHABET: &[u8; 64] =
@@ -99,7 +100,7 @@ impl HookLock {
     }
 
     /// The session holding the lock, while it is still ours: statements run on it prove the
-    /// session (and with it the lock) is alive (see `rows.rs`).
+    /// session (and with it the lock) is alive (see `held.rs`).
     pub(crate) fn session(&mut self) -> Option<&mut Conn> {
         self.conn.as_mut()
     }
@@ -171,6 +172,40 @@ impl Drop for HookLock {
             held.fetch_sub(1, Ordering::SeqCst);
         }
         // Without a runtime the connection returns to the pool, which resets it.
+    }
+}
+
+impl ClaimStore {
+    /// Takes the per-hook named lock (Phorge's name, see [`hook_lock_name`]) without
+    /// waiting; `None`: another delivery of this hook (in any process, PHP's worker
+    /// included) holds it. The lock lives on a connection of the lock pool owned by the
+    /// [`HookLock`].
+    pub async fn try_hook_lock(&self, hook_phid: &str) -> Result<Option<HookLock>, ClaimError> {
+        let name = hook_lock_name(&self.namespace, hook_phid);
+        let mut conn = Self::conn_from(&self.locks, &self.options, &self.database).await?;
+        let out = self
+            .timed(conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (&name,)))
+            .await;
+        let got = match out {
+            Ok(Ok(got)) => got,
+            Ok(Err(err)) => return Err(self.err(err)),
+            Err(_) => {
+                // The server may have granted the lock to a session we cannot hear from.
+                self.sessions.discard(conn);
+                return Err(ClaimError::Timeout("GET_LOCK"));
+            }
+        };
+        match got.flatten() {
+            Some(1) => Ok(Some(HookLock::held(
+                conn,
+                name,
+                Arc::clone(&self.locks_held),
+                self.options.query_timeout,
+                self.sessions.clone(),
+            ))),
+            Some(_) => Ok(None),
+            None => Err(ClaimError::UnexpectedNull("GET_LOCK")),
+        }
     }
 }
 

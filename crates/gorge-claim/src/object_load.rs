@@ -15,7 +15,41 @@ use mysql_async::Row;
 
 use crate::error::ClaimError;
 use crate::objects::{object_kind, phid_type, ObjectKind, ObjectTables};
-use crate::store::{int, padded, placeholders, text, ClaimStore, ObjectLoad, Unchecked, IN_CHUNK};
+use crate::store::{int, padded, placeholders, text, ClaimStore, IN_CHUNK};
+
+/// Why an object's transactions were not checked against its transaction table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unchecked {
+    /// The PHID type is not in Phorge's table (an extension application).
+    UnknownType(String),
+    /// The type has no Lisk table or no transaction table (e.g. `APPS`).
+    NoTable(String),
+    /// The server refused or did not know the table; `grant` is the statement that fixes it.
+    Refused {
+        /// The database (with its namespace) the table is in.
+        database: String,
+        /// The `GRANT SELECT …` that would let the service read it.
+        grant: String,
+        /// The server's error text.
+        error: String,
+    },
+}
+
+/// The object of a request, loaded as Phorge's worker loads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectLoad {
+    /// The object exists. `transactions` is what the payload lists: the stored PHIDs that
+    /// exist for this object, newest first — or, when `unchecked` says why that could not be
+    /// looked up, the stored list as is.
+    Found {
+        /// The transaction PHIDs the payload lists.
+        transactions: Vec<String>,
+        /// Why the transactions could not be checked, when they could not.
+        unchecked: Option<Unchecked>,
+    },
+    /// No such object (or a PHID without a type part): Phorge's `ERROR_OBJECT`.
+    Missing,
+}
 
 impl ClaimStore {
     /// [`ClaimStore::load_objects`] for one request.
