@@ -203,3 +203,62 @@ async fn rows_claimed_together_and_not_delivered_are_given_back() {
     assert_eq!(receiver.count(), 5);
     assert_eq!(db.count_requests(RequestStatus::Queued).await.unwrap(), 0);
 }
+
+/// Ends the session holding `name` from a thread of its own (the receiver's behaviour is
+/// synchronous): as a network path dying under a held lock would, the server frees the lock.
+fn kill_lock_holder(name: String) {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
+            let holder: Option<Option<u64>> = conn
+                .exec_first("SELECT IS_USED_LOCK(?)", (&name,))
+                .await
+                .unwrap();
+            let id = holder.flatten().expect("the hold's session holds the lock");
+            conn.query_drop(format!("KILL CONNECTION {id}"))
+                .await
+                .unwrap();
+            let _ = conn.disconnect().await;
+        });
+    })
+    .join()
+    .unwrap();
+}
+
+/// The lock's session dies during the hold's second POST: that row's result is still
+/// written (through another connection), and the hold stops there, before the hook's next
+/// POST, giving its other claimed rows back. The commit before this one went on POSTing
+/// all 5 rows under the lost lock.
+#[tokio::test]
+async fn a_hold_stops_when_its_lock_session_dies() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let ids = queue_rows(&db, &hook, 5, NEVER).await;
+    let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
+    receiver.set_behaviour(move |_, index| {
+        if index == 1 {
+            kill_lock_holder(name.clone());
+        }
+        Reply::Status(200)
+    });
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 2);
+    assert_eq!(
+        db.read_request(ids[1]).await.unwrap().status.as_str(),
+        "sent"
+    );
+    assert_eq!(metrics.claims_given_back.get(), 3);
+    assert!(lock_is_free(&db, &hook).await);
+    dispatcher.run_round().await.unwrap();
+    assert_eq!(receiver.count(), 5);
+    assert_eq!(db.count_requests(RequestStatus::Queued).await.unwrap(), 0);
+}

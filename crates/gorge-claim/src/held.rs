@@ -16,6 +16,11 @@
 //!   is no longer held. A failed or timed-out query gives the session up (closed and
 //!   killed, which frees the lock).
 //!
+//! Result writes of a hold's rows run on the lock's session too
+//! ([`ClaimStore::write_result_on`]): a session that died during a POST fails that write
+//! (which is then retried on another connection) and the hold stops before the hook's next
+//! POST, so the lock is never assumed for more than the row in flight.
+//!
 //! Finding is not claiming. The rows found are claimed together with
 //! [`ClaimStore::claim_fresh`], one `UPDATE` for all of them, also on the lock's session:
 //! each row's compare-and-set is "still fresh" (`status = 'queued' AND dateModified =
@@ -35,7 +40,10 @@ use mysql_async::{Row, Value};
 use crate::error::ClaimError;
 use crate::handover::handed_over_sql;
 use crate::lock::HookLock;
-use crate::rows::{candidates_select, read_candidate, Batch, Candidate, Claim};
+use crate::rows::{
+    candidates_select, read_candidate, result_params, Batch, Candidate, Claim, ResultWrite,
+    RESULT_WRITE_SQL,
+};
 use crate::store::{placeholders, ClaimStore};
 
 /// Most `key_ratelimit` entries one [`ClaimStore::next_hook_rows`] query reads.
@@ -182,6 +190,36 @@ impl ClaimStore {
         } else {
             BatchClaim::Unclear
         })
+    }
+
+    /// [`ClaimStore::write_result`] on the session of `lock`: a session that is gone fails
+    /// the write (and is given up, as in [`ClaimStore::next_hook_rows`]), so a hold learns
+    /// that its lock is lost before the hook's next POST. The caller retries a failed write
+    /// through [`ClaimStore::write_result`].
+    pub async fn write_result_on(
+        &self,
+        lock: &mut HookLock,
+        claim: &Claim,
+        write: &ResultWrite,
+        now: u64,
+    ) -> Result<bool, ClaimError> {
+        let Some(session) = lock.session() else {
+            return Err(ClaimError::Timeout("the hook lock's session was given up"));
+        };
+        let out = self
+            .timed(session.exec_drop(RESULT_WRITE_SQL, result_params(claim, write, now)))
+            .await;
+        match out {
+            Ok(Ok(())) => Ok(session.affected_rows() == 1),
+            Ok(Err(err)) => {
+                lock.give_up();
+                Err(self.err(err))
+            }
+            Err(_) => {
+                lock.give_up();
+                Err(ClaimError::Timeout("result write"))
+            }
+        }
     }
 
     /// Gives back rows of a [`ClaimStore::claim_fresh`] at `now` that were not delivered:

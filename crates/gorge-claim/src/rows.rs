@@ -195,7 +195,7 @@ WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
     handed_over_sql!()
 );
 
-const RESULT_WRITE_SQL: &str = concat!(
+pub(crate) const RESULT_WRITE_SQL: &str = concat!(
     "UPDATE herald_webhookrequest \
 SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
 WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
@@ -208,6 +208,26 @@ SET status = 'failed', lastRequestResult = 'none', lastRequestEpoch = 0, propert
 WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
     handed_over_sql!()
 );
+
+/// The parameters of [`RESULT_WRITE_SQL`] for `write` of `claim` at `now`.
+pub(crate) fn result_params(claim: &Claim, write: &ResultWrite, now: u64) -> Vec<Value> {
+    let (last_epoch, version) = match write.epoch() {
+        None => (0, claim.version),
+        Some(epoch) => {
+            let marker = claim.version.max(now).max(epoch);
+            (marker, marker)
+        }
+    };
+    vec![
+        write.status().as_str().into(),
+        write.result().as_str().into(),
+        last_epoch.into(),
+        version.into(),
+        write.properties().into(),
+        claim.id.into(),
+        claim.version.into(),
+    ]
+}
 
 /// Reads one candidate row; `Err(None)` when the row cannot even be addressed.
 pub(crate) fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
@@ -414,27 +434,9 @@ impl ClaimStore {
         write: &ResultWrite,
         now: u64,
     ) -> Result<bool, ClaimError> {
-        let (last_epoch, version) = match write.epoch() {
-            None => (0, claim.version),
-            Some(epoch) => {
-                let marker = claim.version.max(now).max(epoch);
-                (marker, marker)
-            }
-        };
         let mut conn = self.conn().await?;
         let out = self
-            .timed(conn.exec_drop(
-                RESULT_WRITE_SQL,
-                (
-                    write.status().as_str(),
-                    write.result().as_str(),
-                    last_epoch,
-                    version,
-                    write.properties(),
-                    claim.id,
-                    claim.version,
-                ),
-            ))
+            .timed(conn.exec_drop(RESULT_WRITE_SQL, result_params(claim, write, now)))
             .await;
         let (conn, ()) = self.settle(conn, out, "result write")?;
         Ok(conn.affected_rows() == 1)

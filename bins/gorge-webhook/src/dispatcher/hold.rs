@@ -129,7 +129,14 @@ impl Dispatcher {
                 self.local_state().rows.insert(candidate.id);
                 self.metrics.held_rows.inc();
                 let end = self
-                    .deliver_locked(candidate, &held.hook, &properties, held.failures, object)
+                    .deliver_locked(
+                        candidate,
+                        &held.hook,
+                        &properties,
+                        held.failures,
+                        object,
+                        &mut held.lock,
+                    )
                     .await
                     .unwrap_or_else(super::end::RowEnd::from);
                 go_on = end.delivered() && held.lock.is_held();

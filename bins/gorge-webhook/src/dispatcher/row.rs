@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use gorge_claim::{Candidate, Claim, ClaimError, Hook, ObjectLoad, Unchecked};
+use gorge_claim::{Candidate, Claim, ClaimError, Hook, HookLock, ObjectLoad, Unchecked};
 use phorge_wire::values::{HookErrorCode, HookStatus};
 use phorge_wire::webhook::{sign, PropertiesError, RequestProperties, WebhookPayload};
 use tokio::sync::OwnedSemaphorePermit;
@@ -128,7 +128,7 @@ impl Dispatcher {
                 .await;
         }
         // 3. One delivery per hook across every process (and Phorge's own worker).
-        let Some(lock) = self.store.try_hook_lock(&hook.phid).await? else {
+        let Some(mut lock) = self.store.try_hook_lock(&hook.phid).await? else {
             let now = self.clock.now_ms();
             self.local_state().lock_busy(&hook.phid, now);
             self.rest(&hook.phid, self.config.poll_interval);
@@ -137,7 +137,14 @@ impl Dispatcher {
         let since = self.clock.now_ms();
         self.local_state().lock_busy.remove(&hook.phid);
         let result = self
-            .deliver_locked(candidate, &hook, &properties, preload.failures, object)
+            .deliver_locked(
+                candidate,
+                &hook,
+                &properties,
+                preload.failures,
+                object,
+                &mut lock,
+            )
             .await;
         *held = Some(Held {
             lock,
@@ -156,6 +163,7 @@ impl Dispatcher {
         properties: &RequestProperties,
         failures: u64,
         object: ObjectLoad,
+        lock: &mut HookLock,
     ) -> Result<RowEnd, ClaimError> {
         // 4. Breaker (failures counted when the round started).
         if self.note_breaker(&hook.phid, failures) {
@@ -232,8 +240,14 @@ impl Dispatcher {
         }
         // 9. The outcome, in Phorge's values.
         let decision = outcome::after_attempt(properties, result, self.clock.now_sec());
-        self.write(candidate, &claim, decision, Some(uri_host(&hook.uri)))
-            .await
+        self.write(
+            candidate,
+            &claim,
+            decision,
+            Some(uri_host(&hook.uri)),
+            Some(lock),
+        )
+        .await
     }
 
     /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
@@ -300,24 +314,35 @@ impl Dispatcher {
 
     /// Writes `decision` while the row is still ours. Database errors are retried for as
     /// long as the claim's lease protects the row (never a taken-over row, never a statement
-    /// the server rejects). `host`: the hook URI's host when a POST was attempted.
+    /// the server rejects). `host`: the hook URI's host when a POST was attempted. With
+    /// `lock`, the first attempt runs on the lock's session: if that session is gone the
+    /// write goes through the pool at once, and the caller sees the lock no longer held (a
+    /// hold stops before the hook's next POST; see `hold.rs`).
     async fn write(
         &self,
         candidate: &Candidate,
         claim: &Claim,
         decision: Decision,
         host: Option<String>,
+        mut lock: Option<&mut HookLock>,
     ) -> Result<RowEnd, ClaimError> {
         let write = &decision.row;
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
         let mut retries = 0u32;
         let landed = loop {
-            match self
-                .store
-                .write_result(claim, write, self.clock.now_sec())
-                .await
-            {
+            let now = self.clock.now_sec();
+            let out = match lock.take() {
+                Some(lock) if lock.is_held() => {
+                    match self.store.write_result_on(lock, claim, write, now).await {
+                        // The session was given up: straight on through the pool.
+                        Err(err) if !err.is_row_data_error() => continue,
+                        out => out,
+                    }
+                }
+                _ => self.store.write_result(claim, write, now).await,
+            };
+            match out {
                 Ok(landed) => break landed,
                 Err(err) if err.is_row_data_error() => return Err(err),
                 Err(err) => {
@@ -377,7 +402,7 @@ impl Dispatcher {
             Ok(claim) => claim,
             Err(end) => return Ok(end),
         };
-        self.write(candidate, &claim, decision, None).await
+        self.write(candidate, &claim, decision, None, None).await
     }
 
     /// The server rejected a statement about row `id` (e.g. the claim UPDATE is out of
