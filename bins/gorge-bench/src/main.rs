@@ -12,6 +12,7 @@ mod histogram;
 mod http1;
 mod notify;
 mod procs;
+mod raw_ws;
 mod receiver;
 mod server_metrics;
 mod summary;
