@@ -14,7 +14,8 @@
 //! Every message is posted to server 0, so the frames on the other servers measure the
 //! cross-node path (POST → relay or stream → frame) and server 0's the local one. Reports
 //! POST→frame percentiles for both, the admin POST's, lost and duplicated frames, the CPU
-//! time per message of every gorge process and of redis-server, and the load average.
+//! time per message of every gorge process and of redis-server, what each server counted as
+//! dropped (peer relays, broker queue, socket queues), and the load average.
 //!
 //! With `--pause-redis-ms`, redis-server is SIGSTOPped that long during the posting (from
 //! `--pause-after-ms` on) and then resumed: the report adds how late the messages posted
@@ -40,6 +41,7 @@ use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, private_phid, round3, shared_phid, PHP_CONTENT_TYPE};
 use crate::procs::{self, Service};
 use crate::raw_ws::{self, End};
+use crate::server_metrics;
 use crate::sys;
 use crate::ws_client;
 
@@ -375,6 +377,27 @@ pub async fn run(args: ClusterArgs) -> Value {
         })
         .collect();
     let load_after = sys::load_average();
+    // What the servers themselves counted as given up, so a missing frame has a cause.
+    let mut server_drops = Vec::new();
+    for (index, (_, admin)) in ports.iter().enumerate() {
+        let admin = SocketAddr::from(([127, 0, 0, 1], *admin));
+        let Some(metrics) = server_metrics::snapshot(admin).await else {
+            server_drops.push(json!({"server": index, "metrics": null}));
+            continue;
+        };
+        let relays = "gorge_notification_peer_relays_total";
+        server_drops.push(json!({
+            "server": index,
+            "peer_relays_dropped": metrics.sum_where(relays, "result=\"dropped\""),
+            "peer_relays_expired": metrics.sum_where(relays, "result=\"expired\""),
+            "peer_relays_failed": metrics.sum_where(relays, "result=\"failed\""),
+            "broker_dropped": metrics.sum_where("gorge_notification_broker_dropped_total", ""),
+            "queue_dropped_frames":
+                metrics.sum_where("gorge_notification_queue_dropped_frames_total", ""),
+            "slow_consumer_disconnects":
+                metrics.sum_where("gorge_notification_slow_consumer_disconnects_total", ""),
+        }));
+    }
     let _ = stop_tx.send(true);
     while readers.join_next().await.is_some() {}
 
@@ -405,6 +428,7 @@ pub async fn run(args: ClusterArgs) -> Value {
         "duplicates": {"local": local_dup, "cross_node": remote_dup},
         "foreign_frames": foreign,
         "redis_paused": pause_report,
+        "server_drops": server_drops,
         "cpu": cpu,
         "load_average": {"before": load_before, "posting_start": load_during_start, "after": load_after},
         "elapsed_s": round3(started.elapsed().as_secs_f64()),
