@@ -36,6 +36,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::browser;
 use crate::histogram::Histogram;
 use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, private_phid, round3, shared_phid, PHP_CONTENT_TYPE};
@@ -43,7 +44,6 @@ use crate::procs::{self, Service};
 use crate::raw_ws::{self, End};
 use crate::server_metrics;
 use crate::sys;
-use crate::ws_client;
 
 /// How the servers reach each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -137,7 +137,7 @@ impl Arrivals {
         let now = self.now_us();
         let seq = std::str::from_utf8(text)
             .ok()
-            .and_then(ws_client::frame_seq)
+            .and_then(browser::frame_seq)
             .filter(|&seq| seq < self.received.len());
         let Some(seq) = seq else {
             if text != br#"{"type":"pong"}"# {

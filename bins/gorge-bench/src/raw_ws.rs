@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 
-use crate::ws_client;
+use crate::browser;
 
 /// What the server must answer to a ping command, exactly.
 const PONG: &[u8] = br#"{"type":"pong"}"#;
@@ -56,7 +56,7 @@ pub async fn open(
 ) -> Result<RawWs, String> {
     tokio::time::timeout(limit, async {
         let socket = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
-        if let Some(ip) = ws_client::source_ip(server, index) {
+        if let Some(ip) = browser::source_ip(server, index) {
             socket
                 .bind(SocketAddr::new(ip, 0))
                 .map_err(|e| format!("bind {ip}: {e}"))?;

@@ -243,7 +243,7 @@ impl InProcess {
         }
         let port = |kind| server.local_addr(kind).unwrap().port();
         let (client_port, admin_port) = (port(ServerKind::Client), port(ServerKind::Admin));
-        let fingerprint = server.app().fingerprint.clone();
+        let fingerprint = server.state().fingerprint.clone();
         let shutdown = gorge_service::Shutdown::new();
         tokio::spawn(server.run(shutdown.clone()));
         InProcess {
