@@ -7,7 +7,7 @@
 //! `--measured` sockets per server subscribe to the one PHID every message is for and time
 //! each frame; the others subscribe to their own user's PHID, which no message is for, and
 //! only keep their connection (they answer the server's pings). Every socket is a raw
-//! minimal client ([`raw_ws`]), so thousands of them cost the bench next to nothing and the
+//! minimal client ([`raw_browser`]), so thousands of them cost the bench next to nothing and the
 //! two cores go to the servers. `--measured` equal to `--sockets` makes every socket a
 //! recipient (the all-subscribers fan-out of earlier runs).
 //!
@@ -41,7 +41,7 @@ use crate::histogram::Histogram;
 use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, private_phid, round3, shared_phid, PHP_CONTENT_TYPE};
 use crate::procs::{self, Service};
-use crate::raw_ws::{self, End};
+use crate::raw_browser::{self, End};
 use crate::server_metrics;
 use crate::sys;
 
@@ -251,7 +251,8 @@ pub async fn run(args: ClusterArgs) -> Value {
             opening.spawn(async move {
                 let _permit = permit;
                 let left = deadline.saturating_duration_since(Instant::now());
-                let ws = raw_ws::open(server, index, &phids, left.min(Duration::from_secs(30)));
+                let ws =
+                    raw_browser::open(server, index, &phids, left.min(Duration::from_secs(30)));
                 (node, is_measured, ws.await)
             });
         }

@@ -1,4 +1,4 @@
-//! A minimal WebSocket client for load that must cost the bench next to nothing: one task and
+//! A minimal browser (WebSocket client of the client port) for load that must cost the bench next to nothing: one task and
 //! one small buffer per socket, no WebSocket library, frames parsed in place.
 //!
 //! `gorge-bench cluster` holds thousands of these at once on the same two cores as the
@@ -28,7 +28,7 @@ const BUFFER: usize = 4096;
 const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
 
 /// A connected, subscribed socket and the bytes it read past the handshake.
-pub struct RawWs {
+pub struct RawBrowser {
     stream: TcpStream,
     buf: Vec<u8>,
     /// Bytes of `buf` not parsed yet.
@@ -53,7 +53,7 @@ pub async fn open(
     index: usize,
     phids: &[String],
     limit: Duration,
-) -> Result<RawWs, String> {
+) -> Result<RawBrowser, String> {
     tokio::time::timeout(limit, async {
         let socket = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
         if let Some(ip) = browser::source_ip(server, index) {
@@ -102,7 +102,7 @@ pub async fn open(
             ));
         }
         buf.copy_within(head_end..filled, 0);
-        let mut ws = RawWs {
+        let mut ws = RawBrowser {
             stream,
             buf,
             filled: filled - head_end,
@@ -128,7 +128,7 @@ pub async fn open(
     .map_err(|_| "no pong in time".to_string())?
 }
 
-impl RawWs {
+impl RawBrowser {
     /// Reads frames until `stop` flips or the connection ends, calling `on_text` with each
     /// text frame's payload (pongs included) and answering pings.
     pub async fn read(
