@@ -1,5 +1,6 @@
-//! A minimal browser (WebSocket client of the client port) for load that must cost the bench next to nothing: one task and
-//! one small buffer per socket, no WebSocket library, frames parsed in place.
+//! A minimal browser (a WebSocket client of the client port) for load that must cost the
+//! bench next to nothing: one task and one small buffer per socket, no WebSocket library,
+//! frames parsed in place.
 //!
 //! `gorge-bench cluster` holds thousands of these at once on the same two cores as the
 //! servers it measures; with a full client per socket the bench's own reading was what
