@@ -71,12 +71,8 @@ impl Redis {
             command.args(["--tls-ca-cert-file", &ca_file, "--tls-auth-clients", "no"]);
             let process = Process::spawn(command);
             // Redis listens once it is ready to serve; a plain PING cannot pass TLS.
-            let deadline = Instant::now() + PATIENCE;
-            while Instant::now() < deadline {
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return (Redis { process, port }, ca.certificate.pem());
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if within_blocking(PATIENCE, || TcpStream::connect(("127.0.0.1", port)).is_ok()) {
+                return (Redis { process, port }, ca.certificate.pem());
             }
         }
         panic!("redis-server with TLS did not listen");
