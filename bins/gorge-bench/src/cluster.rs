@@ -14,8 +14,9 @@
 //! Every message is posted to server 0, so the frames on the other servers measure the
 //! cross-node path (POST → relay or stream → frame) and server 0's the local one. Reports
 //! POST→frame percentiles for both, the admin POST's, lost and duplicated frames, the CPU
-//! time per message of every gorge process and of redis-server, what each server counted as
-//! dropped (peer relays, broker queue, socket queues), and the load average.
+//! time per message of every gorge process and of redis-server, each server's own fan-out
+//! time and what it counted as dropped (peer relays, broker queue, socket queues), and the
+//! load average.
 //!
 //! With `--pause-redis-ms`, redis-server is SIGSTOPped that long during the posting (from
 //! `--pause-after-ms` on) and then resumed: the report adds how late the messages posted
@@ -318,6 +319,11 @@ pub async fn run(args: ClusterArgs) -> Value {
         .iter()
         .map(|(_, pid)| sys::cpu_seconds(*pid).ok())
         .collect();
+    let mut metrics_before = Vec::new();
+    for (_, admin) in &ports {
+        metrics_before
+            .push(server_metrics::snapshot(SocketAddr::from(([127, 0, 0, 1], *admin))).await);
+    }
     let load_during_start = sys::load_average();
     let post_latency = Arc::new(Histogram::new());
     let post_errors = Arc::new(AtomicUsize::new(0));
@@ -378,17 +384,27 @@ pub async fn run(args: ClusterArgs) -> Value {
         })
         .collect();
     let load_after = sys::load_average();
-    // What the servers themselves counted as given up, so a missing frame has a cause.
-    let mut server_drops = Vec::new();
+    // What each server measured itself: its fan-out time (a message taken in → its last
+    // frame queued; on the other servers from the moment the relay or the stream reader
+    // handed it over), which splits a POST→frame figure into the server's share and the
+    // rest (hops, scheduling, the bench); and what it counted as given up, so a missing
+    // frame has a cause.
+    let mut servers_seen = Vec::new();
     for (index, (_, admin)) in ports.iter().enumerate() {
         let admin = SocketAddr::from(([127, 0, 0, 1], *admin));
         let Some(metrics) = server_metrics::snapshot(admin).await else {
-            server_drops.push(json!({"server": index, "metrics": null}));
+            servers_seen.push(json!({"server": index, "metrics": null}));
             continue;
         };
+        let own = metrics_before[index]
+            .as_ref()
+            .map(|before| server_metrics::delta(before, &metrics));
         let relays = "gorge_notification_peer_relays_total";
-        server_drops.push(json!({
+        servers_seen.push(json!({
             "server": index,
+            "fanout_p50_le_ms": own.as_ref().and_then(|d| d.fanout_p50_le_ms),
+            "fanout_p99_le_ms": own.as_ref().and_then(|d| d.fanout_p99_le_ms),
+            "admin_post_p99_le_ms": own.as_ref().and_then(|d| d.admin_post_p99_le_ms),
             "peer_relays_dropped": metrics.sum_where(relays, "result=\"dropped\""),
             "peer_relays_expired": metrics.sum_where(relays, "result=\"expired\""),
             "peer_relays_failed": metrics.sum_where(relays, "result=\"failed\""),
@@ -429,7 +445,7 @@ pub async fn run(args: ClusterArgs) -> Value {
         "duplicates": {"local": local_dup, "cross_node": remote_dup},
         "foreign_frames": foreign,
         "redis_paused": pause_report,
-        "server_drops": server_drops,
+        "servers": servers_seen,
         "cpu": cpu,
         "load_average": {"before": load_before, "posting_start": load_during_start, "after": load_after},
         "elapsed_s": round3(started.elapsed().as_secs_f64()),
