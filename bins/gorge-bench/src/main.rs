@@ -13,6 +13,7 @@ mod histogram;
 mod http1;
 mod notify;
 mod procs;
+mod raw_browser;
 mod receiver;
 mod server_metrics;
 mod summary;
