@@ -20,8 +20,8 @@ mod subscriptions;
 pub use clock::{ManualMillisClock, MillisClock, MonotonicClock};
 pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, Publication,
-    PublishCounts, Publisher, ReplayCounts, Retained, SocketHandle, SocketId, SubscribeCounts,
-    WarmCounts, Warmed,
+    PublishCounts, Publisher, Released, ReplayCounts, Retained, SocketHandle, SocketId,
+    SubscribeCounts, WarmCounts, Warmed,
 };
 pub use outbound::{CloseReason, Flush, Outbound, Push, QueueCaps, Sink, MAX_BATCH};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};
