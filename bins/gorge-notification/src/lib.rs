@@ -23,6 +23,7 @@
 //! - [`history_gate`]: `/readyz` and client commands wait until the history is filled;
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`fdlimit`]: raising the open-file limit at startup;
+//! - [`memory`]: handing freed heap memory back after a large release (an attack's sockets);
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
@@ -38,6 +39,7 @@ pub mod fdlimit;
 pub mod history_gate;
 pub mod ingest;
 pub mod inspect;
+pub mod memory;
 pub mod metrics;
 pub mod peers;
 pub mod service;

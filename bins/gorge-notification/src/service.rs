@@ -231,6 +231,7 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
+        tokio::spawn(crate::memory::housekeeping(app.clone()));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
         if app.broker.is_none() && !app.history_gate.is_open() {
             tokio::spawn(warmup::run(app.clone(), self.warmup_deadline));
