@@ -68,6 +68,64 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: a nice value is per
+/// thread). Raising it back needs privilege, so this is one-way for a thread.
+pub fn nice_this_thread(nice: i32) -> io::Result<()> {
+    rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice)?;
+    Ok(())
+}
+
+/// Scheduler figures of one thread, from `/proc/PID/task/TID/schedstat` and `comm`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadSched {
+    pub name: String,
+    /// Time on a CPU, in ns.
+    pub run_ns: u64,
+    /// Time runnable but waiting for a CPU (the run queue), in ns.
+    pub wait_ns: u64,
+    /// Times the thread was given a CPU.
+    pub slices: u64,
+}
+
+/// Every thread of `pid`, by thread id.
+pub fn threads_sched(pid: u32) -> std::collections::BTreeMap<u32, ThreadSched> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = task.path();
+        let (Ok(stat), Ok(name)) = (
+            std::fs::read_to_string(dir.join("schedstat")),
+            std::fs::read_to_string(dir.join("comm")),
+        ) else {
+            continue;
+        };
+        if let Some(mut sched) = parse_schedstat(&stat) {
+            sched.name = name.trim().to_string();
+            out.insert(tid, sched);
+        }
+    }
+    out
+}
+
+fn parse_schedstat(text: &str) -> Option<ThreadSched> {
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some(ThreadSched {
+        name: String::new(),
+        run_ns: fields.next()??,
+        wait_ns: fields.next()??,
+        slices: fields.next()??,
+    })
+}
+
 /// Sends `signal` (e.g. [`Signal::TERM`]) to `pid`.
 pub fn send_signal(pid: u32, signal: Signal) -> io::Result<()> {
     let pid = i32::try_from(pid)
@@ -92,6 +150,13 @@ mod tests {
     fn reads_cpu_ticks_past_odd_names() {
         let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 1 0 9 1 1";
         assert_eq!(parse_cpu_ticks(stat), Some(22));
+    }
+
+    #[test]
+    fn reads_schedstat() {
+        let sched = parse_schedstat("123 45 6\n").unwrap();
+        assert_eq!((sched.run_ns, sched.wait_ns, sched.slices), (123, 45, 6));
+        assert!(!threads_sched(std::process::id()).is_empty());
     }
 
     #[test]
