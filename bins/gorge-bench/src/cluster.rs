@@ -22,12 +22,12 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::browser::{self, Deliveries};
 use crate::histogram::Histogram;
 use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, open_many, round3, shared_phid};
 use crate::procs::{self, Service};
 use crate::sys;
-use crate::ws_client::{self, Deliveries};
 
 /// How the servers reach each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -140,7 +140,7 @@ pub async fn run(args: ClusterArgs) -> Value {
         let deliveries = if index == 0 { &local } else { &remote };
         opened[usize::from(index != 0)] += sockets.sockets.len();
         for (_, ws) in sockets.sockets {
-            readers.spawn(ws_client::read_frames(
+            readers.spawn(browser::read_frames(
                 ws,
                 deliveries.clone(),
                 stop_rx.clone(),

@@ -3,6 +3,7 @@
 //! Every subcommand talks only to loopback, stops by itself within `--timeout`, and ends
 //! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
 
+mod browser;
 mod cluster;
 mod drill;
 mod flood;
@@ -18,7 +19,6 @@ mod server_metrics;
 mod summary;
 mod sys;
 mod webhook;
-mod ws_client;
 
 use std::time::{Duration, Instant};
 

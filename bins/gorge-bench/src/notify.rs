@@ -14,11 +14,11 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::browser::{self, Deliveries, Ws};
 use crate::histogram::Histogram;
 use crate::http1::{parse_url, request_kept, HttpConn};
 use crate::server_metrics;
 use crate::sys;
-use crate::ws_client::{self, Deliveries, Ws};
 
 /// The label PHP's cURL puts on the raw JSON body; the server must ignore it.
 pub const PHP_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
@@ -132,9 +132,9 @@ pub async fn open_many(
             let _permit = permit;
             let left = deadline.saturating_duration_since(Instant::now());
             let result = tokio::time::timeout(left, async {
-                let source = ws_client::source_ip(server, index);
-                let mut ws = ws_client::open(&url, server, source, recv_buffer).await?;
-                ws_client::subscribe_confirmed(&mut ws, &subscriptions, Duration::from_secs(30))
+                let source = browser::source_ip(server, index);
+                let mut ws = browser::open(&url, server, source, recv_buffer).await?;
+                browser::subscribe_confirmed(&mut ws, &subscriptions, Duration::from_secs(30))
                     .await?;
                 Ok::<Ws, String>(ws)
             })
@@ -237,7 +237,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     let reader_count = reader_indices.len();
     let mut reader_tasks = JoinSet::new();
     for (_, ws) in readers.sockets {
-        reader_tasks.spawn(ws_client::read_frames(
+        reader_tasks.spawn(browser::read_frames(
             ws,
             deliveries.clone(),
             stop_rx.clone(),
@@ -439,7 +439,7 @@ pub async fn run(args: NotifyArgs) -> Value {
 }
 
 /// What became of the stuck sockets: the server should have closed them (1008) once their
-/// outbound queue overflowed.
+/// send queue overflowed.
 struct StuckFate {
     closed: usize,
     /// Close codes seen, by code.
@@ -492,7 +492,7 @@ mod tests {
     fn message_carries_sequence_and_subscribers() {
         let body = message_body(17, &[shared_phid(0)], 99, "");
         let text = String::from_utf8(body).unwrap();
-        assert_eq!(ws_client::frame_seq(&text), Some(17));
+        assert_eq!(browser::frame_seq(&text), Some(17));
         let value: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["subscribers"], json!(["PHID-PROJ-bench0000"]));
         assert_eq!(value["bench_sent_us"], json!(99));

@@ -41,16 +41,16 @@ pub fn instance_from_query(query: Option<&str>) -> String {
 
 /// Routes one admin request.
 pub async fn handle(
-    app: Arc<ServerState>,
+    state: Arc<ServerState>,
     request: Request<Incoming>,
     peer: std::net::SocketAddr,
 ) -> Response {
     let path = request.uri().path().to_string();
     if path == "/metrics" {
         // Gauges of hub state are read when scraped, not kept up to date on every change.
-        app.metrics.set_usage(app.hub.usage());
+        state.metrics.set_usage(state.hub.usage());
     }
-    if let Some(response) = app.probes.handle(&request).await {
+    if let Some(response) = state.probes.handle(&request).await {
         return response;
     }
     match path.as_str() {
@@ -60,8 +60,9 @@ pub async fn handle(
                 .extensions()
                 .get::<Accepted>()
                 .map_or_else(Instant::now, |accepted| accepted.0);
-            let response = post_message(&app, request).await;
-            app.metrics
+            let response = post_message(&state, request).await;
+            state
+                .metrics
                 .admin_post_seconds
                 .observe(started.elapsed().as_secs_f64());
             response
@@ -69,19 +70,19 @@ pub async fn handle(
         "/" => method_not_allowed("POST"),
         "/status/" if matches!(*request.method(), Method::GET | Method::HEAD) => {
             // Counters include every message whose POST was answered before this request.
-            status(&app, app.fanout.settled().await, request.uri().query())
+            status(&state, state.fanout.settled().await, request.uri().query())
         }
         "/status/" => method_not_allowed("GET, HEAD"),
         warmup::PATH if request.method() == Method::GET => {
             // Holds every message whose POST was answered before this request.
-            history(&app, app.fanout.settled().await, request.uri().query())
+            history(&state, state.fanout.settled().await, request.uri().query())
         }
         warmup::PATH => method_not_allowed("GET"),
         ANNOUNCE_PATH if request.method() == Method::POST => {
             // A sibling found through DNS says it is here: its address is where the
             // connection comes from, on the port every sibling's admin listener uses.
-            if app.relay.announced(peer.ip()) {
-                receipt(&app)
+            if state.relay.announced(peer.ip()) {
+                receipt(&state)
             } else {
                 error_response(StatusCode::NOT_FOUND, "no peer discovery here")
             }
@@ -98,16 +99,16 @@ pub const ANNOUNCE_PATH: &str = crate::peers::ANNOUNCE_PATH;
 /// `GET /history/?age=<ms>`: what a starting peer warms its history from (see
 /// [`warmup`]); 503 while this server's own history is not warm. `hub` comes from
 /// [`crate::fanout::Fanout::settled`].
-fn history(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
-    if !app.history_gate.is_open() {
+fn history(state: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
+    if !state.history_gate.is_open() {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "history is warming up");
     }
     use std::sync::atomic::Ordering;
     // Each export copies up to the whole history: only a few at once (peers start one by
     // one; a warm-up that gets 503 asks the next peer).
-    if app.history_exports.fetch_add(1, Ordering::AcqRel) >= warmup::MAX_EXPORTS {
-        app.history_exports.fetch_sub(1, Ordering::AcqRel);
-        app.metrics.admin_rejected.with(["history_busy"]).inc();
+    if state.history_exports.fetch_add(1, Ordering::AcqRel) >= warmup::MAX_EXPORTS {
+        state.history_exports.fetch_sub(1, Ordering::AcqRel);
+        state.metrics.admin_rejected.with(["history_busy"]).inc();
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "history exports are busy");
     }
     let max_age = hub.limits().history_age_ms;
@@ -119,17 +120,17 @@ fn history(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
         })
         .map_or(max_age, |age| age.min(max_age));
     let body = warmup::export(hub, age_ms);
-    app.history_exports.fetch_sub(1, Ordering::AcqRel);
+    state.history_exports.fetch_sub(1, Ordering::AcqRel);
     bytes_response(StatusCode::OK, "application/x-ndjson", body)
 }
 
 /// `hub` comes from [`crate::fanout::Fanout::settled`].
-fn status(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
+fn status(state: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
     let instance = instance_from_query(query);
     let counters = hub.status(&instance);
     let status = Status {
         instance,
-        uptime: u64::try_from(app.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        uptime: u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         clients_active: counters.clients_active,
         clients_total: counters.clients_total,
         messages_in: counters.messages_in,
@@ -140,16 +141,16 @@ fn status(app: &ServerState, hub: &Hub, query: Option<&str>) -> Response {
         server: Some(ServerState::server_name()),
     };
     let (entries, bytes) = hub.history_totals();
-    app.metrics.set_history(entries, bytes);
+    state.metrics.set_history(entries, bytes);
     bytes_response(StatusCode::OK, JSON, status.to_json())
 }
 
-async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response {
+async fn post_message(state: &ServerState, request: Request<Incoming>) -> Response {
     let instance = instance_from_query(request.uri().query());
-    let body = match read_body_limited(request, app.limits.max_admin_body_bytes).await {
+    let body = match read_body_limited(request, state.limits.max_admin_body_bytes).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
-            app.metrics.admin_rejected.with(["too_large"]).inc();
+            state.metrics.admin_rejected.with(["too_large"]).inc();
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "message body too large");
         }
         Err(BodyError::Read) => {
@@ -157,36 +158,36 @@ async fn post_message(app: &ServerState, request: Request<Incoming>) -> Response
         }
     };
     let accepted_at = Instant::now();
-    match ingest::accept(app, instance.clone(), &body, accepted_at) {
+    match ingest::accept(state, instance.clone(), &body, accepted_at) {
         Ok(Ingested::Accepted { payload, touched }) => {
-            if let Some(broker) = &app.broker {
+            if let Some(broker) = &state.broker {
                 broker.publish(&instance, payload.clone(), &touched);
             }
-            app.relay.relay(&instance, payload, &touched);
-            receipt(app)
+            state.relay.relay(&instance, payload, &touched);
+            receipt(state)
         }
-        Ok(Ingested::AlreadySeen) => receipt(app),
+        Ok(Ingested::AlreadySeen) => receipt(state),
         Err(IngestError::Message(err)) => {
             let reason = match err {
                 AdminMessageError::InvalidJson(_) => "bad_json",
                 AdminMessageError::NotAnObject => "not_object",
             };
-            app.metrics.admin_rejected.with([reason]).inc();
+            state.metrics.admin_rejected.with([reason]).inc();
             error_response(StatusCode::BAD_REQUEST, &err.to_string())
         }
         Err(IngestError::InstanceName) => {
-            app.metrics.admin_rejected.with(["instance_name"]).inc();
+            state.metrics.admin_rejected.with(["instance_name"]).inc();
             error_response(StatusCode::BAD_REQUEST, "instance name too long")
         }
         Err(IngestError::FanoutFull) => {
-            app.metrics.admin_rejected.with(["fanout_full"]).inc();
+            state.metrics.admin_rejected.with(["fanout_full"]).inc();
             error_response(StatusCode::SERVICE_UNAVAILABLE, "server is overloaded")
         }
     }
 }
 
-fn receipt(app: &ServerState) -> Response {
-    bytes_response(StatusCode::OK, JSON, aphlict::receipt(&app.fingerprint))
+fn receipt(state: &ServerState) -> Response {
+    bytes_response(StatusCode::OK, JSON, aphlict::receipt(&state.fingerprint))
 }
 
 #[cfg(test)]

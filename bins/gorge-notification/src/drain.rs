@@ -40,42 +40,42 @@ pub fn close_offsets(count: usize, window: Duration, rng: &mut impl Rng) -> Vec<
 
 /// Runs the drain; returns when every socket is closed or the window (plus a short grace for
 /// the last close handshakes) has passed. The caller bounds the whole drain again.
-pub async fn drain(app: Arc<ServerState>, window: Duration) {
+pub async fn drain(state: Arc<ServerState>, window: Duration) {
     let started = Instant::now();
     // Sockets still closing get a moment for their close handshake, and every socket
     // until then to write its backlog before the 1001.
     let grace = started + window + CLOSE_GRACE;
-    let _ = app.drain_ends.set(grace);
-    app.metrics.draining.set(1);
-    let mut sockets = app.hub.outbounds();
-    emit!(app.log, events::NOTIFY_DRAIN_STARTED;
+    let _ = state.drain_ends.set(grace);
+    state.metrics.draining.set(1);
+    let mut sockets = state.hub.send_queues();
+    emit!(state.log, events::NOTIFY_DRAIN_STARTED;
         "sockets" => sockets.len(), "window_ms" => window.as_millis() as u64);
     let offsets = {
         let mut rng = rand::rng();
         sockets.shuffle(&mut rng);
         close_offsets(sockets.len(), window, &mut rng)
     };
-    let relay = app.relay.clone();
+    let relay = state.relay.clone();
     let peers = tokio::spawn(async move { relay.shutdown(window).await });
     // What PHP posted here last still goes to the stream (the publisher runs until exit).
-    let broker = app.broker.clone();
+    let broker = state.broker.clone();
     let published = tokio::spawn(async move {
         if let Some(broker) = broker {
             broker.flush(window).await;
         }
     });
-    for (outbound, offset) in sockets.iter().zip(offsets) {
+    for (send_queue, offset) in sockets.iter().zip(offsets) {
         tokio::time::sleep_until(started + offset).await;
-        outbound.close(CloseReason::GoingAway);
+        send_queue.close(CloseReason::GoingAway);
     }
     // Sockets whose upgrade was already under way when the drain began were not in the
     // snapshot above; they go at the end of the window.
-    for outbound in app.hub.outbounds() {
-        outbound.close(CloseReason::GoingAway);
+    for send_queue in state.hub.send_queues() {
+        send_queue.close(CloseReason::GoingAway);
     }
     loop {
-        let ended = app.session_ended.notified();
-        if app.hub.open_sockets() == 0 {
+        let ended = state.session_ended.notified();
+        if state.hub.open_sockets() == 0 {
             break;
         }
         // A little past the sockets' own deadline, so sockets ending at it are counted.
@@ -88,8 +88,8 @@ pub async fn drain(app: Arc<ServerState>, window: Duration) {
     }
     let _ = peers.await;
     let _ = published.await;
-    emit!(app.log, events::NOTIFY_DRAIN_DONE;
-        "open_sockets" => app.hub.open_sockets(),
+    emit!(state.log, events::NOTIFY_DRAIN_DONE;
+        "open_sockets" => state.hub.open_sockets(),
         "elapsed_ms" => started.elapsed().as_millis() as u64);
 }
 

@@ -20,8 +20,8 @@ use phorge_wire::aphlict::{self, AdminMessage, AdminMessageError};
 
 use crate::events;
 use crate::fanout::Job;
+use crate::frames;
 use crate::state::ServerState;
-use crate::wire;
 use gorge_service::emit;
 
 /// A message that was taken in.
@@ -51,50 +51,50 @@ pub enum IngestError {
 
 /// Takes one message in (`accepted_at`: when its body had been read).
 pub fn accept(
-    app: &ServerState,
+    state: &ServerState,
     instance: String,
     body: &[u8],
     accepted_at: Instant,
 ) -> Result<Ingested, IngestError> {
-    accept_aged(app, instance, body, accepted_at, 0)
+    accept_aged(state, instance, body, accepted_at, 0)
 }
 
 /// [`accept`] for a message accepted `age_ms` ago elsewhere (see [`Fanout::submit_aged`]).
 ///
 /// [`Fanout::submit_aged`]: crate::fanout::Fanout::submit_aged
 fn accept_aged(
-    app: &ServerState,
+    state: &ServerState,
     instance: String,
     body: &[u8],
     accepted_at: Instant,
     age_ms: u64,
 ) -> Result<Ingested, IngestError> {
-    let parsed = aphlict::parse_admin_message(body, &app.fingerprint);
+    let parsed = aphlict::parse_admin_message(body, &state.fingerprint);
     let id = matches!(parsed, Ok(AdminMessage::Accepted(_)))
         .then(|| unique_id(body))
         .flatten();
-    let seen_before = id.is_some_and(|id| !app.recent_ids.first_time(id, app.hub.now_ms()));
+    let seen_before = id.is_some_and(|id| !state.recent_ids.first_time(id, state.hub.now_ms()));
     let message = match parsed {
         Ok(AdminMessage::Accepted(_)) if seen_before => {
-            app.hub.count_message_in();
-            app.metrics.messages_duplicate.inc();
+            state.hub.count_message_in();
+            state.metrics.messages_duplicate.inc();
             return Ok(Ingested::AlreadySeen);
         }
         Ok(AdminMessage::Accepted(message)) => message,
         Ok(AdminMessage::AlreadySeen) => {
             // Not delivered again, but Aphlict counts every POST it parsed.
-            app.hub.count_message_in();
-            app.metrics.messages_duplicate.inc();
+            state.hub.count_message_in();
+            state.metrics.messages_duplicate.inc();
             return Ok(Ingested::AlreadySeen);
         }
         Err(err) => return Err(IngestError::Message(err)),
     };
-    if !app.hub.instance_name_ok(&instance) {
-        id.inspect(|id| app.recent_ids.forget(*id));
+    if !state.hub.instance_name_ok(&instance) {
+        id.inspect(|id| state.recent_ids.forget(*id));
         return Err(IngestError::InstanceName);
     }
     // Encoded once: every recipient, the history and the peers share these bytes.
-    let frame = wire::text(&message.body);
+    let frame = frames::text(&message.body);
     drop(message.body);
     let subscribers = message.subscribers.len();
     let job = Job {
@@ -105,17 +105,17 @@ fn accept_aged(
         at_ms: 0,
     };
     let instance = job.instance.clone();
-    if app.fanout.submit_aged(job, age_ms).is_err() {
+    if state.fanout.submit_aged(job, age_ms).is_err() {
         // Not taken in: a retry of it must be.
-        id.inspect(|id| app.recent_ids.forget(*id));
+        id.inspect(|id| state.recent_ids.forget(*id));
         return Err(IngestError::FanoutFull);
     }
-    app.hub.count_message_in();
-    app.metrics.messages_in.inc();
-    emit!(app.log, events::NOTIFY_MESSAGE_ACCEPTED;
+    state.hub.count_message_in();
+    state.metrics.messages_in.inc();
+    emit!(state.log, events::NOTIFY_MESSAGE_ACCEPTED;
         "instance" => &instance, "subscribers" => subscribers, "bytes" => frame.len());
     Ok(Ingested::Accepted {
-        payload: wire::payload(&frame),
+        payload: frames::payload(&frame),
         touched: message.touched,
     })
 }
@@ -138,7 +138,7 @@ pub enum NotTaken {
 /// fan-out's hand-off is full rather than drop it: nothing waits on this but the reader,
 /// which is where the back-pressure belongs.
 pub async fn ingest_relayed(
-    app: &ServerState,
+    state: &ServerState,
     instance: &str,
     body: &[u8],
     age_ms: u64,
@@ -146,7 +146,7 @@ pub async fn ingest_relayed(
     let accepted_at = Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
     loop {
-        match accept_aged(app, instance.to_owned(), body, accepted_at, age_ms) {
+        match accept_aged(state, instance.to_owned(), body, accepted_at, age_ms) {
             Ok(Ingested::Accepted { .. }) => return Ok(()),
             Ok(Ingested::AlreadySeen) => return Err(NotTaken::AlreadySeen),
             Err(IngestError::Message(_)) => return Err(NotTaken::Malformed),

@@ -1,7 +1,7 @@
 //! gorge-notification: a drop-in replacement for Phorge's Aphlict notification server, as a
 //! library so that tests can run it in-process (with the hub's manual clock).
 //!
-//! Where to start reading: [`service`] (wiring), then [`admin`] (PHP's port) and [`client`] /
+//! Where to start reading: [`service`] (wiring), then [`admin`] (PHP's port) and [`client_port`] /
 //! [`session`] (browsers' port). The hub itself is the `gorge-hub` crate, the wire formats
 //! `phorge-wire`.
 //!
@@ -12,11 +12,11 @@
 //! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out), from PHP, a
 //!   peer or the broker;
 //! - [`warmup`]: a starting server fills its history from a ready peer;
-//! - [`client`]: WebSocket upgrades and the exact 501;
+//! - [`client_port`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
 //! - [`budget`]: each socket's inbound budget (frames and bytes per second);
 //! - [`fanout`]: the thread that delivers accepted messages, so the admin POST never waits;
-//! - [`wire`]: WebSocket frames encoded once, and the bounded reader of client frames;
+//! - [`frames`]: WebSocket frames encoded once, and the bounded reader of client frames;
 //! - [`drain`]: the graceful drain on SIGTERM;
 //! - [`peers`]: relaying to the other servers of a cluster;
 //! - [`broker`]: broker mode, the cluster on a Redis stream instead of peers;
@@ -30,12 +30,13 @@ pub mod admin;
 pub mod admin_runtime;
 pub mod broker;
 pub mod budget;
-pub mod client;
+pub mod client_port;
 pub mod config;
 pub mod drain;
 pub mod events;
 pub mod fanout;
 pub mod fdlimit;
+pub mod frames;
 pub mod history_gate;
 pub mod ingest;
 pub mod inspect;
@@ -46,4 +47,3 @@ pub mod service;
 pub mod session;
 pub mod state;
 pub mod warmup;
-pub mod wire;

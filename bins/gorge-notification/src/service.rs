@@ -25,7 +25,7 @@ use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
 use crate::state::{ConnectionLimits, ServerState};
-use crate::{admin, client, drain, fdlimit, warmup};
+use crate::{admin, client_port, drain, fdlimit, warmup};
 use gorge_service::emit;
 
 /// Time left for in-flight admin requests once listeners stop; with the drain hook's bound
@@ -38,7 +38,7 @@ const UPGRADE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A bound, not yet serving, notification service.
 pub struct Server {
-    app: Arc<ServerState>,
+    state: Arc<ServerState>,
     listeners: Vec<BoundListener>,
     drain_window: Duration,
     drain_deadline: Duration,
@@ -104,7 +104,7 @@ impl Server {
         let probes = Probes::new(registry, history_gate.readiness());
         let (hub, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
-        let app = Arc::new(ServerState {
+        let state = Arc::new(ServerState {
             hub,
             fanout,
             fingerprint,
@@ -132,7 +132,7 @@ impl Server {
         });
         if let Some(broker) = &broker {
             broker.start_publisher();
-            broker.start_reader(app.clone());
+            broker.start_reader(state.clone());
         }
         for addr in exposed_admin_addrs(&config) {
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
@@ -146,7 +146,7 @@ impl Server {
             .map(|server| ListenerSpec {
                 name: server.kind.to_string(),
                 addr: server.addr,
-                handler: handler(app.clone(), server.kind),
+                handler: handler(state.clone(), server.kind),
             })
             .collect();
         let admin_runtime = AdminRuntime::start().map_err(|source| BindError {
@@ -159,8 +159,8 @@ impl Server {
         let client_cap = fdlimit::client_connection_cap(fdlimit::soft_limit());
         // Client listeners share one cap: descriptors are per process, not per port.
         let client_cap_gauge = client_cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
-        app.metrics.client_connections_max.set(client_cap_gauge);
-        let closed = &app.metrics.client_connections_closed;
+        state.metrics.client_connections_max.set(client_cap_gauge);
+        let closed = &state.metrics.client_connections_closed;
         let refused = closed.with(["fd_reserve"]).clone();
         let expired = closed.with(["upgrade_timeout"]).clone();
         let client_cap = client_cap.map(|cap| ConnectionCap::new(cap, refused));
@@ -170,7 +170,7 @@ impl Server {
             .map(|l| {
                 let l = l
                     .close_at_drain_start()
-                    .with_accept_error_counter(app.metrics.accept_errors.clone());
+                    .with_accept_error_counter(state.metrics.accept_errors.clone());
                 if l.name() == admin_name {
                     l.on_runtime(admin_runtime.handle())
                 } else {
@@ -185,7 +185,7 @@ impl Server {
             })
             .collect();
         Ok(Server {
-            app,
+            state,
             listeners,
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
@@ -206,8 +206,8 @@ impl Server {
         self
     }
 
-    pub fn app(&self) -> &Arc<ServerState> {
-        &self.app
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
     }
 
     /// The bound address of the first listener of `kind`.
@@ -221,20 +221,20 @@ impl Server {
 
     /// Serves until `shutdown` (or SIGTERM/SIGINT), then drains.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), RunError> {
-        let app = self.app;
-        let log = app.log.clone();
+        let state = self.state;
+        let log = state.log.clone();
         let addresses: Vec<String> = self
             .listeners
             .iter()
             .map(|l| format!("{}={}", l.name(), l.local_addr()))
             .collect();
         emit!(log, events::NOTIFY_STARTED;
-            "fingerprint" => &app.fingerprint, "listeners" => addresses.join(","),
+            "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
         tokio::spawn(crate::memory::housekeeping(app.clone()));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
-        if app.broker.is_none() && !app.history_gate.is_open() {
-            tokio::spawn(warmup::run(app.clone(), self.warmup_deadline));
+        if state.broker.is_none() && !state.history_gate.is_open() {
+            tokio::spawn(warmup::run(state.clone(), self.warmup_deadline));
         }
         let options = RunOptions {
             drain_deadline: self.drain_deadline.saturating_sub(REQUEST_GRACE),
@@ -242,10 +242,10 @@ impl Server {
             shutdown,
         };
         let window = self.drain_window;
-        let drain_app = app.clone();
+        let drain_state = state.clone();
         let hook: gorge_service::DrainHook =
-            Box::new(move || Box::pin(drain::drain(drain_app, window)));
-        let result = run(self.listeners, app.probes.clone(), hook, options, &log).await;
+            Box::new(move || Box::pin(drain::drain(drain_state, window)));
+        let result = run(self.listeners, state.probes.clone(), hook, options, &log).await;
         drop(self.admin_runtime);
         result
     }
@@ -266,12 +266,12 @@ pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
         .collect()
 }
 
-fn handler(app: Arc<ServerState>, kind: ServerKind) -> Handler {
+fn handler(state: Arc<ServerState>, kind: ServerKind) -> Handler {
     Arc::new(move |request, peer| {
-        let app = app.clone();
+        let state = state.clone();
         match kind {
-            ServerKind::Admin => Box::pin(admin::handle(app, request, peer)),
-            ServerKind::Client => Box::pin(client::handle(app, request)),
+            ServerKind::Admin => Box::pin(admin::handle(state, request, peer)),
+            ServerKind::Client => Box::pin(client_port::handle(state, request)),
         }
     })
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use gorge_hub::{CloseReason, Flush, Hub, Outbound, Push, Sink, SocketHandle};
+use gorge_hub::{CloseReason, Flush, Hub, Push, SendQueue, Sink, SocketHandle};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 use crate::budget::{Budget, Over};
 use crate::events;
+use crate::frames::{self, Inbound, Violation};
 use crate::state::ServerState;
-use crate::wire::{self, Inbound, Violation};
 use gorge_service::http10::Http10AsHttp11;
 use gorge_service::{emit, ConnectionSlot};
 
@@ -43,7 +43,7 @@ const READ_CHUNK: usize = 4096;
 
 /// A socket's place in the hub, released (and counted) when the session ends however it ends.
 pub struct Registration {
-    app: Arc<ServerState>,
+    state: Arc<ServerState>,
     handle: SocketHandle,
     class: &'static str,
     /// The connection's place under the client port's descriptor cap, freed with the socket.
@@ -52,13 +52,13 @@ pub struct Registration {
 
 impl Registration {
     pub fn new(
-        app: Arc<ServerState>,
+        state: Arc<ServerState>,
         handle: SocketHandle,
         class: &'static str,
         slot: Option<ConnectionSlot>,
     ) -> Self {
         Registration {
-            app,
+            state,
             handle,
             class,
             _slot: slot,
@@ -68,10 +68,10 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.handle.outbound().detach();
-        self.app.hub.disconnect(&self.handle);
-        self.app.metrics.sockets_open.with([self.class]).dec();
-        self.app.session_ended.notify_waiters();
+        self.handle.send_queue().detach();
+        self.state.hub.disconnect(&self.handle);
+        self.state.metrics.sockets_open.with([self.class]).dec();
+        self.state.session_ended.notify_waiters();
     }
 }
 
@@ -126,15 +126,15 @@ impl End {
             End::Gone => return None,
             // RFC 6455 §5.5.1: echo the status code.
             End::ClientClosed(payload) if payload.len() >= 2 => {
-                wire::close(u16::from_be_bytes([payload[0], payload[1]]), "")
+                frames::close(u16::from_be_bytes([payload[0], payload[1]]), "")
             }
-            End::ClientClosed(_) => wire::close_empty(),
-            End::Hub(CloseReason::SlowConsumer) => wire::close(1008, "slow consumer"),
-            End::Hub(CloseReason::GoingAway) => wire::close(1001, "server going away"),
+            End::ClientClosed(_) => frames::close_empty(),
+            End::Hub(CloseReason::SlowConsumer) => frames::close(1008, "slow consumer"),
+            End::Hub(CloseReason::GoingAway) => frames::close(1001, "server going away"),
             End::Hub(CloseReason::TooManySubscriptions) => {
-                wire::close(1008, "too many subscriptions")
+                frames::close(1008, "too many subscriptions")
             }
-            End::Violation(v) => wire::close(
+            End::Violation(v) => frames::close(
                 v.code(),
                 match v {
                     Violation::TooLarge => "frame too large",
@@ -142,9 +142,9 @@ impl End {
                     Violation::InvalidUtf8 => "invalid UTF-8",
                 },
             ),
-            End::Inbound(Over::Frames) => wire::close(1008, "too many frames"),
-            End::Inbound(Over::Bytes) => wire::close(1008, "too many bytes"),
-            End::Idle => wire::close(1001, "idle timeout"),
+            End::Inbound(Over::Frames) => frames::close(1008, "too many frames"),
+            End::Inbound(Over::Bytes) => frames::close(1008, "too many bytes"),
+            End::Idle => frames::close(1001, "idle timeout"),
         })
     }
 
@@ -156,39 +156,39 @@ impl End {
 
 /// Runs the session until the socket closes; the registration is released on return.
 pub async fn run(registration: Registration, upgraded: Upgraded) {
-    let app = registration.app.clone();
+    let state = registration.state.clone();
     let parts = match upgraded.downcast::<TokioIo<Http10AsHttp11<TcpStream>>>() {
         Ok(parts) => parts,
         Err(_) => {
-            emit!(app.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
+            emit!(state.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
             return;
         }
     };
     let tcp = parts.io.into_inner().into_inner();
     let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
     let stream = Arc::new(Stream(tcp));
-    let outbound = registration.handle.outbound().clone();
-    outbound.attach(stream.clone());
-    let mut reader = wire::Reader::new(parts.read_buf, app.limits.max_frame_bytes);
-    let end = serve(&app, &registration.handle, &stream, &mut reader).await;
+    let send_queue = registration.handle.send_queue().clone();
+    send_queue.attach(stream.clone());
+    let mut reader = frames::Reader::new(parts.read_buf, state.limits.max_frame_bytes);
+    let end = serve(&state, &registration.handle, &stream, &mut reader).await;
     // Counted when the decision is made, not after the close handshake below.
-    app.metrics.sockets_closed.with([end.label()]).inc();
+    state.metrics.sockets_closed.with([end.label()]).inc();
     match &end {
         End::Hub(CloseReason::SlowConsumer) => {
-            emit!(app.log, events::NOTIFY_SLOW_CONSUMER; "instance" => registration.handle.instance());
+            emit!(state.log, events::NOTIFY_SLOW_CONSUMER; "instance" => registration.handle.instance());
         }
         End::Violation(Violation::TooLarge) => {
-            app.metrics.oversized_frames.inc();
+            state.metrics.oversized_frames.inc();
         }
         _ => {}
     }
-    emit!(app.log, events::NOTIFY_CLIENT_DISCONNECTED;
+    emit!(state.log, events::NOTIFY_CLIENT_DISCONNECTED;
         "instance" => registration.handle.instance(), "reason" => end.label());
     if let Some(frame) = end.close_frame() {
         // Bounded: a client that reads nothing never takes its close frame. A socket the
         // drain closes may use what is left of the drain for its backlog (the drain waits
         // that long anyway), so a slow reader still gets every queued frame, then the 1001.
-        let linger = match (&end, app.drain_ends.get()) {
+        let linger = match (&end, state.drain_ends.get()) {
             (End::Hub(CloseReason::GoingAway), Some(ends)) => ends
                 .saturating_duration_since(Instant::now())
                 .max(CLOSE_LINGER),
@@ -196,7 +196,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
         };
         let _ = tokio::time::timeout(
             linger,
-            finish(&stream, &outbound, &mut reader, frame, end.ours()),
+            finish(&stream, &send_queue, &mut reader, frame, end.ours()),
         )
         .await;
     }
@@ -207,14 +207,14 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
 /// started the close, waits for the client's reply so closing does not reset unread data.
 async fn finish(
     stream: &Stream,
-    outbound: &Outbound,
-    reader: &mut wire::Reader,
+    send_queue: &SendQueue,
+    reader: &mut frames::Reader,
     frame: Bytes,
     ours: bool,
 ) {
-    outbound.push_final(frame);
+    send_queue.push_final(frame);
     loop {
-        match outbound.flush() {
+        match send_queue.flush() {
             Flush::Empty => break,
             Flush::More => {}
             Flush::WouldBlock => {
@@ -222,7 +222,7 @@ async fn finish(
                     return;
                 }
             }
-            Flush::Busy => outbound.ready().await,
+            Flush::Busy => send_queue.ready().await,
             Flush::Detached | Flush::Failed => return,
         }
     }
@@ -252,7 +252,7 @@ async fn finish(
 }
 
 /// Reads what the socket has into the reader; `Ok(0)` is the end of the stream.
-fn read_some(stream: &Stream, reader: &mut wire::Reader) -> io::Result<usize> {
+fn read_some(stream: &Stream, reader: &mut frames::Reader) -> io::Result<usize> {
     let mut chunk = [0u8; READ_CHUNK];
     let n = stream.0.try_read(&mut chunk)?;
     reader.extend(&chunk[..n]);
@@ -268,10 +268,10 @@ struct Written {
 }
 
 /// Writes until the queue is empty or the socket is full.
-fn write_some(outbound: &Outbound) -> Result<Written, ()> {
+fn write_some(send_queue: &SendQueue) -> Result<Written, ()> {
     let mut progress = false;
     loop {
-        let blocked = match outbound.flush() {
+        let blocked = match send_queue.flush() {
             Flush::Empty | Flush::Busy | Flush::Detached => false,
             Flush::More => {
                 progress = true;
@@ -285,13 +285,13 @@ fn write_some(outbound: &Outbound) -> Result<Written, ()> {
 }
 
 async fn serve(
-    app: &ServerState,
+    state: &ServerState,
     handle: &SocketHandle,
     stream: &Stream,
-    reader: &mut wire::Reader,
+    reader: &mut frames::Reader,
 ) -> End {
-    let outbound = handle.outbound();
-    let limits = &app.limits;
+    let send_queue = handle.send_queue();
+    let limits = &state.limits;
     let mut budget = Budget::new(limits.inbound, Instant::now());
     let mut last_heard = Instant::now();
     let mut next_ping = last_heard + limits.ping_interval;
@@ -301,10 +301,10 @@ async fn serve(
     let timer = tokio::time::sleep_until(next_ping);
     tokio::pin!(timer);
     loop {
-        if let Some(reason) = outbound.close_reason() {
+        if let Some(reason) = send_queue.close_reason() {
             return End::Hub(reason);
         }
-        let Ok(Written { blocked, progress }) = write_some(outbound) else {
+        let Ok(Written { blocked, progress }) = write_some(send_queue) else {
             return End::Gone;
         };
         if progress && backlogged {
@@ -320,14 +320,14 @@ async fn serve(
             // only makes sure a socket that is always writable still gets its reads (the
             // client's pongs) and its timer.
             biased;
-            () = outbound.closing() => {}
+            () = send_queue.closing() => {}
             () = &mut timer => {
                 let now = Instant::now();
                 if now >= last_heard + limits.idle_timeout {
                     return End::Idle;
                 }
                 if now >= next_ping {
-                    urgent(app, outbound, wire::PING.clone());
+                    urgent(state, send_queue, frames::PING.clone());
                     next_ping = now + limits.ping_interval;
                 }
             }
@@ -355,7 +355,7 @@ async fn serve(
                         Ok(None) => break,
                         Ok(Some(inbound)) => {
                             last_heard = now;
-                            if let Some(end) = inbound_frame(app, handle, inbound).await {
+                            if let Some(end) = inbound_frame(state, handle, inbound).await {
                                 return end;
                             }
                         }
@@ -368,7 +368,7 @@ async fn serve(
                 }
                 tokio::task::consume_budget().await;
             }
-            () = outbound.ready(), if !blocked => {}
+            () = send_queue.ready(), if !blocked => {}
             writable = stream.0.writable(), if blocked => {
                 if writable.is_err() {
                     return End::Gone;
@@ -382,7 +382,11 @@ async fn serve(
 }
 
 /// Handles one client frame; returns how the session ends, if it does.
-async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inbound) -> Option<End> {
+async fn inbound_frame(
+    state: &ServerState,
+    handle: &SocketHandle,
+    inbound: Inbound,
+) -> Option<End> {
     match inbound {
         Inbound::Text(text) => {
             // Messages whose POST was answered before this command was read are delivered
@@ -395,15 +399,15 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
                 // history is handed to the fan-out. First, so that the settling below covers
                 // those messages too. Other commands go ahead: what a socket subscribed
                 // meanwhile gets live, its replay leaves out (the hub's `live_from`).
-                app.history_gate.opened().await;
+                state.history_gate.opened().await;
             }
-            let hub = app.fanout.settled().await;
-            if apply(app, hub, handle, command) {
+            let hub = state.fanout.settled().await;
+            if apply(state, hub, handle, command) {
                 // Behind everything queued so far: a pong proves those frames went first.
-                control(app, handle.outbound(), wire::APHLICT_PONG.clone());
+                control(state, handle.send_queue(), frames::APHLICT_PONG.clone());
             }
         }
-        Inbound::Ping(payload) => urgent(app, handle.outbound(), wire::pong(&payload)),
+        Inbound::Ping(payload) => urgent(state, handle.send_queue(), frames::pong(&payload)),
         Inbound::Close(payload) => return Some(End::ClientClosed(payload)),
         // Pongs only prove liveness; binary frames mean nothing to Aphlict.
         Inbound::Pong | Inbound::Binary => {}
@@ -413,27 +417,27 @@ async fn inbound_frame(app: &ServerState, handle: &SocketHandle, inbound: Inboun
 
 /// Queues a frame of our own behind everything queued; over the queue's bound the socket
 /// becomes a slow consumer.
-fn control(app: &ServerState, outbound: &Outbound, frame: Bytes) {
-    counted(app, outbound.push_control(frame, app.hub.caps()));
+fn control(state: &ServerState, send_queue: &SendQueue, frame: Bytes) {
+    counted(state, send_queue.push_control(frame, state.hub.caps()));
 }
 
 /// Queues a control frame ahead of the backlog (a ping must be answerable however much
 /// is queued), within the same bound.
-fn urgent(app: &ServerState, outbound: &Outbound, frame: Bytes) {
-    counted(app, outbound.push_urgent(frame, app.hub.caps()));
+fn urgent(state: &ServerState, send_queue: &SendQueue, frame: Bytes) {
+    counted(state, send_queue.push_urgent(frame, state.hub.caps()));
 }
 
-fn counted(app: &ServerState, push: Push) {
+fn counted(state: &ServerState, push: Push) {
     if let Push::Overflowed { dropped } = push {
-        app.metrics.slow_consumer_disconnects.inc();
-        app.metrics.queue_dropped_frames.inc_by(dropped as u64);
+        state.metrics.slow_consumer_disconnects.inc();
+        state.metrics.queue_dropped_frames.inc_by(dropped as u64);
     }
 }
 
 /// Applies one client command; returns whether it was a `ping` that needs a `pong`.
 /// `hub` comes from [`crate::fanout::Fanout::settled`].
-fn apply(app: &ServerState, hub: &Hub, handle: &SocketHandle, command: ClientCommand) -> bool {
-    let m = &app.metrics;
+fn apply(state: &ServerState, hub: &Hub, handle: &SocketHandle, command: ClientCommand) -> bool {
+    let m = &state.metrics;
     match command {
         ClientCommand::Subscribe(phids) => {
             let outcome = hub.subscribe(handle, phids);

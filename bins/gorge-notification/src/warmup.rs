@@ -27,8 +27,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::events;
+use crate::frames;
 use crate::state::ServerState;
-use crate::wire;
 use gorge_service::emit;
 
 /// The admin path of the export.
@@ -59,7 +59,7 @@ struct LineIn<'a> {
 pub fn export(hub: &Hub, age_ms: u64) -> Vec<u8> {
     let mut out = Vec::new();
     for retained in hub.retained(age_ms) {
-        let payload = wire::payload(&retained.frame);
+        let payload = frames::payload(&retained.frame);
         // History only holds messages this server serialized itself.
         let Ok(text) = std::str::from_utf8(&payload) else {
             continue;
@@ -129,7 +129,7 @@ fn parse(body: &[u8]) -> (Vec<Warmed>, usize) {
         entries.push(Warmed {
             instance: line.instance,
             subscribers,
-            frame: wire::text(line.message.get().as_bytes()),
+            frame: frames::text(line.message.get().as_bytes()),
             age_ms: line.age_ms,
         });
     }
@@ -162,19 +162,19 @@ fn ask(agent: &ureq::Agent, base_url: &str, age_ms: u64, limit: u64) -> Answer {
 
 /// Warms history from the first ready peer, then opens the history gate. `deadline` bounds
 /// the whole warm-up (a server never stays unready because a peer hangs).
-pub async fn run(app: Arc<ServerState>, deadline: Duration) {
+pub async fn run(state: Arc<ServerState>, deadline: Duration) {
     let started = Instant::now();
-    let limits = app.hub.limits();
+    let limits = state.hub.limits();
     let age_ms = limits.history_age_ms;
     // Room for every retained message and its line's framing.
     let limit = (limits.history_bytes as u64).saturating_mul(2) + (1 << 20);
     // DNS peers are known only after the first lookup.
-    let mut peers = app.relay.base_urls();
-    while peers.is_empty() && app.relay.uses_dns() && started.elapsed() < deadline {
+    let mut peers = state.relay.base_urls();
+    while peers.is_empty() && state.relay.uses_dns() && started.elapsed() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        peers = app.relay.base_urls();
+        peers = state.relay.base_urls();
     }
-    let agent = app.relay.agent();
+    let agent = state.relay.agent();
     let mut reasons = Vec::new();
     for base_url in peers {
         let Some(left) = deadline.checked_sub(started.elapsed()) else {
@@ -200,45 +200,48 @@ pub async fn run(app: Arc<ServerState>, deadline: Duration) {
         let (mut entries, bad) = parse(&body);
         // Settled first, so a relayed message already taken in is in history for the
         // identity check; one taken in from now on is caught by its `uniqueID`.
-        app.fanout.settled().await;
-        let now_ms = app.hub.now_ms();
+        state.fanout.settled().await;
+        let now_ms = state.hub.now_ms();
         let before = entries.len();
         entries.retain(|warmed| {
-            crate::ingest::unique_id(&wire::payload(&warmed.frame))
-                .is_none_or(|id| app.recent_ids.first_time(id, now_ms))
+            crate::ingest::unique_id(&frames::payload(&warmed.frame))
+                .is_none_or(|id| state.recent_ids.first_time(id, now_ms))
         });
         let already_here = before - entries.len();
-        let mut counts = app
+        let mut counts = state
             .hub
-            .warm_history(entries, |frame| identity(&wire::payload(frame)));
+            .warm_history(entries, |frame| identity(&frames::payload(frame)));
         counts.duplicates += already_here;
-        app.metrics
+        state
+            .metrics
             .history_warmed
             .with(["kept"])
             .inc_by(counts.kept as u64);
-        app.metrics
+        state
+            .metrics
             .history_warmed
             .with(["duplicate"])
             .inc_by(counts.duplicates as u64);
-        app.metrics
+        state
+            .metrics
             .history_warmed
             .with(["invalid"])
             .inc_by((counts.refused + bad) as u64);
-        emit!(app.log, events::NOTIFY_HISTORY_WARMED;
+        emit!(state.log, events::NOTIFY_HISTORY_WARMED;
             "peer" => &base_url, "entries" => counts.kept, "duplicates" => counts.duplicates,
             "invalid" => counts.refused + bad,
             "elapsed_ms" => started.elapsed().as_millis() as u64);
-        open(&app);
+        open(&state);
         return;
     }
-    emit!(app.log, events::NOTIFY_HISTORY_COLD;
+    emit!(state.log, events::NOTIFY_HISTORY_COLD;
         "reasons" => reasons.join("; "),
         "elapsed_ms" => started.elapsed().as_millis() as u64);
-    open(&app);
+    open(&state);
 }
 
-fn open(app: &ServerState) {
-    app.history_gate.open();
+fn open(state: &ServerState) {
+    state.history_gate.open();
 }
 
 #[cfg(test)]
@@ -273,7 +276,7 @@ not json
         assert_eq!(entries[0].subscribers, ["P", "Q"]);
         assert_eq!(
             entries[0].frame,
-            wire::text(br#"{"key":1,"big":12345678901234567890,"subscribers":["P","Q"]}"#)
+            frames::text(br#"{"key":1,"big":12345678901234567890,"subscribers":["P","Q"]}"#)
         );
     }
 }

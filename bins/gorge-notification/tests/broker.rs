@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::redis::Redis;
 use common::{Server, Ws, BIN, PATIENCE};
 use gorge_testkit::process::Signal;
-use gorge_testkit::{eventually, free_ports, http};
+use gorge_testkit::{eventually, free_ports, http, within_blocking};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -389,18 +389,16 @@ fn broker_and_peers_together_stop_startup_with_exit_2() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("still running with {peers:?} and a broker");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let mut status = None;
+        if !within_blocking(PATIENCE, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        }) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running with {peers:?} and a broker");
+        }
+        let status = status.expect("exited");
         let mut stderr = String::new();
         child
             .stderr

@@ -155,22 +155,6 @@ async fn browsers(cluster: &Cluster) -> Vec<Browser> {
     browsers
 }
 
-/// Waits (bounded) until every browser has every posted message, then tallies.
-async fn settle(browsers: &[Browser], posted: &[String]) -> (browser::Tally, Vec<Record>) {
-    let _ = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let records: Vec<Record> = browsers.iter().map(Browser::record).collect();
-            if browser::tally(&records, posted).missed_pairs == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    let records: Vec<Record> = browsers.iter().map(Browser::record).collect();
-    (browser::tally(&records, posted), records)
-}
-
 fn assert_nothing_missed(tally: &browser::Tally, records: &[Record], posted: &[String]) {
     assert_eq!(
         tally.missed_pairs,
@@ -200,7 +184,7 @@ where
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.send(true).unwrap();
     let posted = poster.await.unwrap();
-    let (tally, records) = settle(browsers, &posted).await;
+    let (tally, records) = browser::settle(browsers, &posted, Duration::from_secs(30)).await;
     println!("posted {} messages: {tally:?}", posted.len());
     assert_nothing_missed(&tally, &records, &posted);
     posted

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::process::{Command, Output};
 
 use common::{Server, BIN};
+use gorge_testkit::check_config;
 
 /// One environment variable.
 type Var<'a> = (&'a str, &'a str);
@@ -28,26 +29,14 @@ fn config_file(json: &str) -> tempfile::NamedTempFile {
     file
 }
 
-/// The value `--check-config` printed for `name` (`NAME = VALUE  # SOURCE`), and its source.
+/// The value `--check-config` printed for `name`, and its source.
 fn checked(stdout: &[u8], name: &str) -> (String, String) {
-    let text = String::from_utf8_lossy(stdout);
-    text.lines()
-        .find_map(|line| {
-            let (left, right) = line.split_once(" = ")?;
-            (left.trim_end() == name).then_some(right)
-        })
-        .and_then(|right| right.rsplit_once("  # "))
-        .map(|(value, source)| (value.to_string(), source.to_string()))
-        .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+    check_config::checked(&String::from_utf8_lossy(stdout), name)
 }
 
 /// The `warning: …` lines of `--check-config`.
 fn warnings(stdout: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .map(str::to_string)
-        .collect()
+    check_config::warnings(&String::from_utf8_lossy(stdout))
 }
 
 /// The warnings other than the admin-off-loopback one, which the default listen address

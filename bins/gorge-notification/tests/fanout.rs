@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Server, Ws};
+use common::{InProcess, Ws};
 use futures_util::future::join_all;
 use serde_json::Value;
 
@@ -16,7 +16,7 @@ const MESSAGES: usize = 30;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_sockets_get_a_fast_burst_in_order_exactly_once() {
     let _ = gorge_notification::fdlimit::raise_to_hard();
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     let port = server.client_port;
     let mut sockets = join_all((0..SOCKETS).map(|_| async move {
         let mut ws = Ws::connect(port, "/").await;

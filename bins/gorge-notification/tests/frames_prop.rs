@@ -1,5 +1,5 @@
 //! Property tests of what faces every browser and every PHP POST: the client-frame reader
-//! (`wire::Reader`) and the admin body parser (`phorge_wire::aphlict::parse_admin_message`).
+//! (`frames::Reader`) and the admin body parser (`phorge_wire::aphlict::parse_admin_message`).
 //!
 //! The reader is checked against tungstenite's own full parser (`WebSocket` in the server
 //! role) as the oracle: random and mutated byte streams, fed to the reader split at random
@@ -15,7 +15,7 @@
 use std::io::{self, Read, Write};
 
 use bytes::Bytes;
-use gorge_notification::wire::{Inbound, Reader};
+use gorge_notification::frames::{Inbound, Reader};
 use phorge_wire::aphlict::{parse_admin_message, AdminMessage};
 use proptest::prelude::*;
 use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket, WebSocketConfig}
 use tokio_tungstenite::tungstenite::{Error, Message};
 
 /// A fixed number of cases, and no regression files written into the source tree (a failure
-/// prints its shrunk input; pin it as a unit test in `wire.rs`).
+/// prints its shrunk input; pin it as a unit test in `frames.rs`).
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: std::env::var("PROPTEST_CASES")

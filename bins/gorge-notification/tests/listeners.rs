@@ -9,12 +9,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{InProcess, Server, BIN, PATIENCE};
-use gorge_testkit::{free_port, http, Process};
+use gorge_testkit::{free_ports, http, Process};
 use tokio::net::TcpStream;
 
 #[test]
 fn by_default_the_admin_port_listens_on_loopback_only() {
-    let (client, admin) = (free_port(), free_port());
+    // Two ports held at once, so they differ (two free_port() calls can return one).
+    let ports = free_ports(2);
+    let (client, admin) = (ports[0], ports[1]);
     let mut command = Command::new(BIN);
     command
         .env_clear()

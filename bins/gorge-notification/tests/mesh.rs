@@ -214,17 +214,9 @@ impl Drill {
         tokio::time::sleep(Duration::from_millis(1000)).await;
         self.stop.send_replace(true);
         let posted = self.poster.await.unwrap();
-        let records =
-            || -> Vec<browser::Record> { self.browsers.iter().map(Browser::record).collect() };
         // Bounded: a browser backing off after failed attempts (2 s, 4 s) is back by then.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while browser::tally(&records(), &posted).missed_pairs > 0
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let records = records();
-        let tally = browser::tally(&records, &posted);
+        let (tally, records) =
+            browser::settle(&self.browsers, &posted, Duration::from_secs(15)).await;
         eprintln!(
             "posted {} messages to {} browsers: {tally:?}; missed: {:?}",
             posted.len(),

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Server;
+use common::InProcess;
 use futures_util::future::join_all;
 
 const MESSAGES: usize = 2000;
@@ -11,7 +11,7 @@ const READERS: usize = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_socket_is_disconnected_and_nobody_waits_for_it() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(|_| {}).await;
     // The stuck socket also wants large "ballast" messages, so its kernel buffers fill up
     // whatever their size, and its queue overflows while the readers' traffic stays small.
     let mut stuck = server.ws("/").await;

@@ -24,6 +24,12 @@ const NO_PINGS: [(&str, &str); 2] = [
     ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "120"),
 ];
 
+/// [`NO_PINGS`] for an in-process server.
+fn no_pings(config: &mut gorge_notification::config::Config) {
+    config.ping_interval = Duration::from_secs(60);
+    config.idle_timeout = Duration::from_secs(120);
+}
+
 /// A TCP connection whose receive buffer is as small as the kernel allows from 4096.
 async fn tiny_window(port: u16) -> TcpStream {
     let socket = TcpSocket::new_v4().unwrap();
@@ -32,7 +38,7 @@ async fn tiny_window(port: u16) -> TcpStream {
 }
 
 /// A WebSocket client on a tiny receive window.
-async fn tiny_ws(server: &Server) -> Ws {
+async fn tiny_ws(server: &Endpoints) -> Ws {
     let port = server.client_port;
     let stream = tiny_window(port).await;
     let url = format!("ws://127.0.0.1:{port}/");
@@ -93,7 +99,7 @@ async fn read_numbers(ws: &mut Ws, count: usize, pause: Duration) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_window_that_never_sends_still_gets_every_queued_frame() {
-    let server = Server::start(&NO_PINGS);
+    let server = InProcess::start(no_pings).await;
     let mut ws = tiny_ws(&server).await;
     ws.subscribe(&["PHID-BIG"]).await;
     // From here on the client only reads. Both bursts fit the default queue bound (4 MiB).
@@ -139,17 +145,14 @@ async fn sigterm_while_writes_are_blocked_still_closes_every_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
     // Its inbound budget out of the way: this is about what the server holds for it.
-    let server = Server::start(&[
-        NO_PINGS[0],
-        NO_PINGS[1],
-        ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "4294967296"),
-        ("GORGE_NOTIFICATION_INBOUND_FRAMES_BURST", "4294967296"),
-        (
-            "GORGE_NOTIFICATION_INBOUND_BYTES_PER_SECOND",
-            "1099511627776",
-        ),
-        ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "1099511627776"),
-    ]);
+    let server = InProcess::start(|config| {
+        no_pings(config);
+        config.inbound.frames_per_second = 1 << 32;
+        config.inbound.frames_burst = 1 << 32;
+        config.inbound.bytes_per_second = 1 << 40;
+        config.inbound.bytes_burst = 1 << 40;
+    })
+    .await;
     let mut stream = raw_ws(server.client_port, true).await;
     let pings: Vec<u8> = (0..256)
         .flat_map(|_| client_frame(0x89, &[b'p'; 125]))
@@ -188,11 +191,12 @@ async fn a_client_that_pings_and_never_reads_is_closed_1008_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_but_live_client_is_not_reaped_as_idle() {
-    let server = Server::start(&[
-        ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "1"),
-        ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "2"),
-        ("GORGE_NOTIFICATION_QUEUE_BYTES", "16777216"),
-    ]);
+    let server = InProcess::start(|config| {
+        config.ping_interval = Duration::from_secs(1);
+        config.idle_timeout = Duration::from_secs(2);
+        config.hub.queue_bytes = 16 << 20;
+    })
+    .await;
     let mut ws = tiny_ws(&server).await;
     ws.subscribe(&["PHID-BIG"]).await;
     const COUNT: usize = 30;

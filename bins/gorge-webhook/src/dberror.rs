@@ -9,8 +9,11 @@ use gorge_claim::ClaimError;
 
 use crate::config::Settings;
 
-/// MySQL/MariaDB `ER_ACCESS_DENIED_ERROR`: no account matches this user, host and password.
-const ER_ACCESS_DENIED_ERROR: u16 = 1045;
+/// The server's "Access denied for user" errors: MySQL/MariaDB `ER_ACCESS_DENIED_ERROR`
+/// (1045: no account matches this user, host and password) and MariaDB's
+/// `ER_ACCESS_DENIED_NO_PASSWORD_ERROR` (1698), which MariaDB 10.11 here answers for the same
+/// wrong account now and then (seen in tests/service.rs); both have the same causes and fix.
+const ACCESS_DENIED: [u16; 2] = [1045, 1698];
 
 /// Where and as whom the service connects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,7 +72,7 @@ pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
             format!("{text} (connecting to {at})")
         }
         ClaimError::Database(mysql_async::Error::Server(server))
-            if server.code == ER_ACCESS_DENIED_ERROR && !at.socket =>
+            if ACCESS_DENIED.contains(&server.code) && !at.socket =>
         {
             // Phorge's docs create `'user'@'localhost'`, which MySQL matches only for socket
             // connections; over TCP it sees the client's address instead.
@@ -83,7 +86,7 @@ pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
             )
         }
         ClaimError::Database(mysql_async::Error::Server(server))
-            if server.code == ER_ACCESS_DENIED_ERROR =>
+            if ACCESS_DENIED.contains(&server.code) =>
         {
             format!("{text} (connecting to {at})")
         }
@@ -102,6 +105,30 @@ mod tests {
             address: "127.0.0.1:3306".into(),
             socket: false,
             user: "gorge".into(),
+        }
+    }
+
+    fn server_error(code: u16, message: &str) -> ClaimError {
+        ClaimError::Database(mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: message.into(),
+            state: "28000".into(),
+        }))
+    }
+
+    /// Both of the server's access-denied codes get the fix for a 'localhost' account: MariaDB
+    /// answers a wrong TCP account with 1698 as well as 1045.
+    #[test]
+    fn both_access_denied_codes_get_the_localhost_fix() {
+        for code in [1045, 1698] {
+            let denied = server_error(code, "Access denied for user 'gorge'@'127.0.0.1'");
+            let line = explain(&denied, &tcp());
+            assert!(
+                line.starts_with(&format!(
+                    "{denied} (connecting to 127.0.0.1:3306 as 'gorge'"
+                )) && line.contains("only matches socket connections"),
+                "{code}: {line}"
+            );
         }
     }
 
@@ -129,6 +156,8 @@ mod tests {
              /run/mysqld/mysqld.sock as 'gorge' (GORGE_WEBHOOK_MYSQL_SOCKET))"
         );
         // Other errors are the driver's words alone.
+        let other = server_error(1146, "Table 'x.y' doesn't exist");
+        assert_eq!(explain(&other, &tcp()), other.to_string());
         assert_eq!(
             explain(&ClaimError::Timeout("claim"), &tcp()),
             "database timeout: claim"

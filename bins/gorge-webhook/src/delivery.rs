@@ -24,7 +24,7 @@ use url::Url;
 use crate::connector::{
     self, ConnectError, ConnectionOptions, Connections, SendError, MAX_FRESH_RETRIES,
 };
-use crate::policy::{self, CheckedTarget, OutboundPolicy, PolicyError};
+use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
 use crate::tls::TlsFailure;
 
 /// Redirects followed before giving up with cURL's 47 (`CURLE_TOO_MANY_REDIRECTS`).
@@ -185,7 +185,7 @@ pub struct DeliveryCounters {
     pub bodies_truncated: Counter,
     /// Requests sent again on a new connection after a reused one closed unanswered.
     pub connection_retries: Counter,
-    /// Resolved addresses beyond [`policy::MAX_DIALLED_ADDRS`]: checked, never dialled.
+    /// Resolved addresses beyond [`crate::policy::MAX_DIALLED_ADDRS`]: checked, never dialled.
     pub addresses_not_dialled: Counter,
 }
 
@@ -208,6 +208,17 @@ impl std::fmt::Debug for Deliverer {
     }
 }
 
+/// What the outbound policy made of a hook URI, carried from the policy step (before the
+/// claim, so that a refused URI is written without a POST) to the POST (after it).
+#[derive(Debug)]
+pub enum Route {
+    /// The addresses that passed the policy: the POST goes to them.
+    Checked(CheckedTarget),
+    /// The host did not resolve: the attempt ends as cURL's 6 (`dns`) without a request, as
+    /// Phorge's cURL call would, and is written after the claim like any attempt.
+    Unresolved,
+}
+
 /// One hop's answer.
 struct Hop {
     status: u16,
@@ -215,12 +226,8 @@ struct Hop {
 }
 
 impl Deliverer {
-    /// A deliverer trusting the bundled roots and the system store, with keep-alive.
-    pub fn new(policy: Arc<OutboundPolicy>, timeout: Duration, counters: DeliveryCounters) -> Self {
-        Self::with_options(policy, timeout, counters, &ConnectionOptions::default())
-    }
-
-    pub fn with_options(
+    /// A deliverer behind `policy`, each POST (redirects included) bounded by `timeout`.
+    pub fn new(
         policy: Arc<OutboundPolicy>,
         timeout: Duration,
         counters: DeliveryCounters,
@@ -241,16 +248,21 @@ impl Deliverer {
     }
 
     /// Checks a hook URI against the outbound policy, resolving it within the delivery
-    /// timeout (docs/webhook.md, "Outbound policy and redirects").
-    pub async fn check(&self, uri: &str) -> Result<CheckedTarget, PolicyError> {
-        let uri = policy::parse_uri(uri)?;
-        self.check_url(uri, self.timeout).await
+    /// timeout (docs/webhook.md, "Outbound policy and redirects"). `Err` is a URI the policy
+    /// refuses (Phorge's `hook`/`uri`), never [`PolicyError::Unresolvable`]: a host that does
+    /// not resolve is a [`Route::Unresolved`], an attempt that fails.
+    pub async fn route(&self, uri: &str) -> Result<Route, PolicyError> {
+        match self.policy.check(uri, self.timeout).await {
+            Ok(target) => Ok(Route::Checked(self.counted(target))),
+            Err(PolicyError::Unresolvable) => Ok(Route::Unresolved),
+            Err(refused) => Err(refused),
+        }
     }
 
-    async fn check_url(&self, uri: Url, timeout: Duration) -> Result<CheckedTarget, PolicyError> {
-        let target = self.policy.check_url(uri, timeout).await?;
+    /// Counts the checked addresses `target` will not dial.
+    fn counted(&self, target: CheckedTarget) -> CheckedTarget {
         self.addresses_not_dialled.inc_by(target.not_dialled as u64);
-        Ok(target)
+        target
     }
 
     /// TCP connections opened so far (each TLS one is also a handshake).
@@ -312,10 +324,12 @@ impl Deliverer {
             let location = location.map_err(|()| DeliveryError::BadRedirect)?;
             let next = next_hop(&target.uri, &location)?;
             let remaining = deadline.saturating_duration_since(Instant::now());
-            target = self
-                .check_url(next, remaining)
-                .await
-                .map_err(DeliveryError::from_policy)?;
+            target = self.counted(
+                self.policy
+                    .check_url(next, remaining)
+                    .await
+                    .map_err(DeliveryError::from_policy)?,
+            );
         }
         Err(DeliveryError::TooManyRedirects)
     }

@@ -216,7 +216,7 @@ impl OutboundPolicy {
 
 /// Parses a hook URI. `url` refuses ports above 65535 (`http` would quietly use port 80 for
 /// `:65536`); port 0 cannot be connected to either.
-pub fn parse_uri(uri: &str) -> Result<Url, PolicyError> {
+fn parse_uri(uri: &str) -> Result<Url, PolicyError> {
     let uri = Url::parse(uri.trim()).map_err(|_| PolicyError::InvalidUri)?;
     if !matches!(uri.scheme(), "http" | "https") || uri.port() == Some(0) {
         return Err(PolicyError::InvalidUri);

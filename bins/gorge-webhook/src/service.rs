@@ -136,7 +136,7 @@ pub async fn run(settings: Settings, log: Logger) -> Result<(), i32> {
     // Built in the order of dependence: readiness reads the dispatcher's progress.
     let db_up = metrics.db_up.clone();
     let poll_loop_up = metrics.poll_loop_up.clone();
-    let deliverer = Deliverer::with_options(
+    let deliverer = Deliverer::new(
         Arc::new(settings.outbound_policy.clone()),
         settings.delivery_timeout,
         metrics.delivery_counters(),

@@ -129,9 +129,9 @@ async fn a_poison_row_is_failed_after_a_few_attempts_and_its_hook_keeps_deliveri
     db.drop_database().await;
 }
 
-/// The supervisor `app::run` puts around the poll loop: a loop that panics or returns
+/// The supervisor `service::run` puts around the poll loop: a loop that panics or returns
 /// outside a shutdown marks the service dead (readiness fails) and triggers the shutdown
-/// whose end `app::run` turns into exit code 3.
+/// whose end `service::run` turns into exit code 3.
 #[tokio::test]
 async fn a_poll_loop_that_ends_fails_readiness_and_shuts_the_process_down() {
     let db = TestDb::create().await.unwrap();

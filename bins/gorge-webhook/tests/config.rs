@@ -5,19 +5,7 @@
 mod common;
 
 use common::run_binary;
-
-/// The value `--check-config` printed for `name` (`NAME = VALUE  # SOURCE`), and its source.
-fn checked(stdout: &str, name: &str) -> (String, String) {
-    stdout
-        .lines()
-        .find_map(|line| {
-            let (left, right) = line.split_once(" = ")?;
-            (left.trim_end() == name).then_some(right)
-        })
-        .and_then(|right| right.rsplit_once("  # "))
-        .map(|(value, source)| (value.to_string(), source.to_string()))
-        .unwrap_or_else(|| panic!("{name} not in\n{stdout}"))
-}
+use gorge_testkit::check_config::{checked, warnings};
 
 #[test]
 fn invalid_configuration_exits_2_with_one_line_naming_the_variable() {
@@ -304,10 +292,7 @@ fn unknown_variables_and_no_blacklist_are_warned_about() {
         ],
     );
     assert_eq!(code, Some(0), "{stderr}");
-    let warnings: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .collect();
+    let warnings = warnings(&stdout);
     assert_eq!(warnings.len(), 2, "{stdout}");
     assert!(
         warnings[0].contains(

@@ -11,7 +11,7 @@ use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::metrics::Metrics;
 use gorge_webhook::outcome::DeliveryOutcome;
-use gorge_webhook::policy::OutboundPolicy;
+use gorge_webhook::policy::{OutboundPolicy, Resolver};
 use phorge_wire::webhook::{sign, RequestProperties, WebhookPayload};
 
 /// When the rows were inserted (`dateCreated`, the payload's `epoch`).
@@ -242,6 +242,38 @@ async fn connection_refused_is_curl_7() {
     case.rounds(Harness::default(), 1).await;
     case.assert_row(id, RETRY, &with_retry_after("forever", "http", "7"))
         .await;
+    assert_eq!(
+        case.log.count("WEBHOOK_POSTED"),
+        1,
+        "an attempt that connects nowhere"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn an_unresolvable_host_is_curl_6_written_after_the_claim_without_a_post() {
+    let case = Case::with_hook("http://nowhere.test/hook", HookStatus::Enabled).await;
+    let id = case.request(&with_retry("forever")).await;
+    // A resolver that knows no name: the lookup fails at once, whatever the machine's DNS.
+    let nothing_resolves = OutboundPolicy::parse("")
+        .unwrap()
+        .with_resolver(Resolver::Fixed(Default::default()));
+    let metrics = case
+        .rounds(
+            Harness {
+                policy: nothing_resolves,
+                ..Harness::default()
+            },
+            1,
+        )
+        .await;
+    case.assert_row(id, RETRY, &with_retry_after("forever", "http", "6"))
+        .await;
+    assert_eq!(metrics.claims(true), 1);
+    assert_eq!(metrics.deliveries(DeliveryOutcome::Retry, "dns"), 1);
+    assert_eq!(metrics.policy_blocks.get(), 0, "not refused by the policy");
+    assert_eq!(case.log.count("WEBHOOK_POLICY_BLOCKED"), 0);
+    assert_eq!(case.log.count("WEBHOOK_POSTED"), 0, "no request was made");
     case.finish().await;
 }
 

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::outbound::Outbound;
+use crate::send_queue::SendQueue;
 
 /// Identifies one socket for the life of the hub.
 pub type SocketId = u64;
@@ -32,7 +32,7 @@ struct SocketSubscriptions {
 #[derive(Debug, Default)]
 pub(crate) struct SubscriptionIndex {
     /// PHID → sockets subscribed to it (with their queues, so fan-out needs no second lookup).
-    by_phid: HashMap<Arc<str>, HashMap<SocketId, Arc<Outbound>>>,
+    by_phid: HashMap<Arc<str>, HashMap<SocketId, Arc<SendQueue>>>,
     by_socket: HashMap<SocketId, SocketSubscriptions>,
 }
 
@@ -64,7 +64,7 @@ impl SubscriptionIndex {
     }
 
     /// Subscribes `socket` to `phid`; returns the bytes charged (0 if it already was).
-    pub fn insert(&mut self, socket: SocketId, outbound: &Arc<Outbound>, phid: String) -> usize {
+    pub fn insert(&mut self, socket: SocketId, send_queue: &Arc<SendQueue>, phid: String) -> usize {
         let subscribed = self.by_socket.entry(socket).or_default();
         if subscribed.phids.contains(phid.as_str()) {
             return 0;
@@ -78,7 +78,7 @@ impl SubscriptionIndex {
         self.by_phid
             .entry(phid.clone())
             .or_default()
-            .insert(socket, outbound.clone());
+            .insert(socket, send_queue.clone());
         subscribed.phids.insert(phid);
         subscribed.bytes += cost;
         cost
@@ -129,11 +129,11 @@ impl SubscriptionIndex {
     }
 
     /// The sockets subscribed to `phid`, with their queues.
-    pub fn sockets_for(&self, phid: &str) -> impl Iterator<Item = (SocketId, &Arc<Outbound>)> {
+    pub fn sockets_for(&self, phid: &str) -> impl Iterator<Item = (SocketId, &Arc<SendQueue>)> {
         self.by_phid
             .get(phid)
             .into_iter()
-            .flat_map(|sockets| sockets.iter().map(|(id, outbound)| (*id, outbound)))
+            .flat_map(|sockets| sockets.iter().map(|(id, send_queue)| (*id, send_queue)))
     }
 }
 
@@ -154,14 +154,14 @@ fn shrink_set<K: std::hash::Hash + Eq>(set: &mut HashSet<K>) {
 mod tests {
     use super::*;
 
-    fn outbound() -> Arc<Outbound> {
-        Arc::new(Outbound::default())
+    fn send_queue() -> Arc<SendQueue> {
+        Arc::new(SendQueue::default())
     }
 
     #[test]
     fn both_directions_agree() {
         let mut index = SubscriptionIndex::default();
-        let (a, b) = (outbound(), outbound());
+        let (a, b) = (send_queue(), send_queue());
         assert_eq!(index.insert(1, &a, "P".into()), subscription_cost("P"));
         assert_eq!(index.insert(1, &a, "P".into()), 0);
         index.insert(2, &b, "P".into());
@@ -185,7 +185,7 @@ mod tests {
     #[test]
     fn maps_shrink_after_a_burst() {
         let mut index = SubscriptionIndex::default();
-        let a = outbound();
+        let a = send_queue();
         for i in 0..4096 {
             index.insert(1, &a, format!("PHID-{i}"));
         }

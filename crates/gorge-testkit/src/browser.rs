@@ -378,6 +378,22 @@ pub struct Tally {
     pub worst_duplicates_beyond_reconnects: i64,
 }
 
+/// Waits (up to `timeout`) until every browser has every posted message, then tallies what
+/// they hold; the caller asserts on the tally, which says what is missing.
+pub async fn settle(
+    browsers: &[Browser],
+    posted: &[String],
+    timeout: Duration,
+) -> (Tally, Vec<Record>) {
+    let records = || browsers.iter().map(Browser::record).collect::<Vec<_>>();
+    crate::within(timeout, || {
+        std::future::ready(tally(&records(), posted).missed_pairs == 0)
+    })
+    .await;
+    let records = records();
+    (tally(&records, posted), records)
+}
+
 /// Tallies `records` against the ids every browser should have received.
 pub fn tally(records: &[Record], posted: &[String]) -> Tally {
     let mut tally = Tally {

@@ -1,14 +1,16 @@
 //! Test support shared by the gorge crates (a dev-dependency only): free loopback ports,
 //! a simulated `JX.Aphlict` browser,
 //! one wrapper for the child processes integration tests start, one raw HTTP/1.1 client and
-//! one scripted HTTP receiver, one slog drain that captures events, and the check of the
-//! alerting rules and dashboards against a real `/metrics`.
+//! one scripted HTTP receiver, one slog drain that captures events, the reading of the
+//! `--check-config` report, and the check of the alerting rules and dashboards against a real
+//! `/metrics`.
 //!
 //! Tests speak raw HTTP/1.1 on purpose: the services' byte-level answers (status lines,
 //! header case, bodies) are part of their contract, and a full client would normalise them.
 
 pub mod browser;
 pub mod capture;
+pub mod check_config;
 pub mod healthcheck;
 pub mod http;
 pub mod monitoring;
@@ -95,16 +97,51 @@ pub fn free_ports(count: usize) -> Vec<u16> {
         .collect()
 }
 
+/// How often the waits below look again.
+const POLL: Duration = Duration::from_millis(20);
+
 /// Polls `check` every 20 ms until it is true; panics with `what` after `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    assert!(
+        within(timeout, check).await,
+        "timed out waiting for: {what}"
+    );
+}
+
+/// Polls `check` every 20 ms until it is true or `timeout` passed; whether it became true.
+/// For a wait whose caller reports a failure itself, with what it saw.
+pub async fn within<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`within`] for code outside a runtime (a child process, a server starting).
+pub fn within_blocking(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL);
     }
 }
 
@@ -115,4 +152,29 @@ pub fn sample(metrics_text: &str, series: &str) -> Option<f64> {
         let (name, value) = line.rsplit_once(' ')?;
         (name == series).then(|| value.parse().expect("a numeric sample"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_waits_say_whether_the_condition_came_true_in_time() {
+        let mut looks = 0;
+        let came = within(PATIENCE, || {
+            looks += 1;
+            std::future::ready(looks == 3)
+        })
+        .await;
+        assert!(came && looks == 3);
+        assert!(!within(POLL, || std::future::ready(false)).await);
+        assert!(within_blocking(PATIENCE, || true));
+        assert!(!within_blocking(POLL, || false));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "timed out waiting for: nothing")]
+    async fn eventually_names_what_never_came() {
+        eventually(POLL, "nothing", || std::future::ready(false)).await;
+    }
 }

@@ -179,17 +179,13 @@ impl Process {
 
     /// Waits until the process exits; panics after [`PATIENCE`].
     pub async fn exited(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the process did not exit in time"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut status = None;
+        crate::eventually(PATIENCE, "the process exits", || {
+            status = self.try_wait();
+            std::future::ready(status.is_some())
+        })
+        .await;
+        status.expect("exited")
     }
 }
 

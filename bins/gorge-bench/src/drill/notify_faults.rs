@@ -10,11 +10,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::{check, DrillEnv, Outcome};
+use crate::browser::{read_frames, Deliveries, ReaderEnd};
 use crate::http1::HttpConn;
 use crate::notify::{message_body, open_many, private_phid, shared_phid, Opened, PHP_CONTENT_TYPE};
 use crate::procs::{free_port, NotificationServer};
 use crate::sys;
-use crate::ws_client::{read_frames, Deliveries, ReaderEnd};
 
 /// Posts message `seq` (to the shared PHID) through `conn`; true on a 200 receipt. A
 /// keep-alive connection the server has closed is replaced once, as PHP opens a new one

@@ -186,10 +186,10 @@ impl Broker {
         }
     }
 
-    /// Starts the reader task: history first, then the live stream. `app.history_gate`
+    /// Starts the reader task: history first, then the live stream. `state.history_gate`
     /// opens once the history is loaded (or [`HYDRATE_WAIT`] passed).
-    pub fn start_reader(&self, app: Arc<ServerState>) {
-        tokio::spawn(reader::run(self.shared.clone(), app));
+    pub fn start_reader(&self, state: Arc<ServerState>) {
+        tokio::spawn(reader::run(self.shared.clone(), state));
     }
 
     /// Queues a stamped message for the stream if it entered the cluster here (nobody but us

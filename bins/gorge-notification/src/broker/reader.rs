@@ -42,19 +42,19 @@ struct ReadState {
     origins: Origins,
 }
 
-pub(super) async fn run(shared: Arc<Shared>, app: Arc<ServerState>) {
+pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
     let started = Instant::now();
     {
-        let (app, log) = (app.clone(), shared.log.clone());
+        let (state, log) = (state.clone(), shared.log.clone());
         tokio::spawn(async move {
             tokio::time::sleep(HYDRATE_WAIT).await;
-            if app.history_gate.open() {
+            if state.history_gate.open() {
                 emit!(log, events::NOTIFY_BROKER_NOT_HYDRATED;
                     "waited_ms" => HYDRATE_WAIT.as_millis() as u64);
             }
         });
     }
-    let mut state = ReadState {
+    let mut cursor = ReadState {
         last_id: None,
         epoch: None,
         origins: Origins::default(),
@@ -68,8 +68,15 @@ pub(super) async fn run(shared: Arc<Shared>, app: Arc<ServerState>) {
                     shared.metrics.broker_reconnects.inc();
                 }
                 connected_before = true;
-                let error =
-                    session(&shared, &app, &mut conn, &mut state, started, &mut backoff).await;
+                let error = session(
+                    &shared,
+                    &state,
+                    &mut conn,
+                    &mut cursor,
+                    started,
+                    &mut backoff,
+                )
+                .await;
                 error
             }
             Err(error) => error,
@@ -83,21 +90,21 @@ pub(super) async fn run(shared: Arc<Shared>, app: Arc<ServerState>) {
 /// error, which it returns.
 async fn session(
     shared: &Shared,
-    app: &ServerState,
+    state: &ServerState,
     conn: &mut MultiplexedConnection,
-    state: &mut ReadState,
+    cursor: &mut ReadState,
     started: Instant,
     backoff: &mut Backoff,
 ) -> redis::RedisError {
-    if let Err(error) = check_epoch(shared, conn, state).await {
+    if let Err(error) = check_epoch(shared, conn, cursor).await {
         return error;
     }
-    if state.last_id.is_none() {
-        match hydrate(shared, app, conn, state).await {
+    if cursor.last_id.is_none() {
+        match hydrate(shared, state, conn, cursor).await {
             Ok(entries) => {
                 emit!(shared.log, events::NOTIFY_BROKER_HYDRATED;
                     "entries" => entries, "elapsed_ms" => started.elapsed().as_millis() as u64);
-                app.history_gate.open();
+                state.history_gate.open();
             }
             Err(error) => return error,
         }
@@ -105,7 +112,7 @@ async fn session(
     shared.mark_up(&shared.reader_up, "reader");
     backoff.reset();
     loop {
-        let last_id = state.last_id.clone().unwrap_or_else(|| "0-0".into());
+        let last_id = cursor.last_id.clone().unwrap_or_else(|| "0-0".into());
         let mut xread = redis::cmd("XREAD");
         xread
             .arg("COUNT")
@@ -135,8 +142,8 @@ async fn session(
         let now = wall_ms();
         for entry in entries {
             let id_ms = id_millis(&entry.id);
-            state.last_id = Some(entry.id.clone());
-            if take(shared, app, state, entry, 0).await {
+            cursor.last_id = Some(entry.id.clone());
+            if take(shared, state, cursor, entry, 0).await {
                 shared.metrics.broker_received.inc();
                 let lag = now.saturating_sub(id_ms) as f64 / 1000.0;
                 shared.metrics.broker_lag_seconds.set(lag);
@@ -150,7 +157,7 @@ async fn session(
 async fn check_epoch(
     shared: &Shared,
     conn: &mut MultiplexedConnection,
-    state: &mut ReadState,
+    cursor: &mut ReadState,
 ) -> redis::RedisResult<()> {
     let candidate = format!("{:016x}", rand::random::<u64>());
     let (_, epoch): (Value, String) = within(
@@ -165,17 +172,17 @@ async fn check_epoch(
             .query_async(conn),
     )
     .await?;
-    if let Some(before) = state.epoch.as_ref().filter(|before| **before != epoch) {
+    if let Some(before) = cursor.epoch.as_ref().filter(|before| **before != epoch) {
         shared.metrics.broker_epoch_changes.inc();
         emit!(shared.log, events::NOTIFY_BROKER_EPOCH_CHANGED;
             "before" => before, "now" => &epoch);
-        if state.last_id.is_some() {
+        if cursor.last_id.is_some() {
             // The stream we resumed from is gone; everything in the new one is new to us.
-            state.last_id = Some("0-0".into());
+            cursor.last_id = Some("0-0".into());
         }
-        state.origins = Origins::default();
+        cursor.origins = Origins::default();
     }
-    state.epoch = Some(epoch);
+    cursor.epoch = Some(epoch);
     Ok(())
 }
 
@@ -187,9 +194,9 @@ async fn check_epoch(
 /// many entries costs this server no more than its history would.
 async fn hydrate(
     shared: &Shared,
-    app: &ServerState,
+    state: &ServerState,
     conn: &mut MultiplexedConnection,
-    state: &mut ReadState,
+    cursor: &mut ReadState,
 ) -> redis::RedisResult<u64> {
     let (seconds, micros): (u64, u64) =
         within(CALL_TIMEOUT, redis::cmd("TIME").query_async(&mut *conn)).await?;
@@ -236,20 +243,20 @@ async fn hydrate(
     let mut taken = 0u64;
     for entry in kept.into_iter().rev() {
         let age = now_ms.saturating_sub(id_millis(&entry.id));
-        if take(shared, app, state, entry, age).await {
+        if take(shared, state, cursor, entry, age).await {
             taken += 1;
         }
     }
     shared.metrics.broker_hydrated_entries.inc_by(taken);
-    state.last_id = Some(last_id.unwrap_or_else(|| "0-0".to_string()));
+    cursor.last_id = Some(last_id.unwrap_or_else(|| "0-0".to_string()));
     Ok(taken)
 }
 
 /// Takes one entry in; returns whether it was another server's message, delivered here.
 async fn take(
     shared: &Shared,
-    app: &ServerState,
-    state: &mut ReadState,
+    state: &ServerState,
+    cursor: &mut ReadState,
     entry: StreamEntry,
     age_ms: u64,
 ) -> bool {
@@ -264,7 +271,7 @@ async fn take(
         return false;
     }
     if let (Some(fingerprint), Some(seq)) = (fields.fingerprint, fields.seq) {
-        if !state.origins.first_time(fingerprint, seq) {
+        if !cursor.origins.first_time(fingerprint, seq) {
             // The same entry added twice (an XADD retried after its answer was lost).
             return false;
         }
@@ -278,7 +285,7 @@ async fn take(
         return false;
     };
     let instance = String::from_utf8_lossy(instance);
-    match ingest_relayed(app, &instance, message, age_ms).await {
+    match ingest_relayed(state, &instance, message, age_ms).await {
         Ok(()) => true,
         Err(NotTaken::AlreadySeen) => false,
         Err(why) => {

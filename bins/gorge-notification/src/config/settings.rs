@@ -74,8 +74,8 @@ gorge_service::settings! {
              idle one of the same kind is forgotten to make room, else 503";
         max_instance_name_bytes: Count = hub().instance_name_bytes as u64,
             "Longest instance name (admin 400, client 400)";
-        queue_frames: Count = hub().queue_frames as u64, "Per-socket outbound queue, frames";
-        queue_bytes: Bytes = hub().queue_bytes as u64, "Per-socket outbound queue, bytes";
+        queue_frames: Count = hub().queue_frames as u64, "Per-socket send queue, frames";
+        queue_bytes: Bytes = hub().queue_bytes as u64, "Per-socket send queue, bytes";
         history_entries: CountOrZero = hub().history_entries as u64,
             "Retained messages (all instances) for `replay`; `0` disables history";
         history_age_ms: Millis = hub().history_age_ms, "Retention age";

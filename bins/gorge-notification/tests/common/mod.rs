@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use gorge_testkit::http::{self, HttpResponse};
-use gorge_testkit::{free_port, Process};
+use gorge_testkit::{free_ports, Process};
 use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -128,7 +128,9 @@ impl Server {
     fn start_with(command: impl Fn() -> Command, env: &[(&str, &str)]) -> Server {
         // A port picked free can be taken before the server binds it; try a few times.
         for _ in 0..5 {
-            if let Some(server) = Server::spawn(command(), free_port(), free_port(), env) {
+            // Two ports held at once, so they differ (two free_port() calls can return one).
+            let ports = free_ports(2);
+            if let Some(server) = Server::spawn(command(), ports[0], ports[1], env) {
                 return server;
             }
         }
@@ -243,7 +245,7 @@ impl InProcess {
         }
         let port = |kind| server.local_addr(kind).unwrap().port();
         let (client_port, admin_port) = (port(ServerKind::Client), port(ServerKind::Admin));
-        let fingerprint = server.app().fingerprint.clone();
+        let fingerprint = server.state().fingerprint.clone();
         let shutdown = gorge_service::Shutdown::new();
         tokio::spawn(server.run(shutdown.clone()));
         InProcess {

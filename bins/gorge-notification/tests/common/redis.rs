@@ -4,9 +4,9 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gorge_testkit::{free_port, Process, PATIENCE};
+use gorge_testkit::{free_port, within_blocking, Process, PATIENCE};
 
 /// A `redis-server` of this test only: loopback, no persistence. Killed on drop.
 pub struct Redis {
@@ -35,14 +35,7 @@ impl Redis {
             "no",
         ]);
         let process = Process::spawn(command);
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            if ping(port) {
-                return Some(Redis { process, port });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        within_blocking(PATIENCE, || ping(port)).then_some(Redis { process, port })
     }
 
     pub fn url(&self) -> String {

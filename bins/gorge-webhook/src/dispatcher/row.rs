@@ -20,11 +20,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::end::RowEnd;
 use super::state::Slot;
 use super::Dispatcher;
-use crate::delivery::DeliveryError;
+use crate::delivery::{DeliveryError, Route};
 use crate::events;
 use crate::outcome;
 use crate::outcome::{Decision, InvalidRowReason, SkipReason};
-use crate::policy::PolicyError;
 use gorge_service::emit;
 
 /// How long a hook with an open breaker is left alone before its breaker is checked again.
@@ -146,9 +145,8 @@ impl Dispatcher {
             return Ok(RowEnd::Skipped(SkipReason::BreakerOpen));
         }
         // 5. Outbound policy: resolve once, check every address, keep them for the connect.
-        let target = match self.deliverer.check(&hook.uri).await {
-            Ok(target) => Ok(target),
-            Err(PolicyError::Unresolvable) => Err(DeliveryError::Dns),
+        let route = match self.deliverer.route(&hook.uri).await {
+            Ok(route) => route,
             Err(err) => {
                 self.metrics.policy_blocks.inc();
                 emit!(self.log, events::WEBHOOK_POLICY_BLOCKED;
@@ -191,8 +189,8 @@ impl Dispatcher {
         );
         let body = payload.encode_body();
         let signature = sign(hook.hmac_key.as_bytes(), &body);
-        let result = match target {
-            Ok(target) => {
+        let result = match route {
+            Route::Checked(target) => {
                 let started = std::time::Instant::now();
                 let result = self.deliverer.deliver(target, &body, &signature).await;
                 self.metrics
@@ -208,7 +206,8 @@ impl Dispatcher {
                     "elapsed_ms" => started.elapsed().as_millis() as u64);
                 result
             }
-            Err(err) => Err(err),
+            // No request: nothing was timed or posted.
+            Route::Unresolved => Err(DeliveryError::Dns),
         };
         if result == Err(DeliveryError::BlockedRedirect) {
             self.metrics.policy_blocks.inc();

@@ -14,6 +14,7 @@ use gorge_claim::testdb::{server_opts, HookStatus, NewRequest, TestDb};
 use gorge_claim::ClaimTiming;
 use gorge_testkit::{eventually, free_port, CapturedLog, Process};
 use gorge_webhook::clock::ManualUnixClock;
+use gorge_webhook::connector::ConnectionOptions;
 use gorge_webhook::delivery::Deliverer;
 use gorge_webhook::dispatcher::{Dispatcher, DispatcherConfig};
 use gorge_webhook::metrics::Metrics;
@@ -212,6 +213,7 @@ impl Harness {
                 Arc::new(self.policy),
                 self.timeout,
                 metrics.delivery_counters(),
+                &ConnectionOptions::default(),
             ),
             metrics.clone(),
             DispatcherConfig {

@@ -3,10 +3,10 @@
 /// Every bound the hub enforces.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Frames one socket's outbound queue may hold before the socket is closed as a slow
+    /// Frames one socket's send queue may hold before the socket is closed as a slow
     /// consumer.
     pub queue_frames: usize,
-    /// Bytes one socket's outbound queue may hold, likewise.
+    /// Bytes one socket's send queue may hold, likewise.
     pub queue_bytes: usize,
     /// History entries kept for replay, all instances together (the oldest go first).
     pub history_entries: usize,

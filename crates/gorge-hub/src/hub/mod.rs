@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::clock::MillisClock;
 use crate::history::{History, HistoryLimits};
-use crate::outbound::{CloseReason, Outbound, QueueCaps};
+use crate::send_queue::{CloseReason, QueueCaps, SendQueue};
 use crate::subscriptions::{shrink_map, subscription_cost};
 
 pub use crate::subscriptions::SocketId;
@@ -49,13 +49,13 @@ pub use replay::ReplayCounts;
 pub use status::{HubStatus, HubUsage, Released};
 pub use warm::{Retained, WarmCounts, Warmed};
 
-/// A joined socket: its id, instance and outbound queue. Give it back with
+/// A joined socket: its id, instance and send queue. Give it back with
 /// [`Hub::disconnect`].
 #[derive(Debug)]
 pub struct SocketHandle {
     id: SocketId,
     instance: Arc<str>,
-    outbound: Arc<Outbound>,
+    send_queue: Arc<SendQueue>,
 }
 
 impl SocketHandle {
@@ -69,9 +69,9 @@ impl SocketHandle {
         &self.instance
     }
 
-    /// The socket's outbound queue, which its writer drains.
-    pub fn outbound(&self) -> &Arc<Outbound> {
-        &self.outbound
+    /// The socket's send queue, which its writer drains.
+    pub fn send_queue(&self) -> &Arc<SendQueue> {
+        &self.send_queue
     }
 }
 
@@ -95,7 +95,7 @@ pub struct SubscribeCounts {
 #[derive(Debug)]
 struct Socket {
     instance: Arc<str>,
-    outbound: Arc<Outbound>,
+    send_queue: Arc<SendQueue>,
     replays: ReplayBudget,
     /// The publish number when the socket's subscriptions last grew. Every message published
     /// after it that the socket wants now was delivered to it live, so a replay leaves those
@@ -174,7 +174,7 @@ impl Hub {
         &self.limits
     }
 
-    /// The bounds of every socket's outbound queue.
+    /// The bounds of every socket's send queue.
     pub fn caps(&self) -> QueueCaps {
         QueueCaps {
             frames: self.limits.queue_frames,
@@ -220,13 +220,13 @@ impl Hub {
         instance.clients_total += 1;
         let id = state.next_id;
         state.next_id += 1;
-        let outbound = Arc::new(Outbound::default());
+        let send_queue = Arc::new(SendQueue::default());
         let live_from = state.published;
         state.sockets.insert(
             id,
             Socket {
                 instance: key.clone(),
-                outbound: outbound.clone(),
+                send_queue: send_queue.clone(),
                 replays: ReplayBudget::new(&self.limits, now),
                 live_from,
             },
@@ -234,7 +234,7 @@ impl Hub {
         Ok(SocketHandle {
             id,
             instance: key,
-            outbound,
+            send_queue,
         })
     }
 
@@ -315,7 +315,7 @@ impl Hub {
         } = state;
         let socket = sockets.get_mut(&handle.id)?;
         // A socket already closing (for instance, closed to make room) takes no more.
-        if socket.outbound.close_reason().is_some() {
+        if socket.send_queue.close_reason().is_some() {
             return None;
         }
         let instance = instances.get_mut(&socket.instance)?;
@@ -339,7 +339,7 @@ impl Hub {
                 over = Some(phid);
                 break;
             }
-            *subscription_bytes += index.insert(handle.id, &socket.outbound, phid);
+            *subscription_bytes += index.insert(handle.id, &socket.send_queue, phid);
             outcome.added += 1;
         }
         let (_, held) = index.usage(handle.id);
@@ -353,7 +353,7 @@ impl Hub {
     fn close_biggest(&self, state: &mut State) -> Option<SocketId> {
         let (bytes, id) = state.holders.pop_last()?;
         let socket = state.sockets.get(&id)?;
-        socket.outbound.close(CloseReason::TooManySubscriptions);
+        socket.send_queue.close(CloseReason::TooManySubscriptions);
         let instance = state.instances.get_mut(&socket.instance)?;
         let freed = instance.subscriptions.remove_socket(id);
         debug_assert_eq!(freed, bytes, "holders agree with the index");
@@ -492,10 +492,10 @@ mod tests {
             }
         );
         assert_eq!(
-            a.outbound().close_reason(),
+            a.send_queue().close_reason(),
             Some(CloseReason::TooManySubscriptions)
         );
-        assert_eq!(b.outbound().close_reason(), None);
+        assert_eq!(b.send_queue().close_reason(), None);
         assert_eq!(hub.usage().subscription_bytes, 3 * per_phid);
         hub.unsubscribe(&b, &strings(&["P-10", "P-99"]));
         assert_eq!(hub.usage().subscription_bytes, 2 * per_phid);
@@ -523,10 +523,10 @@ mod tests {
             (1, 1, 0)
         );
         assert_eq!(
-            hog.outbound().close_reason(),
+            hog.send_queue().close_reason(),
             Some(CloseReason::TooManySubscriptions)
         );
-        assert_eq!(small.outbound().close_reason(), None);
+        assert_eq!(small.send_queue().close_reason(), None);
         // The newcomer's message reaches it.
         assert_eq!(publish(&mut hub, "default", &["P-40"], "m").queued, 1);
 
@@ -537,7 +537,7 @@ mod tests {
         let outcome = hub.subscribe(&greedy, names(70, 4));
         assert!(outcome.closed, "{outcome:?}");
         assert_eq!(
-            greedy.outbound().close_reason(),
+            greedy.send_queue().close_reason(),
             Some(CloseReason::TooManySubscriptions)
         );
         assert_eq!(hub.usage().subscription_bytes, 3 * per_phid);

@@ -9,12 +9,12 @@ use bytes::Bytes;
 
 use super::{Hub, InstanceNameTooLong, State};
 use crate::history::{Entry, Subscribers};
-use crate::outbound::{Outbound, Push, QueueCaps};
+use crate::send_queue::{Push, QueueCaps, SendQueue};
 use crate::subscriptions::SubscriptionIndex;
 
 /// A batch ready to be written: every target socket with its frames, in order.
 struct BatchPlan {
-    sockets: Vec<Arc<Outbound>>,
+    sockets: Vec<Arc<SendQueue>>,
     /// Socket `i`'s frames are `frames[starts[i]..starts[i + 1]]`.
     starts: Vec<usize>,
     frames: Vec<(Bytes, u64)>,
@@ -28,13 +28,13 @@ impl BatchPlan {
     /// Writes (or queues) every socket's frames; one outcome per message, in order.
     fn deliver(self, hub: &Hub) -> Vec<Result<PublishCounts, InstanceNameTooLong>> {
         let mut outcomes = self.outcomes;
-        for (socket, outbound) in self.sockets.iter().enumerate() {
+        for (socket, send_queue) in self.sockets.iter().enumerate() {
             let range = self.starts[socket]..self.starts[socket + 1];
             let messages = &self.messages[range.clone()];
             // Counted before the write so `messages.out` never lags a frame a client holds.
             hub.messages_out
                 .fetch_add(range.len() as u64, Ordering::Relaxed);
-            outbound.push_batch(&self.frames[range], self.caps, |i, push| {
+            send_queue.push_batch(&self.frames[range], self.caps, |i, push| {
                 let Some(Ok(outcome)) = outcomes.get_mut(messages[i]) else {
                     return;
                 };
@@ -193,10 +193,10 @@ impl Hub {
     /// the plan writes to the sockets, without the lock.
     fn plan_batch(&self, batch: &[Publication<'_>]) -> BatchPlan {
         let mut outcomes = Vec::with_capacity(batch.len());
-        let mut sockets: Vec<Arc<Outbound>> = Vec::new();
+        let mut sockets: Vec<Arc<SendQueue>> = Vec::new();
         // (socket, message, seq) for every frame, in message order.
         let mut hits: Vec<(usize, usize, u64)> = Vec::new();
-        let mut socket_of: HashMap<*const Outbound, usize> = HashMap::new();
+        let mut socket_of: HashMap<*const SendQueue, usize> = HashMap::new();
         {
             let mut state = self.lock();
             for (index, message) in batch.iter().enumerate() {
@@ -212,17 +212,17 @@ impl Hub {
                     ..PublishCounts::default()
                 }));
                 hits.reserve(targets.len());
-                for outbound in targets {
+                for send_queue in targets {
                     // One message's targets are distinct already; only a batch can repeat one.
                     let socket = if batch.len() == 1 {
                         sockets.len()
                     } else {
                         *socket_of
-                            .entry(Arc::as_ptr(&outbound))
+                            .entry(Arc::as_ptr(&send_queue))
                             .or_insert(sockets.len())
                     };
                     if socket == sockets.len() {
-                        sockets.push(outbound);
+                        sockets.push(send_queue);
                     }
                     hits.push((socket, index, seq));
                 }
@@ -262,7 +262,7 @@ impl Hub {
         &self,
         state: &mut State,
         message: &Publication<'_>,
-    ) -> (u64, Vec<Arc<Outbound>>, (usize, usize)) {
+    ) -> (u64, Vec<Arc<SendQueue>>, (usize, usize)) {
         state.published += 1;
         let seq = state.published;
         self.confirm(state, message.instance);
@@ -292,19 +292,19 @@ impl Hub {
 }
 
 /// The queues of the sockets subscribed to any of `subscribers`, each once.
-fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outbound>> {
+fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<SendQueue>> {
     if let [only] = subscribers {
         return index
             .sockets_for(only)
-            .map(|(_, outbound)| outbound.clone())
+            .map(|(_, send_queue)| send_queue.clone())
             .collect();
     }
     let mut seen = HashSet::new();
     let mut targets = Vec::new();
     for phid in subscribers {
-        for (id, outbound) in index.sockets_for(phid) {
+        for (id, send_queue) in index.sockets_for(phid) {
             if seen.insert(id) {
-                targets.push(outbound.clone());
+                targets.push(send_queue.clone());
             }
         }
     }
@@ -315,7 +315,7 @@ fn targets(index: &SubscriptionIndex, subscribers: &[String]) -> Vec<Arc<Outboun
 mod tests {
     use super::*;
     use crate::hub::testing::*;
-    use crate::outbound::CloseReason;
+    use crate::send_queue::CloseReason;
     use crate::*;
     use bytes::Bytes;
 
@@ -424,9 +424,9 @@ mod tests {
             assert!(!frames(&fast).is_empty());
         }
         assert_eq!((slow_consumers, dropped), (1, 3));
-        assert!(slow.outbound().take_frames().is_empty());
+        assert!(slow.send_queue().take_frames().is_empty());
         assert_eq!(
-            slow.outbound().close_reason(),
+            slow.send_queue().close_reason(),
             Some(CloseReason::SlowConsumer)
         );
     }

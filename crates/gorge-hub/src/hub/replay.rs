@@ -89,14 +89,14 @@ impl Hub {
                 outcome.refused = true;
                 return outcome;
             }
-            (socket.outbound.room(caps), socket.live_from)
+            (socket.send_queue.room(caps), socket.live_from)
         };
         state.history.expire(now);
         // Messages published after `live_from` that the socket wants reach it live, not by
         // replay; those published before it and still being delivered skip this socket (it
         // gets them here).
         handle
-            .outbound
+            .send_queue
             .mark_replayed(live_from.min(state.published));
         let mut cursor = state.history.next_seq();
         // Newest first; reversed before queueing.
@@ -145,7 +145,7 @@ impl Hub {
         }
         // Still under the lock: no publish slips in between these frames.
         for body in picked.into_iter().rev() {
-            if handle.outbound.push_if_room(body, caps) {
+            if handle.send_queue.push_if_room(body, caps) {
                 outcome.queued += 1;
             } else {
                 outcome.dropped_frames += 1;
@@ -219,7 +219,7 @@ mod tests {
         let s = subscribed(&hub, &["A"]);
         let out = hub.replay(&s, 60_000);
         assert_eq!((out.queued, out.dropped_frames), (2, 1));
-        assert_eq!(s.outbound().close_reason(), None);
+        assert_eq!(s.send_queue().close_reason(), None);
         assert_eq!(
             frames(&s),
             [Bytes::from_static(b"2"), Bytes::from_static(b"3")]

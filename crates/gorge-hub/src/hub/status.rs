@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Hub;
-use crate::outbound::Outbound;
+use crate::send_queue::SendQueue;
 
 /// An instance's counters for `/status/` (uptime and version are the caller's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,11 +103,11 @@ impl Hub {
     }
 
     /// The queues of every open socket (drain closes them one by one, outside the lock).
-    pub fn outbounds(&self) -> Vec<Arc<Outbound>> {
+    pub fn send_queues(&self) -> Vec<Arc<SendQueue>> {
         self.lock()
             .sockets
             .values()
-            .map(|s| s.outbound.clone())
+            .map(|s| s.send_queue.clone())
             .collect()
     }
 }
@@ -186,8 +186,8 @@ mod tests {
         let (hub, _) = hub();
         let a = hub.connect("a").unwrap();
         let _b = hub.connect("b").unwrap();
-        assert_eq!(hub.outbounds().len(), 2);
+        assert_eq!(hub.send_queues().len(), 2);
         hub.disconnect(&a);
-        assert_eq!(hub.outbounds().len(), 1);
+        assert_eq!(hub.send_queues().len(), 1);
     }
 }

@@ -22,7 +22,7 @@ pub(super) fn strings(items: &[&str]) -> Vec<String> {
 }
 
 pub(super) fn frames(handle: &SocketHandle) -> Vec<Bytes> {
-    handle.outbound().take_frames()
+    handle.send_queue().take_frames()
 }
 
 /// A socket of the default instance subscribed to `phids`.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::fixture_headers;
 use gorge_webhook::connector::ConnectionOptions;
-use gorge_webhook::delivery::{Deliverer, DeliveryCounters, DeliveryError};
+use gorge_webhook::delivery::{Deliverer, DeliveryCounters, DeliveryError, Route};
 use gorge_webhook::policy::{CheckedTarget, OutboundPolicy, Resolver};
 use gorge_webhook::tls::{ExtraRoots, TlsFailure};
 use phorge_wire::webhook::sign;
@@ -213,7 +213,7 @@ fn deliverer(options: &ConnectionOptions) -> Deliverer {
 /// [`deliverer`], and the counters it increments.
 fn counting_deliverer(options: &ConnectionOptions) -> (Deliverer, DeliveryCounters) {
     let counters = DeliveryCounters::default();
-    let d = Deliverer::with_options(
+    let d = Deliverer::new(
         open_policy(),
         Duration::from_secs(5),
         counters.clone(),
@@ -227,6 +227,14 @@ async fn target(uri: &str) -> CheckedTarget {
         .check(uri, Duration::from_secs(2))
         .await
         .unwrap()
+}
+
+/// The checked addresses `deliverer` routes `uri` to (a delivery's policy step).
+async fn checked(deliverer: &Deliverer, uri: &str) -> CheckedTarget {
+    match deliverer.route(uri).await.unwrap() {
+        Route::Checked(target) => target,
+        Route::Unresolved => panic!("{uri} did not resolve"),
+    }
 }
 
 async fn post(deliverer: &Deliverer, uri: &str) -> Result<u16, DeliveryError> {
@@ -294,6 +302,7 @@ async fn the_connector_never_dials_a_blocked_address() {
         Arc::new(OutboundPolicy::parse("127.0.0.0/8").unwrap()),
         Duration::from_secs(5),
         DeliveryCounters::default(),
+        &ConnectionOptions::default(),
     );
     let result = strict.deliver(forged, BODY, &sign(KEY, BODY)).await;
     assert_eq!(result, Err(DeliveryError::BlockedRedirect));
@@ -706,7 +715,7 @@ async fn phorges_recorded_requests_and_rows_are_reproduced() {
             .map(|r| r["body"].as_str().unwrap().as_bytes().to_vec())
             .unwrap_or_else(|| BODY.to_vec());
         let signature = sign(key.as_bytes(), &body);
-        let d = Deliverer::with_options(
+        let d = Deliverer::new(
             open_policy(),
             Duration::from_secs(2),
             DeliveryCounters::default(),
@@ -919,9 +928,10 @@ async fn every_resolved_address_is_tried_until_one_answers() {
         resolving("many.test", ips),
         Duration::from_secs(5),
         DeliveryCounters::default(),
+        &ConnectionOptions::default(),
     );
     let uri = format!("http://many.test:{port}/hook");
-    let target = d.check(&uri).await.unwrap();
+    let target = checked(&d, &uri).await;
     assert_eq!(target.addrs.len(), 20);
     assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
     assert_eq!(d.connections_opened(), 1, "only the 20th address connected");
@@ -931,7 +941,7 @@ async fn every_resolved_address_is_tried_until_one_answers() {
     let first =
         RawReceiver::start(move |_, _| redirect(302, &format!("http://many.test:{port}/hook")))
             .await;
-    let target = d.check(&first.url("http", "/start")).await.unwrap();
+    let target = checked(&d, &first.url("http", "/start")).await;
     assert_eq!(d.deliver(target, BODY, &sign(KEY, BODY)).await, Ok(200));
     assert_eq!(receiver.heads().len(), 2);
     drop(held);
@@ -948,8 +958,9 @@ async fn addresses_past_the_bound_are_checked_and_counted_not_dialled() {
         resolving("many.test", ips),
         Duration::from_secs(5),
         counters.clone(),
+        &ConnectionOptions::default(),
     );
-    let target = d.check("http://many.test/").await.unwrap();
+    let target = checked(&d, "http://many.test/").await;
     assert_eq!(target.addrs.len(), bound);
     assert_eq!(counters.addresses_not_dialled.get(), 10);
 }

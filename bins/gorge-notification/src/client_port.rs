@@ -66,7 +66,7 @@ fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
 }
 
 /// Handles one request on the client port.
-pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Response {
+pub async fn handle(state: Arc<ServerState>, request: Request<Incoming>) -> Response {
     if !is_websocket_upgrade(&request) {
         let mut response = bytes_response(
             StatusCode::NOT_IMPLEMENTED,
@@ -82,15 +82,15 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
         }
         return response;
     }
-    if app.probes.is_draining() {
-        app.metrics.sockets_rejected.with(["draining"]).inc();
+    if state.probes.is_draining() {
+        state.metrics.sockets_rejected.with(["draining"]).inc();
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
     }
     let instance = instance_from_path(request.uri().path()).to_string();
     // An instance PHP has posted to is confirmed by the fan-out thread; a browser that
     // connects right after that POST was answered must find it so, not be refused as one
     // more unknown instance.
-    let handle = match app.fanout.settled().await.connect(&instance) {
+    let handle = match state.fanout.settled().await.connect(&instance) {
         Ok(handle) => handle,
         Err(err) => {
             let (status, reason) = match err {
@@ -100,17 +100,17 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
                 }
                 ConnectError::InstanceNameTooLong => (StatusCode::BAD_REQUEST, "instance_name"),
             };
-            app.metrics.sockets_rejected.with([reason]).inc();
+            state.metrics.sockets_rejected.with([reason]).inc();
             return error_response(status, &err.to_string());
         }
     };
     let class = instance_class(&instance);
-    app.metrics.sockets.with([class]).inc();
-    app.metrics.sockets_open.with([class]).inc();
+    state.metrics.sockets.with([class]).inc();
+    state.metrics.sockets_open.with([class]).inc();
     // The connection's place under the client port's cap goes with the socket.
     let slot = request.extensions().get::<ConnectionSlot>().cloned();
-    let registration = Registration::new(app.clone(), handle, class, slot);
-    emit!(app.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
+    let registration = Registration::new(state.clone(), handle, class, slot);
+    emit!(state.log, events::NOTIFY_CLIENT_CONNECTED; "instance" => &instance);
 
     let key = request
         .headers()
@@ -126,7 +126,7 @@ pub async fn handle(app: Arc<ServerState>, request: Request<Incoming>) -> Respon
             Ok(upgraded) => session::run(registration, upgraded).await,
             // The connection ended between our 101 and the hand-over.
             Err(_) => {
-                app.metrics.sockets_closed.with(["upgrade_failed"]).inc();
+                state.metrics.sockets_closed.with(["upgrade_failed"]).inc();
             }
         }
     });

@@ -253,10 +253,11 @@ async fn socket_limit_refuses_upgrades_with_503() {
 async fn silent_sockets_are_reaped_and_answering_ones_stay() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let server = Server::start(&[
-        ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "1"),
-        ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "2"),
-    ]);
+    let server = InProcess::start(|config| {
+        config.ping_interval = std::time::Duration::from_secs(1);
+        config.idle_timeout = std::time::Duration::from_secs(2);
+    })
+    .await;
     // The answering socket is polled all along, so its library answers the server's pings.
     let mut live = server.ws("/").await;
     let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();

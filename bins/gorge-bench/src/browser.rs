@@ -1,5 +1,5 @@
-//! A cheap Aphlict WebSocket client: connect, subscribe, confirm with ping/pong, then count
-//! the frames that carry a bench sequence number.
+//! A cheap browser tab (an Aphlict WebSocket client): connect, subscribe, confirm with
+//! ping/pong, then count the frames that carry a bench sequence number.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

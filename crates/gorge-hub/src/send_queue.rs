@@ -1,4 +1,4 @@
-//! One socket's bounded outbound queue and the rule for who writes to the socket.
+//! One socket's bounded send queue and the rule for who writes to the socket.
 //!
 //! Frames are shared, already-encoded `Bytes` (the same buffer for every recipient). Whoever
 //! holds the socket's write turn writes from the front of the queue without blocking: the
@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 /// Why the hub wants a socket closed; the writer maps it to its protocol's close frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The outbound queue overflowed: queued frames are dropped.
+    /// The send queue overflowed: queued frames are dropped.
     SlowConsumer,
     /// The server is draining: send what is queued, then close.
     GoingAway,
@@ -51,7 +51,7 @@ pub enum Push {
     Replayed,
 }
 
-/// What one [`Outbound::flush`] did.
+/// What one [`SendQueue::flush`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flush {
     /// Nothing to write.
@@ -60,7 +60,7 @@ pub enum Flush {
     More,
     /// The socket takes nothing now: wait until it is writable, then call again.
     WouldBlock,
-    /// Someone else holds the write turn; they signal [`Outbound::ready`] when they are done
+    /// Someone else holds the write turn; they signal [`SendQueue::ready`] when they are done
     /// and frames are left.
     Busy,
     /// No socket attached (not yet, or not any more).
@@ -155,7 +155,7 @@ impl QueueState {
     }
 }
 
-/// Most frames handed to one write by [`Outbound::push_batch`]; the rest queue.
+/// Most frames handed to one write by [`SendQueue::push_batch`]; the rest queue.
 pub const MAX_BATCH: usize = 64;
 
 /// Whether one more frame of `len` bytes would exceed `caps`.
@@ -207,9 +207,9 @@ impl Signals {
     }
 }
 
-/// A socket's outbound queue, shared between the hub (producer) and the socket's task.
+/// A socket's send queue, shared between the hub (producer) and the socket's task.
 #[derive(Default)]
-pub struct Outbound {
+pub struct SendQueue {
     state: Mutex<QueueState>,
     /// Frames are queued for the socket's task to write.
     ready: Notify,
@@ -217,15 +217,15 @@ pub struct Outbound {
     closing: Notify,
 }
 
-impl std::fmt::Debug for Outbound {
+impl std::fmt::Debug for SendQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outbound").finish_non_exhaustive()
+        f.debug_struct("SendQueue").finish_non_exhaustive()
     }
 }
 
-impl Outbound {
+impl SendQueue {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().expect("outbound lock poisoned")
+        self.state.lock().expect("send_queue lock poisoned")
     }
 
     /// Connects the queue to its socket; frames queued so far are the task's to write.
@@ -253,7 +253,7 @@ impl Outbound {
         result
     }
 
-    /// Delivers live frames numbered in increasing order, as [`Outbound::push`] of each in
+    /// Delivers live frames numbered in increasing order, as [`SendQueue::push`] of each in
     /// turn would, except that an idle socket gets them all in one vectored write: when messages
     /// arrive faster than one fan-out pass, frames share a system call instead of paying
     /// one each. `each(i, push)` reports what became of `frames[i]`.
@@ -519,13 +519,13 @@ impl Outbound {
     }
 
     /// Waits until frames were queued for the socket's task (level-triggered use: call
-    /// [`Outbound::flush`] until it answers `Empty`, `Busy` or `WouldBlock` before waiting).
+    /// [`SendQueue::flush`] until it answers `Empty`, `Busy` or `WouldBlock` before waiting).
     /// A signal sent before the wait is kept (`Notify` stores one permit).
     pub async fn ready(&self) {
         self.ready.notified().await;
     }
 
-    /// Waits until a close was requested (check [`Outbound::close_reason`] after).
+    /// Waits until a close was requested (check [`SendQueue::close_reason`] after).
     pub async fn closing(&self) {
         self.closing.notified().await;
     }
@@ -566,21 +566,21 @@ mod tests {
         }
     }
 
-    fn attached(room: usize) -> (Outbound, Arc<FakeSocket>) {
-        let q = Outbound::default();
+    fn attached(room: usize) -> (SendQueue, Arc<FakeSocket>) {
+        let q = SendQueue::default();
         let socket = Arc::new(FakeSocket::default());
         *socket.room.lock().unwrap() = room;
         q.attach(socket.clone());
         (q, socket)
     }
 
-    fn take_all(q: &Outbound) -> Vec<Bytes> {
+    fn take_all(q: &SendQueue) -> Vec<Bytes> {
         q.take_frames()
     }
 
     #[test]
     fn unattached_frames_queue_in_order() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         assert_eq!(q.push(Bytes::from_static(b"a"), 1, CAPS), Push::Queued);
         assert_eq!(q.push(Bytes::from_static(b"b"), 2, CAPS), Push::Queued);
         assert_eq!(q.flush(), Flush::Detached);
@@ -590,7 +590,7 @@ mod tests {
         );
     }
 
-    fn batch(q: &Outbound, frames: &[(&'static str, u64)], caps: QueueCaps) -> Vec<Push> {
+    fn batch(q: &SendQueue, frames: &[(&'static str, u64)], caps: QueueCaps) -> Vec<Push> {
         let frames: Vec<(Bytes, u64)> = frames
             .iter()
             .map(|(body, seq)| (Bytes::from_static(body.as_bytes()), *seq))
@@ -711,7 +711,7 @@ mod tests {
 
     #[test]
     fn byte_cap_overflow_closes_as_slow_consumer() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         assert_eq!(q.push(Bytes::from_static(b"123456"), 1, CAPS), Push::Queued);
         assert_eq!(
             q.push(Bytes::from_static(b"12345"), 2, CAPS),
@@ -721,7 +721,7 @@ mod tests {
 
     #[test]
     fn control_frames_count_against_the_bound() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         for _ in 0..3 {
             assert_eq!(q.push_control(Bytes::from_static(b"p"), CAPS), Push::Queued);
         }
@@ -742,7 +742,7 @@ mod tests {
         assert_eq!(q.flush(), Flush::More);
         assert_eq!(q.flush(), Flush::Empty);
         assert_eq!(&*socket.got.lock().unwrap(), b"abPcd");
-        let q = Outbound::default();
+        let q = SendQueue::default();
         q.push(Bytes::from_static(b"ab"), 1, CAPS);
         q.push_urgent(Bytes::from_static(b"P"), CAPS);
         assert_eq!(
@@ -753,7 +753,7 @@ mod tests {
 
     #[test]
     fn push_if_room_never_closes() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         for _ in 0..3 {
             assert!(q.push_if_room(Bytes::from_static(b"x"), CAPS));
         }
@@ -765,7 +765,7 @@ mod tests {
 
     #[test]
     fn a_replayed_live_frame_is_not_queued_twice() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         q.mark_replayed(5);
         assert_eq!(q.push(Bytes::from_static(b"a"), 5, CAPS), Push::Replayed);
         assert_eq!(q.push(Bytes::from_static(b"b"), 6, CAPS), Push::Queued);
@@ -773,7 +773,7 @@ mod tests {
 
     #[test]
     fn going_away_keeps_queued_frames_and_first_reason_wins() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         q.push(Bytes::from_static(b"a"), 1, CAPS);
         assert!(q.close(CloseReason::GoingAway));
         assert!(!q.close(CloseReason::SlowConsumer));
@@ -801,7 +801,7 @@ mod tests {
 
     #[tokio::test]
     async fn signals_sent_before_waiting_are_not_lost() {
-        let q = Outbound::default();
+        let q = SendQueue::default();
         q.push(Bytes::from_static(b"a"), 1, CAPS);
         within_bound("ready", q.ready()).await;
         q.close(CloseReason::GoingAway);
