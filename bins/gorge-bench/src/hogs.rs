@@ -14,10 +14,10 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::browser::{self, Ws};
 use crate::http1::{parse_url, HttpConn};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::sys;
-use crate::ws_client::{self, Ws};
 
 #[derive(Debug, Clone, Args)]
 pub struct HogsArgs {
@@ -169,9 +169,9 @@ pub async fn run(args: HogsArgs) -> Value {
                     url.clone(),
                     phids_of(index, args.phids, args.phid_bytes.max(20)),
                 );
-                let source = ws_client::source_ip(client, index);
+                let source = browser::source_ip(client, index);
                 tokio::spawn(async move {
-                    let mut ws = ws_client::open(&url, client, source, None).await?;
+                    let mut ws = browser::open(&url, client, source, None).await?;
                     hog(&mut ws, &phids, limit).await.map(|()| ws)
                 })
             })
@@ -194,9 +194,9 @@ pub async fn run(args: HogsArgs) -> Value {
 
     // A new browser's one PHID, and a message to it.
     let newcomer = async {
-        let mut ws = ws_client::open(&url, client, None, None).await?;
+        let mut ws = browser::open(&url, client, None, None).await?;
         let phid = vec!["PHID-USER-newcomer00000000000000".to_string()];
-        ws_client::subscribe_confirmed(&mut ws, &phid, limit).await?;
+        browser::subscribe_confirmed(&mut ws, &phid, limit).await?;
         let body = r#"{"key":"hogs-newcomer","type":"notification","subscribers":["PHID-USER-newcomer00000000000000"]}"#;
         let status = post(admin, body).await?;
         if status != 200 {

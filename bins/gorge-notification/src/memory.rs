@@ -69,18 +69,18 @@ impl TrimPolicy {
 }
 
 /// Checks the hub every [`CHECK_EVERY`] and trims after a large release, counting each trim.
-pub async fn housekeeping(app: Arc<ServerState>) {
+pub async fn housekeeping(state: Arc<ServerState>) {
     let mut policy = TrimPolicy::default();
     let mut ticks = tokio::time::interval(CHECK_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if policy.should_trim(app.hub.released())
+        if policy.should_trim(state.hub.released())
             && tokio::task::spawn_blocking(release_free_memory)
                 .await
                 .is_ok()
         {
-            app.metrics.memory_trims.inc();
+            state.metrics.memory_trims.inc();
         }
     }
 }
