@@ -52,6 +52,11 @@ fn rss_mib(pid: Option<u32>) -> Option<f64> {
     Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
 }
 
+fn anon_mib(pid: Option<u32>) -> Option<f64> {
+    let bytes = sys::rss_anon_bytes(pid?).ok()?;
+    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
+}
+
 /// `index`'s PHIDs: distinct per hog, `len` bytes each.
 fn phids_of(index: usize, count: usize, len: usize) -> Vec<String> {
     (0..count)
@@ -151,6 +156,7 @@ pub async fn run(args: HogsArgs) -> Value {
     let url = format!("ws://{client}{path}");
     let limit = Duration::from_secs(30);
     let rss_idle = rss_mib(args.pid);
+    let anon_idle = anon_mib(args.pid);
 
     // The hogs, 32 at a time.
     let started = Instant::now();
@@ -191,6 +197,7 @@ pub async fn run(args: HogsArgs) -> Value {
     }
     let hogs_seconds = started.elapsed().as_secs_f64();
     let rss_peak = *rss_max.lock().unwrap();
+    let anon_peak = anon_mib(args.pid);
 
     // A new browser's one PHID, and a message to it.
     let newcomer = async {
@@ -227,6 +234,7 @@ pub async fn run(args: HogsArgs) -> Value {
         }
     }
     let rss_after = rss_mib(args.pid);
+    let anon_after = anon_mib(args.pid);
     let back_within_20pct = match (rss_idle, rss_after) {
         (Some(idle), Some(after)) => Some(after <= idle * 1.2),
         _ => None,
@@ -246,6 +254,9 @@ pub async fn run(args: HogsArgs) -> Value {
         "rss_peak_mib": rss_peak,
         "rss_after_mib": rss_after,
         "rss_after_close": samples,
+        "rss_anon_idle_mib": anon_idle,
+        "rss_anon_peak_mib": anon_peak,
+        "rss_anon_after_mib": anon_after,
         "rss_back_within_20pct": back_within_20pct,
     })
 }

@@ -45,8 +45,20 @@ pub fn rss_bytes(pid: u32) -> io::Result<u64> {
     parse_vm_rss(&status).ok_or_else(|| io::Error::other("no VmRSS line in /proc/PID/status"))
 }
 
+/// The anonymous part of `pid`'s resident set (RssAnon: heap and stacks, without the
+/// binary's own pages, which stay resident once touched).
+pub fn rss_anon_bytes(pid: u32) -> io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_kib_line(&status, "RssAnon:")
+        .ok_or_else(|| io::Error::other("no RssAnon line in /proc/PID/status"))
+}
+
 fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    parse_kib_line(status, "VmRSS:")
+}
+
+fn parse_kib_line(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -49,6 +49,9 @@ pub struct TrimPolicy {
     trimmed_at: Released,
     /// The counters at the previous check.
     previous: Released,
+    /// A trim ran while a release was still going on: one more is due once it settles,
+    /// whatever its size (else the release's tail would stay).
+    tail_due: bool,
 }
 
 impl TrimPolicy {
@@ -60,8 +63,10 @@ impl TrimPolicy {
         self.previous = now;
         let large = pending_bytes >= RELEASED_BYTES || pending_sockets >= RELEASED_SOCKETS;
         let huge = pending_bytes >= 4 * RELEASED_BYTES || pending_sockets >= 4 * RELEASED_SOCKETS;
-        if (large && settled) || huge {
+        let tail = self.tail_due && settled && now != self.trimmed_at;
+        if ((large || tail) && settled) || huge {
             self.trimmed_at = now;
+            self.tail_due = !settled;
             return true;
         }
         false
@@ -166,11 +171,25 @@ mod tests {
     fn a_release_that_never_settles_is_trimmed_past_four_times_the_amount() {
         let mut policy = TrimPolicy::default();
         let mut trims = 0;
-        for step in 1..=40u64 {
+        for step in 1..=36u64 {
             trims += usize::from(policy.should_trim(released(step * (8 << 20), step)));
         }
-        // 320 MiB released in steps of 8 MiB, never settled: a trim per 128 MiB.
+        // 288 MiB released in steps of 8 MiB, never settled: a trim per 128 MiB.
         assert_eq!(trims, 2);
+    }
+
+    #[test]
+    fn the_tail_of_a_long_release_is_trimmed_when_it_settles() {
+        let mut policy = TrimPolicy::default();
+        // 140 MiB released while still going: a trim.
+        assert!(!policy.should_trim(released(100 << 20, 0)));
+        assert!(policy.should_trim(released(140 << 20, 0)));
+        // 10 more MiB, then nothing more: the tail is trimmed once, though under 32 MiB.
+        assert!(!policy.should_trim(released(150 << 20, 0)));
+        assert!(policy.should_trim(released(150 << 20, 0)));
+        assert!(!policy.should_trim(released(150 << 20, 0)));
+        assert!(!policy.should_trim(released(151 << 20, 0)));
+        assert!(!policy.should_trim(released(151 << 20, 0)));
     }
 
     #[test]
