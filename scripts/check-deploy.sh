@@ -155,6 +155,12 @@ expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_PEER_DNS: "gorg
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_PEER_DNS: "gorge-notification-peers.phorge.svc.cluster.local:22281"'
 expect_rendered notification-deployment.yaml 'secretName: gorge-redis' "${broker[@]}"
 expect_rendered notification-deployment.yaml '!secretName: gorge-redis' --set notification.broker.existingSecret=gorge-redis
+# A private CA for rediss://: a ConfigMap mounted as a file, named by BROKER_CA_FILE.
+broker_ca=(--set notification.broker.url=rediss://redis.phorge.svc:6380/0 --set notification.broker.caConfigMap=redis-ca)
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_BROKER_CA_FILE: "/etc/gorge/broker-ca/ca.crt"' "${broker_ca[@]}"
+expect_rendered notification-deployment.yaml 'name: redis-ca' "${broker_ca[@]}"
+expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_BROKER_CA_FILE: "/etc/gorge/broker-ca/ca.crt"' "${broker[@]}"
+expect_rendered notification-deployment.yaml '!name: redis-ca' --set notification.broker.caConfigMap=redis-ca
 expect_rendered notification-deployment.yaml 'minReadySeconds: 5'
 expect_refusal "notification.env.GORGE_NOTIFICATION_BROKER_URL is set by the chart; use notification.broker.url instead" \
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_BROKER_URL=redis://x:6379

@@ -2,16 +2,31 @@
 //! server relays to every peer) or on a Redis stream (broker mode).
 //!
 //! N servers on loopback (plus a `redis-server` with persistence off for `--engine redis`),
-//! `--sockets` per server, every socket subscribed to one PHID. Every message is posted to
-//! server 0, so the frames on the other servers measure the cross-node path (POST → relay or
-//! stream → frame) and server 0's the local one. Reports POST→frame percentiles for both,
-//! the admin POST's, lost and duplicated frames, and the CPU time per message of every
-//! gorge process and of redis-server.
+//! `--sockets` per server. What it models: a Phorge install where every node holds that many
+//! browsers, and each message (a task update) is for the few browsers watching that object:
+//! `--measured` sockets per server subscribe to the one PHID every message is for and time
+//! each frame; the others subscribe to their own user's PHID, which no message is for, and
+//! only keep their connection (they answer the server's pings). Every socket is a raw
+//! minimal client ([`raw_browser`]), so thousands of them cost the bench next to nothing and the
+//! two cores go to the servers. `--measured` equal to `--sockets` makes every socket a
+//! recipient (the all-subscribers fan-out of earlier runs).
+//!
+//! Every message is posted to server 0, so the frames on the other servers measure the
+//! cross-node path (POST → relay or stream → frame) and server 0's the local one. Reports
+//! POST→frame percentiles for both, the admin POST's, lost and duplicated frames, the CPU
+//! time per message of every gorge process and of redis-server, each server's own fan-out
+//! time and what it counted as dropped (peer relays, broker queue, socket queues), and the
+//! load average.
+//!
+//! With `--pause-redis-ms`, redis-server is SIGSTOPped that long during the posting (from
+//! `--pause-after-ms` on) and then resumed: the report adds how late the messages posted
+//! during the pause reached every other server (the latest measured socket of each), and
+//! whether any was lost or came twice.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,14 +34,16 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::browser::{self, Deliveries};
+use crate::browser;
 use crate::histogram::Histogram;
 use crate::http1::{request_kept, HttpConn};
-use crate::notify::{message_body, open_many, round3, shared_phid};
+use crate::notify::{message_body, private_phid, round3, shared_phid, PHP_CONTENT_TYPE};
 use crate::procs::{self, Service};
+use crate::raw_browser::{self, End};
+use crate::server_metrics;
 use crate::sys;
 
 /// How the servers reach each other.
@@ -45,14 +62,17 @@ pub struct ClusterArgs {
     /// Servers in the cluster.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
-    /// Reading sockets per server.
+    /// Subscribed sockets per server (measured ones included).
     #[arg(long, default_value_t = 1000)]
     pub sockets: usize,
+    /// Sockets per server that every message is for, and whose frames are timed.
+    #[arg(long, default_value_t = 10)]
+    pub measured: usize,
     /// Messages per second, all posted to server 0.
     #[arg(long, default_value_t = 500.0)]
     pub rate: f64,
     /// Messages to post.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 5000)]
     pub messages: usize,
     /// Whole-run limit in seconds.
     #[arg(long, default_value_t = 180)]
@@ -60,19 +80,103 @@ pub struct ClusterArgs {
     /// How long to wait for missing frames after the last POST, in ms.
     #[arg(long, default_value_t = 5000)]
     pub settle_ms: u64,
+    /// SIGSTOP redis-server this long during the posting (`--engine redis`), in ms.
+    #[arg(long, default_value_t = 0)]
+    pub pause_redis_ms: u64,
+    /// When the pause starts, in ms after the first POST.
+    #[arg(long, default_value_t = 2000)]
+    pub pause_after_ms: u64,
+    /// `GORGE_NOTIFICATION_BROKER_QUEUE_CAPACITY` of every server (its default if unset).
+    #[arg(long)]
+    pub broker_queue: Option<usize>,
+    /// The gorge-notification binary to run (default: the one beside this bench), e.g. an
+    /// older build to compare in the same session.
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
 }
-
-/// The Content-Type PHP's cURL sends.
-const PHP_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 
 /// Admin connections posting in parallel (each keep-alive), as `notify` does.
 const POSTERS: usize = 4;
+
+/// WebSocket handshakes in flight at once while ramping up.
+const CONNECT_CONCURRENCY: usize = 128;
+
+/// Every frame of one side (the entry server's sockets, or all the others') of a run.
+struct Arrivals {
+    epoch: Instant,
+    /// When the POST of each sequence number started, µs since `epoch` (0 = not posted).
+    posted_at_us: Box<[AtomicU64]>,
+    /// Frames received per sequence number, over all measured sockets of this side.
+    received: Box<[AtomicU32]>,
+    /// When the last of a sequence number's frames arrived, µs since `epoch`.
+    latest_us: Box<[AtomicU64]>,
+    latency: Histogram,
+    frames: AtomicU64,
+    /// Text frames that are not a bench message (pongs excluded): a sign of a bench bug.
+    foreign: AtomicU64,
+}
+
+impl Arrivals {
+    fn new(epoch: Instant, messages: usize) -> Arrivals {
+        let zeros = || (0..messages).map(|_| AtomicU64::new(0)).collect();
+        Arrivals {
+            epoch,
+            posted_at_us: zeros(),
+            received: (0..messages).map(|_| AtomicU32::new(0)).collect(),
+            latest_us: zeros(),
+            latency: Histogram::new(),
+            frames: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    fn record(&self, text: &[u8]) {
+        let now = self.now_us();
+        let seq = std::str::from_utf8(text)
+            .ok()
+            .and_then(browser::frame_seq)
+            .filter(|&seq| seq < self.received.len());
+        let Some(seq) = seq else {
+            if text != br#"{"type":"pong"}"# {
+                self.foreign.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
+        self.received[seq].fetch_add(1, Ordering::Relaxed);
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        self.latest_us[seq].fetch_max(now, Ordering::Relaxed);
+        let posted = self.posted_at_us[seq].load(Ordering::Relaxed);
+        if posted > 0 {
+            self.latency.record(now.saturating_sub(posted));
+        }
+    }
+
+    /// `(lost, duplicated)` frames, for `sockets` measured sockets on this side.
+    fn tally(&self, sockets: usize) -> (u64, u64) {
+        let (mut lost, mut duplicates) = (0u64, 0u64);
+        for count in self.received.iter() {
+            let got = u64::from(count.load(Ordering::Relaxed));
+            lost += (sockets as u64).saturating_sub(got);
+            duplicates += got.saturating_sub(sockets as u64);
+        }
+        (lost, duplicates)
+    }
+}
 
 pub async fn run(args: ClusterArgs) -> Value {
     let started = Instant::now();
     let deadline = crate::work_deadline(args.timeout);
     let nodes = args.nodes.max(2);
+    let measured = args.measured.clamp(1, args.sockets.max(1));
+    let load_before = sys::load_average();
     let nofile = sys::raise_nofile((nodes * args.sockets + 1024) as u64);
+    if args.pause_redis_ms > 0 && args.engine != Engine::Redis {
+        return json!({"ok": false, "error": "--pause-redis-ms needs --engine redis"});
+    }
     let redis = match args.engine {
         Engine::Redis => match Redis::start().await {
             Ok(redis) => Some(redis),
@@ -83,11 +187,14 @@ pub async fn run(args: ClusterArgs) -> Value {
     let mut ports = Vec::new();
     for _ in 0..nodes {
         match (procs::free_port(), procs::free_port()) {
-            (Ok(client), Ok(admin)) => ports.push((client, admin)),
+            (Ok(client), Ok(admin)) if client != admin => ports.push((client, admin)),
             _ => return json!({"ok": false, "error": "no free port"}),
         }
     }
-    let binary = procs::sibling_binary("gorge-notification");
+    let binary = args
+        .binary
+        .clone()
+        .unwrap_or_else(|| procs::sibling_binary("gorge-notification"));
     let mut servers = Vec::new();
     for (index, (client, admin)) in ports.iter().enumerate() {
         let peers: Vec<u16> = match args.engine {
@@ -102,6 +209,12 @@ pub async fn run(args: ClusterArgs) -> Value {
         if let Some(redis) = &redis {
             env.push(("GORGE_NOTIFICATION_BROKER_URL".into(), redis.url()));
         }
+        if let Some(capacity) = args.broker_queue {
+            env.push((
+                "GORGE_NOTIFICATION_BROKER_QUEUE_CAPACITY".into(),
+                capacity.to_string(),
+            ));
+        }
         let addr = SocketAddr::from(([127, 0, 0, 1], *admin));
         let mut service = match Service::start(&format!("cluster-{index}"), &binary, &env, addr) {
             Ok(service) => service,
@@ -113,45 +226,89 @@ pub async fn run(args: ClusterArgs) -> Value {
         servers.push(service);
     }
 
-    // Every socket subscribes to the one PHID every message is for.
     let phid = shared_phid(0);
     let epoch = Instant::now();
-    let local = Arc::new(Deliveries::new(epoch, args.messages));
-    let remote = Arc::new(Deliveries::new(epoch, args.messages));
+    let local = Arc::new(Arrivals::new(epoch, args.messages));
+    let remote = Arc::new(Arrivals::new(epoch, args.messages));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let closed_early = Arc::new(AtomicUsize::new(0));
     let mut readers = JoinSet::new();
     let mut opened = [0usize, 0usize];
     let mut failed = 0usize;
-    for (index, (client, _)) in ports.iter().enumerate() {
-        let url = format!("ws://127.0.0.1:{client}/");
-        let addr = SocketAddr::from(([127, 0, 0, 1], *client));
-        let first = index * args.sockets;
-        let sockets = open_many(
-            &url,
-            addr,
-            first..first + args.sockets,
-            256,
-            None,
-            |_| vec![phid.clone()],
-            deadline,
-        )
-        .await;
-        failed += sockets.failed.len();
-        let deliveries = if index == 0 { &local } else { &remote };
-        opened[usize::from(index != 0)] += sockets.sockets.len();
-        for (_, ws) in sockets.sockets {
-            readers.spawn(browser::read_frames(
-                ws,
-                deliveries.clone(),
-                stop_rx.clone(),
-                false,
-            ));
+    let mut first_error = None;
+    let permits = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+    let mut opening = JoinSet::new();
+    for (node, (client, _)) in ports.iter().enumerate() {
+        let server = SocketAddr::from(([127, 0, 0, 1], *client));
+        for k in 0..args.sockets {
+            let index = node * args.sockets + k;
+            let is_measured = k < measured;
+            let phids = vec![if is_measured {
+                phid.clone()
+            } else {
+                private_phid(index)
+            }];
+            let permit = permits.clone().acquire_owned().await;
+            opening.spawn(async move {
+                let _permit = permit;
+                let left = deadline.saturating_duration_since(Instant::now());
+                let ws =
+                    raw_browser::open(server, index, &phids, left.min(Duration::from_secs(30)));
+                (node, is_measured, ws.await)
+            });
+        }
+    }
+    while let Some(joined) = opening.join_next().await {
+        let (node, is_measured, ws) = match joined {
+            Ok(done) => done,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e.to_string());
+                continue;
+            }
+        };
+        let ws = match ws {
+            Ok(ws) => ws,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        let (stop, closed_early) = (stop_rx.clone(), closed_early.clone());
+        if is_measured {
+            opened[usize::from(node != 0)] += 1;
+            let arrivals = if node == 0 { &local } else { &remote }.clone();
+            readers.spawn(async move {
+                if ws.read(stop, |text| arrivals.record(text)).await == End::Closed {
+                    closed_early.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        } else {
+            let foreign = remote.clone();
+            readers.spawn(async move {
+                let end = ws
+                    .read(stop, |text| {
+                        if text != br#"{"type":"pong"}"# {
+                            foreign.foreign.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                    .await;
+                if end == End::Closed {
+                    closed_early.fetch_add(1, Ordering::Relaxed);
+                }
+            });
         }
     }
     eprintln!(
-        "cluster: {nodes} servers ({:?}), {} sockets open ({failed} failed)",
+        "cluster: {nodes} servers ({:?}), {} sockets open, {} measured ({failed} failed{})",
         args.engine,
-        opened[0] + opened[1]
+        nodes * args.sockets - failed,
+        opened[0] + opened[1],
+        first_error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
     );
 
     let mut pids: Vec<(String, u32)> = servers.iter().map(|s| (s.name.clone(), s.pid)).collect();
@@ -162,9 +319,16 @@ pub async fn run(args: ClusterArgs) -> Value {
         .iter()
         .map(|(_, pid)| sys::cpu_seconds(*pid).ok())
         .collect();
+    let mut metrics_before = Vec::new();
+    for (_, admin) in &ports {
+        metrics_before
+            .push(server_metrics::snapshot(SocketAddr::from(([127, 0, 0, 1], *admin))).await);
+    }
+    let load_during_start = sys::load_average();
     let post_latency = Arc::new(Histogram::new());
     let post_errors = Arc::new(AtomicUsize::new(0));
     let admin = SocketAddr::from(([127, 0, 0, 1], ports[0].1));
+    let posting_from = local.now_us();
     let posting = post_all(
         admin,
         args.messages,
@@ -176,11 +340,28 @@ pub async fn run(args: ClusterArgs) -> Value {
         post_latency.clone(),
         post_errors.clone(),
     );
+    let pause = match (&redis, args.pause_redis_ms) {
+        (Some(redis), ms) if ms > 0 => Some(tokio::spawn(pause_redis(
+            redis.pid,
+            local.clone(),
+            Duration::from_millis(args.pause_after_ms),
+            Duration::from_millis(ms),
+        ))),
+        _ => None,
+    };
     let joined = tokio::task::spawn_blocking(move || posting.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
         return json!({"ok": false, "error": "the poster thread panicked"});
     }
-    let posting_s = epoch.elapsed().as_secs_f64();
+    let paused = match pause {
+        Some(pause) => match pause.await {
+            Ok(Ok(window)) => Some(window),
+            Ok(Err(e)) => return json!({"ok": false, "error": e}),
+            Err(e) => return json!({"ok": false, "error": e.to_string()}),
+        },
+        None => None,
+    };
+    let posting_s = (local.now_us() - posting_from) as f64 / 1e6;
     let expected_local = (opened[0] * args.messages) as u64;
     let expected_remote = (opened[1] * args.messages) as u64;
     let settle_until = (Instant::now() + Duration::from_millis(args.settle_ms)).min(deadline);
@@ -202,29 +383,56 @@ pub async fn run(args: ClusterArgs) -> Value {
             })
         })
         .collect();
+    let load_after = sys::load_average();
+    // What each server measured itself: its fan-out time (a message taken in → its last
+    // frame queued; on the other servers from the moment the relay or the stream reader
+    // handed it over), which splits a POST→frame figure into the server's share and the
+    // rest (hops, scheduling, the bench); and what it counted as given up, so a missing
+    // frame has a cause.
+    let mut servers_seen = Vec::new();
+    for (index, (_, admin)) in ports.iter().enumerate() {
+        let admin = SocketAddr::from(([127, 0, 0, 1], *admin));
+        let Some(metrics) = server_metrics::snapshot(admin).await else {
+            servers_seen.push(json!({"server": index, "metrics": null}));
+            continue;
+        };
+        let own = metrics_before[index]
+            .as_ref()
+            .map(|before| server_metrics::delta(before, &metrics));
+        let relays = "gorge_notification_peer_relays_total";
+        servers_seen.push(json!({
+            "server": index,
+            "fanout_p50_le_ms": own.as_ref().and_then(|d| d.fanout_p50_le_ms),
+            "fanout_p99_le_ms": own.as_ref().and_then(|d| d.fanout_p99_le_ms),
+            "admin_post_p99_le_ms": own.as_ref().and_then(|d| d.admin_post_p99_le_ms),
+            "peer_relays_dropped": metrics.sum_where(relays, "result=\"dropped\""),
+            "peer_relays_expired": metrics.sum_where(relays, "result=\"expired\""),
+            "peer_relays_failed": metrics.sum_where(relays, "result=\"failed\""),
+            "broker_dropped": metrics.sum_where("gorge_notification_broker_dropped_total", ""),
+            "queue_dropped_frames":
+                metrics.sum_where("gorge_notification_queue_dropped_frames_total", ""),
+            "slow_consumer_disconnects":
+                metrics.sum_where("gorge_notification_slow_consumer_disconnects_total", ""),
+        }));
+    }
     let _ = stop_tx.send(true);
     while readers.join_next().await.is_some() {}
 
-    let tally = |d: &Deliveries, sockets: usize| {
-        let (mut lost, mut duplicates) = (0u64, 0u64);
-        for count in d.received.iter() {
-            let got = u64::from(count.load(Ordering::Relaxed));
-            lost += (sockets as u64).saturating_sub(got);
-            duplicates += got.saturating_sub(sockets as u64);
-        }
-        (lost, duplicates)
-    };
-    let (local_lost, local_dup) = tally(&local, opened[0]);
-    let (remote_lost, remote_dup) = tally(&remote, opened[1]);
+    let (local_lost, local_dup) = local.tally(opened[0]);
+    let (remote_lost, remote_dup) = remote.tally(opened[1]);
     let errors = post_errors.load(Ordering::Relaxed);
+    let foreign = local.foreign.load(Ordering::Relaxed) + remote.foreign.load(Ordering::Relaxed);
     let ok = failed == 0 && errors == 0 && local_lost + remote_lost + local_dup + remote_dup == 0;
+    let pause_report = paused.map(|window| pause_report(&remote, opened[1], window));
     drop(servers);
     json!({
         "ok": ok,
         "engine": format!("{:?}", args.engine).to_lowercase(),
         "nodes": nodes,
         "sockets_per_node": args.sockets,
+        "measured_per_node": measured,
         "sockets_failed": failed,
+        "sockets_closed_early": closed_early.load(Ordering::Relaxed),
         "nofile_limit": nofile.ok(),
         "messages": args.messages,
         "rate": args.rate,
@@ -235,14 +443,71 @@ pub async fn run(args: ClusterArgs) -> Value {
         "local_post_to_frame_ms": local.latency.percentiles(),
         "lost": {"local": local_lost, "cross_node": remote_lost},
         "duplicates": {"local": local_dup, "cross_node": remote_dup},
+        "foreign_frames": foreign,
+        "redis_paused": pause_report,
+        "servers": servers_seen,
         "cpu": cpu,
+        "load_average": {"before": load_before, "posting_start": load_during_start, "after": load_after},
         "elapsed_s": round3(started.elapsed().as_secs_f64()),
     })
 }
 
+/// SIGSTOPs redis-server `after` the first POST for `pause`, then SIGCONTs it; returns the
+/// window in µs since the run's epoch.
+async fn pause_redis(
+    pid: u32,
+    clock: Arc<Arrivals>,
+    after: Duration,
+    pause: Duration,
+) -> Result<(u64, u64), String> {
+    tokio::time::sleep(after).await;
+    let from = clock.now_us();
+    sys::send_signal(pid, sys::Signal::STOP).map_err(|e| format!("SIGSTOP redis: {e}"))?;
+    tokio::time::sleep(pause).await;
+    let until = clock.now_us();
+    sys::send_signal(pid, sys::Signal::CONT).map_err(|e| format!("SIGCONT redis: {e}"))?;
+    eprintln!(
+        "cluster: redis-server paused {:.1} s",
+        (until - from) as f64 / 1e6
+    );
+    Ok((from, until))
+}
+
+/// How late the messages posted while Redis was paused reached the other servers: for each,
+/// the latest of its cross-node frames, from its POST.
+fn pause_report(remote: &Arrivals, sockets: usize, (from, until): (u64, u64)) -> Value {
+    let lateness = Histogram::new();
+    let (mut posted, mut lost, mut duplicates) = (0u64, 0u64, 0u64);
+    // The last of them all, after Redis was resumed: how long the catching up took.
+    let mut last_arrival = 0u64;
+    for seq in 0..remote.posted_at_us.len() {
+        let at = remote.posted_at_us[seq].load(Ordering::Relaxed);
+        if at < from || at > until {
+            continue;
+        }
+        posted += 1;
+        let got = u64::from(remote.received[seq].load(Ordering::Relaxed));
+        lost += (sockets as u64).saturating_sub(got);
+        duplicates += got.saturating_sub(sockets as u64);
+        let latest = remote.latest_us[seq].load(Ordering::Relaxed);
+        if latest > 0 {
+            lateness.record(latest.saturating_sub(at));
+            last_arrival = last_arrival.max(latest);
+        }
+    }
+    json!({
+        "paused_s": round3((until - from) as f64 / 1e6),
+        "messages_posted_while_paused": posted,
+        "lost_frames": lost,
+        "duplicate_frames": duplicates,
+        "lateness_ms": lateness.percentiles(),
+        "all_delivered_after_resume_ms": round3(last_arrival.saturating_sub(until) as f64 / 1e3),
+    })
+}
+
 /// Posts `messages` to `admin` at `rate` from their own thread and runtime (on the readers'
-/// runtime a response would wait behind thousands of woken reader tasks and be measured as
-/// the server's latency), recording each POST's start in both `deliveries`.
+/// runtime a response would wait behind woken reader tasks and be measured as the server's
+/// latency), recording each POST's start in both `arrivals`.
 #[allow(clippy::too_many_arguments)]
 fn post_all(
     admin: SocketAddr,
@@ -250,7 +515,7 @@ fn post_all(
     rate: f64,
     epoch: Instant,
     deadline: Instant,
-    deliveries: [Arc<Deliveries>; 2],
+    arrivals: [Arc<Arrivals>; 2],
     phid: String,
     latency: Arc<Histogram>,
     errors: Arc<AtomicUsize>,
@@ -261,12 +526,13 @@ fn post_all(
         .build()
         .expect("a runtime for the posters");
     let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
     std::thread::spawn(move || {
         runtime.block_on(async move {
             let mut posters = JoinSet::new();
             for _ in 0..POSTERS {
-                let (deliveries, phid, latency, errors, next) = (
-                    deliveries.clone(),
+                let (arrivals, phid, latency, errors, next) = (
+                    arrivals.clone(),
                     phid.clone(),
                     latency.clone(),
                     errors.clone(),
@@ -279,12 +545,12 @@ fn post_all(
                         if seq >= messages || Instant::now() >= deadline {
                             return;
                         }
-                        let due = epoch + Duration::from_micros((seq as f64 * interval_us) as u64);
+                        let due = start + Duration::from_micros((seq as f64 * interval_us) as u64);
                         tokio::time::sleep_until(due.into()).await;
-                        let sent_us = deliveries[0].now_us().max(1);
+                        let sent_us = epoch.elapsed().as_micros().max(1) as u64;
                         let body = message_body(seq, std::slice::from_ref(&phid), sent_us, "");
-                        for d in &deliveries {
-                            d.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
+                        for a in &arrivals {
+                            a.posted_at_us[seq].store(sent_us, Ordering::Relaxed);
                         }
                         let started = Instant::now();
                         let result = request_kept(
@@ -300,10 +566,7 @@ fn post_all(
                             Ok(response) if response.status == 200 => {
                                 latency.record(started.elapsed().as_micros() as u64)
                             }
-                            Ok(_) => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => {
+                            _ => {
                                 errors.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -351,6 +614,14 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Redis {
+    /// A run that ends while redis-server is stopped must not leave a stopped process
+    /// behind kill_on_drop's SIGKILL (which works on stopped processes, but say so).
+    fn drop(&mut self) {
+        let _ = sys::send_signal(self.pid, sys::Signal::CONT);
     }
 }
 

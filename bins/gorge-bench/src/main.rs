@@ -14,6 +14,7 @@ mod hogs;
 mod http1;
 mod notify;
 mod procs;
+mod raw_browser;
 mod receiver;
 mod server_metrics;
 mod summary;

@@ -29,6 +29,23 @@ pub async fn snapshot(admin: SocketAddr) -> Option<Snapshot> {
     Some(parse(&String::from_utf8_lossy(&response.body)))
 }
 
+impl Snapshot {
+    /// The sum of every series of family `name` whose labels contain `label` (e.g.
+    /// `result="dropped"`; empty for all).
+    pub fn sum_where(&self, name: &str, label: &str) -> f64 {
+        self.0
+            .iter()
+            .filter(|(series, _)| {
+                series
+                    .strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.is_empty())
+                    && series.contains(label)
+            })
+            .map(|(_, value)| value)
+            .sum()
+    }
+}
+
 fn parse(text: &str) -> Snapshot {
     Snapshot(
         text.lines()
@@ -119,6 +136,21 @@ mod tests {
         assert_eq!(d.fanout_p99_le_ms, Some(2.0));
         assert_eq!(d.admin_post_p99_le_ms, Some(0.1));
         assert_eq!(d.slow_consumer_disconnects, Some(3.0));
+    }
+
+    #[test]
+    fn sums_a_family_by_label() {
+        let snapshot = parse(
+            "peer_relays_total{peer=\"a\",result=\"dropped\"} 2\n\
+             peer_relays_total{peer=\"b\",result=\"dropped\"} 3\n\
+             peer_relays_total{peer=\"b\",result=\"ok\"} 9\n\
+             peer_relays_total_other 100\n",
+        );
+        assert_eq!(
+            snapshot.sum_where("peer_relays_total", "result=\"dropped\""),
+            5.0
+        );
+        assert_eq!(snapshot.sum_where("peer_relays_total", ""), 14.0);
     }
 
     #[test]

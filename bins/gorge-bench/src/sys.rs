@@ -138,6 +138,17 @@ fn parse_schedstat(text: &str) -> Option<ThreadSched> {
     })
 }
 
+/// The 1-minute load average (`/proc/loadavg`): how busy the machine was around a run, for
+/// reading its figures (other work on the same cores shows up as latency).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Sends `signal` (e.g. [`Signal::TERM`]) to `pid`.
 pub fn send_signal(pid: u32, signal: Signal) -> io::Result<()> {
     let pid = i32::try_from(pid)
@@ -182,5 +193,6 @@ mod tests {
         let pid = std::process::id();
         assert!(rss_bytes(pid).unwrap() > 0);
         assert!(cpu_seconds(pid).unwrap() >= 0.0);
+        assert!(load_average().unwrap() >= 0.0);
     }
 }

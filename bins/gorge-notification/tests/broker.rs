@@ -25,6 +25,7 @@ const INSTANCE: &str = "broker";
 const PHID: &str = "PHID-USER-broker";
 
 const BROKER_URL: &str = "GORGE_NOTIFICATION_BROKER_URL";
+const BROKER_CA: &str = "GORGE_NOTIFICATION_BROKER_CA_FILE";
 
 /// A node in broker mode, once `/readyz` answers 200 (its history is loaded).
 async fn node(url: &str) -> Server {
@@ -537,4 +538,159 @@ async fn a_starting_node_loads_a_history_longer_than_one_read() {
         300.0
     );
     assert_eq!(replayed(&c).await, posted);
+}
+
+/// A `rediss://` broker whose certificate a private CA signed: with that CA in
+/// `BROKER_CA_FILE` the nodes verify it, connect and carry a message across; with another
+/// CA they refuse it, and say why.
+#[tokio::test]
+async fn a_tls_broker_is_verified_against_the_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, ca_pem) = Redis::start_tls(dir.path());
+    let ca_file = dir.path().join("trusted-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let ca_file = ca_file.to_str().unwrap();
+    let env = [(BROKER_URL, redis.tls_url()), (BROKER_CA, ca_file.into())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Server::start(&env);
+    let b = Server::start(&env);
+    ready(&a).await;
+    ready(&b).await;
+    let mut on_b = subscribed(&b).await;
+    post(&a, "over-tls").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["over-tls"]);
+    assert_eq!(metric(&a, "gorge_notification_broker_up").await, 1.0);
+    assert_eq!(metric(&b, "gorge_notification_broker_up").await, 1.0);
+
+    // A CA that did not sign the server's certificate: no connection, and the log says so.
+    let other = common::redis::throwaway_ca("some other CA");
+    let wrong_file = dir.path().join("wrong-ca.pem");
+    std::fs::write(&wrong_file, other.certificate.pem()).unwrap();
+    let c = Server::start(&[
+        (BROKER_URL, &redis.tls_url()),
+        (BROKER_CA, wrong_file.to_str().unwrap()),
+    ]);
+    let down = c.wait_for_log("NOTIFY_BROKER_DOWN").await;
+    let error = down["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("invalid peer certificate") && error.contains("UnknownIssuer"),
+        "{down}"
+    );
+    assert_eq!(metric(&c, "gorge_notification_broker_up").await, 0.0);
+}
+
+#[test]
+fn a_ca_file_without_a_certificate_or_without_tls_stops_startup_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello\n").unwrap();
+    let pem = dir.path().join("ca.pem");
+    std::fs::write(&pem, common::redis::throwaway_ca("x").certificate.pem()).unwrap();
+    for (url, file, why) in [
+        (
+            "rediss://127.0.0.1:1/",
+            &not_pem,
+            "holds no PEM certificate",
+        ),
+        ("redis://127.0.0.1:1/", &pem, "only for a rediss://"),
+    ] {
+        let output = Command::new(BIN)
+            .env_clear()
+            .env(BROKER_URL, url)
+            .env(BROKER_CA, file)
+            .arg("--check-config")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(BROKER_CA) && stderr.contains(why),
+            "{stderr}"
+        );
+    }
+}
+
+/// A TCP proxy in front of Redis whose replies reach the client `delay` after Redis sent
+/// them, as over a long link: each chunk is held for `delay` from its arrival, and chunks
+/// behind it are not held longer.
+struct SlowLink {
+    port: u16,
+}
+
+impl SlowLink {
+    async fn start(upstream: u16, delay: Duration) -> SlowLink {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                });
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+                        if tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((due, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(due.into()).await;
+                        if client_write.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        SlowLink { port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+/// The publisher adds what is queued in one round trip, not one round trip per message:
+/// over a link with a long round trip, a burst of 30 messages reaches the other node in
+/// about two round trips (the first message alone, the rest together), where one `XADD` at
+/// a time took thirty.
+#[tokio::test]
+async fn a_burst_is_published_in_a_few_round_trips_not_one_per_message() {
+    let redis = Redis::start();
+    let link = SlowLink::start(redis.port, Duration::from_millis(100)).await;
+    let a = node(&link.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    // Warm: both connections of A are up and the stream exists.
+    post(&a, "warm").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["warm"]);
+
+    let started = Instant::now();
+    post(&a, "one").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["one"]);
+    let one = started.elapsed();
+
+    let burst: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
+    let started = Instant::now();
+    for key in &burst {
+        post(&a, key).await;
+    }
+    assert_eq!(keys(&mut on_b, burst.len()).await, burst);
+    let all = started.elapsed();
+    assert!(
+        all < one * 8,
+        "30 messages took {all:?}, one took {one:?}: one round trip per message"
+    );
 }

@@ -59,6 +59,24 @@ impl RefusedPort {
         }
     }
 
+    /// Holds `port`, on which a server of this test listens now (with `SO_REUSEPORT`, as
+    /// gorge's listeners do), so that once that server is gone the port refuses connections
+    /// instead of going back to the kernel, which could hand it to a parallel test's server:
+    /// a peer that still sends to the dead server's address would then reach a live one. It
+    /// binds beside the listener with `SO_REUSEPORT` and never listens, and the kernel sends
+    /// connections only to listening sockets, so the server keeps getting them until it goes.
+    pub fn hold(port: u16) -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.set_reuseport(true).expect("SO_REUSEPORT");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .expect("bind beside the server's listener");
+        RefusedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.port

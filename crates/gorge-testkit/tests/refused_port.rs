@@ -19,3 +19,26 @@ fn a_refused_port_refuses_and_cannot_be_taken() {
     taken.set_reuseaddr(true).unwrap();
     assert!(taken.bind(addr.parse().unwrap()).is_err());
 }
+
+/// A held port keeps serving through its listener while that lives, then refuses, and no
+/// port handed out by the kernel is the held one.
+#[tokio::test]
+async fn a_held_port_serves_until_its_listener_goes_then_refuses() {
+    let listener = tokio::net::TcpSocket::new_v4().unwrap();
+    listener.set_reuseport(true).unwrap();
+    listener.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = listener.listen(16).unwrap().into_std().unwrap();
+    listener.set_nonblocking(false).unwrap();
+    let held = RefusedPort::hold(addr.port());
+    TcpStream::connect(addr).expect("the listener still gets connections");
+    listener
+        .accept()
+        .expect("accepted by the server's listener");
+    drop(listener);
+    let err = TcpStream::connect(addr).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    let err = TcpListener::bind(addr).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AddrInUse, "{err}");
+    assert_eq!(held.port(), addr.port());
+}

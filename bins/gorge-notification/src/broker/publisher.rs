@@ -1,11 +1,18 @@
 //! The publisher: one task, one connection, `XADD`s the queued messages in order.
 //!
-//! A message whose `XADD` failed or timed out is retried on a new connection (after a jittered
-//! backoff) until it is older than the history age; meanwhile the queue fills and the admin
-//! port drops and counts what does not fit. A retried `XADD` may have been applied already
-//! (Redis paused, answer lost): every entry carries this server's fingerprint and a sequence
-//! number, and readers keep the first of each. With nothing to publish for
-//! [`PROBE_INTERVAL`](super::PROBE_INTERVAL) a probe entry is added, for the reader to expect.
+//! Whatever is queued when the publisher gets to it goes in one pipeline (one round trip, up
+//! to [`BATCH_ENTRIES`] entries and [`BATCH_BYTES`]): one `XADD` per round trip would cap the
+//! rate at one message per round trip, and a round trip is what a loaded machine or a remote
+//! Redis makes long; messages then wait in the queue behind each other, which is the
+//! cross-node latency of every one of them.
+//!
+//! A batch whose pipeline failed or timed out is retried whole on a new connection (after a
+//! jittered backoff), each message until it is older than the history age; meanwhile the
+//! queue fills and the admin port drops and counts what does not fit. A retried `XADD` may
+//! have been applied already (Redis paused, answer lost): every entry carries this server's
+//! fingerprint and a sequence number, and readers keep the first of each. With nothing to
+//! publish for [`PROBE_INTERVAL`](super::PROBE_INTERVAL) a probe entry is added, for the
+//! reader to expect.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,6 +29,12 @@ use super::{
 /// How often the stream is trimmed by age (it is trimmed by entries on every `XADD`).
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
+/// Entries one pipeline adds at most.
+pub(super) const BATCH_ENTRIES: usize = 256;
+
+/// Message bytes one pipeline carries at most (a single larger message goes alone).
+const BATCH_BYTES: usize = 1 << 20;
+
 /// What one `XADD` adds.
 enum Item {
     Message(Outgoing),
@@ -33,35 +46,47 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
     let mut connected_before = false;
     let mut backoff = Backoff::new();
     let mut seq = 0u64;
-    // A message whose XADD failed, with its sequence number: next to go.
-    let mut retry: Option<(u64, Outgoing)> = None;
+    // Entries whose pipeline failed, with their sequence numbers: next to go.
+    let mut batch: Vec<(u64, Item)> = Vec::new();
     let mut last_trim: Option<Instant> = None;
     // The first probe goes at once: it connects, and shows `broker_up` from the start.
     let mut idle_for = Duration::ZERO;
     loop {
-        let (this_seq, item) = match retry.take() {
-            Some((this_seq, outgoing)) => (this_seq, Item::Message(outgoing)),
-            None => {
-                let next = tokio::time::timeout(idle_for, jobs.recv()).await;
-                idle_for = PROBE_INTERVAL;
-                let item = match next {
-                    Ok(Some(outgoing)) => Item::Message(outgoing),
-                    Ok(None) => return,
-                    Err(_) => Item::Probe,
-                };
-                seq += 1;
-                (seq, item)
-            }
-        };
-        if let Item::Message(outgoing) = &item {
-            if outgoing.queued_at.elapsed() > shared.history_age {
-                // Published now it would reach browsers as new although a replay would no
-                // longer return it; it is out of the window the contract covers.
-                shared.metrics.broker_dropped.with(["expired"]).inc();
-                shared.message_done();
-                continue;
+        if batch.is_empty() {
+            let next = tokio::time::timeout(idle_for, jobs.recv()).await;
+            idle_for = PROBE_INTERVAL;
+            match next {
+                Ok(Some(outgoing)) => {
+                    let mut bytes = outgoing.message.len();
+                    seq += 1;
+                    batch.push((seq, Item::Message(outgoing)));
+                    while batch.len() < BATCH_ENTRIES && bytes < BATCH_BYTES {
+                        let Ok(outgoing) = jobs.try_recv() else { break };
+                        bytes += outgoing.message.len();
+                        seq += 1;
+                        batch.push((seq, Item::Message(outgoing)));
+                    }
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    seq += 1;
+                    batch.push((seq, Item::Probe));
+                }
             }
         }
+        batch.retain(|(_, item)| match item {
+            // Published now it would reach browsers as new although a replay would no
+            // longer return it; it is out of the window the contract covers.
+            Item::Message(outgoing) if outgoing.queued_at.elapsed() > shared.history_age => {
+                shared.metrics.broker_dropped.with(["expired"]).inc();
+                shared.message_done();
+                false
+            }
+            _ => true,
+        });
+        let Some(&(last_seq, _)) = batch.last() else {
+            continue;
+        };
         let connection = match conn.as_mut() {
             Some(connection) => connection,
             None => match shared.connect(CALL_TIMEOUT).await {
@@ -74,23 +99,23 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
                 }
                 Err(error) => {
                     shared.mark_down(&shared.publisher_up, "publisher", &error);
-                    if let Item::Message(outgoing) = item {
-                        retry = Some((this_seq, outgoing));
-                    }
+                    batch.retain(|(_, item)| matches!(item, Item::Message(_)));
                     backoff.wait().await;
                     continue;
                 }
             },
         };
-        match xadd(&shared, connection, this_seq, &item).await {
+        match xadd(&shared, connection, &batch).await {
             Ok(()) => {
                 backoff.reset();
                 shared.mark_up(&shared.publisher_up, "publisher");
-                if matches!(item, Item::Message(_)) {
-                    shared.metrics.broker_published.inc();
-                    shared.message_done();
+                for (_, item) in batch.drain(..) {
+                    if matches!(item, Item::Message(_)) {
+                        shared.metrics.broker_published.inc();
+                        shared.message_done();
+                    }
                 }
-                expect_back(&shared, this_seq);
+                expect_back(&shared, last_seq);
                 if last_trim.is_none_or(|at| at.elapsed() >= TRIM_EVERY) {
                     last_trim = Some(Instant::now());
                     // A failure shows on the next XADD; trimming is only about space.
@@ -98,49 +123,51 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
                 }
             }
             Err(error) => {
-                shared.metrics.broker_failed.inc();
+                shared.metrics.broker_failed.inc_by(batch.len() as u64);
                 shared.mark_down(&shared.publisher_up, "publisher", &error);
                 conn = None;
-                if let Item::Message(outgoing) = item {
-                    retry = Some((this_seq, outgoing));
-                }
+                // Messages go again; a probe would only be a stale one.
+                batch.retain(|(_, item)| matches!(item, Item::Message(_)));
                 backoff.wait().await;
             }
         }
     }
 }
 
-/// `XADD <stream> MAXLEN ~ <entries> * fingerprint F seq N [instance I message M | probe 1]`.
+/// One pipeline of `XADD <stream> MAXLEN ~ <entries> * fingerprint F seq N
+/// [instance I message M | probe 1]`, one per entry, in order.
 async fn xadd(
     shared: &Shared,
     conn: &mut MultiplexedConnection,
-    seq: u64,
-    item: &Item,
+    batch: &[(u64, Item)],
 ) -> redis::RedisResult<()> {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(&shared.stream_key)
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(shared.max_entries)
-        .arg("*")
-        .arg(FIELD_FINGERPRINT)
-        .arg(&shared.fingerprint)
-        .arg(FIELD_SEQ)
-        .arg(seq);
-    match item {
-        Item::Message(outgoing) => {
-            cmd.arg(FIELD_INSTANCE)
-                .arg(&outgoing.instance)
-                .arg(FIELD_MESSAGE)
-                .arg(&outgoing.message[..]);
+    let mut pipe = redis::pipe();
+    for (seq, item) in batch {
+        let cmd = pipe
+            .cmd("XADD")
+            .arg(&shared.stream_key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(shared.max_entries)
+            .arg("*")
+            .arg(FIELD_FINGERPRINT)
+            .arg(&shared.fingerprint)
+            .arg(FIELD_SEQ)
+            .arg(*seq);
+        match item {
+            Item::Message(outgoing) => {
+                cmd.arg(FIELD_INSTANCE)
+                    .arg(&outgoing.instance)
+                    .arg(FIELD_MESSAGE)
+                    .arg(&outgoing.message[..]);
+            }
+            Item::Probe => {
+                cmd.arg(FIELD_PROBE).arg(1);
+            }
         }
-        Item::Probe => {
-            cmd.arg(FIELD_PROBE).arg(1);
-        }
+        cmd.ignore();
     }
-    within(CALL_TIMEOUT, cmd.query_async::<redis::Value>(conn))
-        .await
-        .map(drop)
+    within(CALL_TIMEOUT, pipe.query_async::<()>(conn)).await
 }
 
 /// Tells the reader to expect our entry `seq` back, unless it has seen it already.

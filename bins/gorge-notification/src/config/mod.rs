@@ -107,6 +107,9 @@ pub struct BrokerConfig {
     pub url: Secret,
     /// From `BROKER_PASSWORD_FILE`; wins over a password in the URL.
     pub password: Option<Secret>,
+    /// From `BROKER_CA_FILE`: the PEM of the CA(s) a `rediss://` broker's certificate must
+    /// chain to, instead of the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
     /// Keys are `<prefix>:stream` and `<prefix>:epoch`.
     pub prefix: String,
     /// Messages waiting to be published, at most.
@@ -440,14 +443,35 @@ fn broker_config(
         }
         None => None,
     };
+    let ca_pem = match &settings.broker_ca_file {
+        Some(path) => {
+            let key = env_key("broker_ca_file");
+            let pem = std::fs::read(path)
+                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
+            if !url.expose().starts_with("rediss://") {
+                return Err(ConfigError::new(
+                    &key,
+                    path,
+                    "is only for a rediss:// (TLS) GORGE_NOTIFICATION_BROKER_URL",
+                ));
+            }
+            Some(pem)
+        }
+        None => None,
+    };
     let broker = BrokerConfig {
         url,
         password,
+        ca_pem,
         prefix: settings.broker_prefix.trim().to_string(),
         queue_capacity: usize_of(settings.broker_queue_capacity),
     };
     if let Err(why) = crate::broker::connection_info(&broker) {
         return Err(ConfigError::new(&url_key, &broker.url, why));
+    }
+    if let Err(why) = crate::broker::client(&broker) {
+        let path = settings.broker_ca_file.as_deref().unwrap_or_default();
+        return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
     }
     if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
         return Err(ConfigError::new(

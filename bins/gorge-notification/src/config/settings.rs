@@ -49,6 +49,9 @@ gorge_service::settings! {
              (TLS) of a Redis ≥ 6.2 or Valkey; masked when printed";
         broker_password_file: Optional<Text> = None,
             "File holding the broker password (one line; wins over a password in the URL)";
+        broker_ca_file: Optional<Text> = None,
+            "PEM file of the CA certificate(s) that signed the broker's TLS certificate \
+             (`rediss://` only); trusted instead of the system's roots";
         broker_prefix: Text = "gorge:notification".to_string(),
             "Prefix of the broker's keys (`<prefix>:stream`, `<prefix>:epoch`); one per Phorge \
              install sharing a Redis";

@@ -237,6 +237,7 @@ GORGE_NOTIFICATION_CONFIG_FILE: nothing (the chart configures through the enviro
 GORGE_NOTIFICATION_BROKER_URL: notification.broker.url
 GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: notification.broker.existingSecret
 GORGE_NOTIFICATION_BROKER_PREFIX: notification.broker.prefix
+GORGE_NOTIFICATION_BROKER_CA_FILE: notification.broker.caConfigMap
 {{- end -}}
 {{- define "gorge.webhook.managedEnv" -}}
 GORGE_LISTEN_ADDR: webhook.port
@@ -369,6 +370,11 @@ settings change.
 /var/run/secrets/gorge/broker/{{ .Values.notification.broker.passwordKey }}
 {{- end -}}
 
+{{/* Where the broker's CA ConfigMap is mounted (rediss:// with a private CA). */}}
+{{- define "gorge.notification.brokerCaFile" -}}
+/etc/gorge/broker-ca/{{ .Values.notification.broker.caKey }}
+{{- end -}}
+
 {{- define "gorge.notification.configData" -}}
 {{- $n := .Values.notification -}}
 GORGE_NOTIFICATION_CLIENT_PORT: {{ $n.clientPort | quote }}
@@ -382,6 +388,9 @@ GORGE_NOTIFICATION_BROKER_URL: {{ $n.broker.url | quote }}
 GORGE_NOTIFICATION_BROKER_PREFIX: {{ $n.broker.prefix | quote }}
 {{- with $n.broker.existingSecret }}
 GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: {{ include "gorge.notification.brokerPasswordFile" $ | quote }}
+{{- end }}
+{{- with $n.broker.caConfigMap }}
+GORGE_NOTIFICATION_BROKER_CA_FILE: {{ include "gorge.notification.brokerCaFile" $ | quote }}
 {{- end }}
 {{- else }}
 GORGE_NOTIFICATION_PEER_DNS: {{ include "gorge.notification.peerDns" . | quote }}
