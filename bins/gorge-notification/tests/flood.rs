@@ -228,7 +228,10 @@ fn p99(sorted: &[Duration]) -> Duration {
 
 /// The budget out of the way: only the yielding reads and the admin port's own thread keep
 /// PHP's POSTs flowing while one socket sends without pause on the only worker. Before them,
-/// the POSTs waited for the flooder's reads (p99 817 ms against an idle 0.8 ms).
+/// the POSTs waited for the flooder's reads (p99 817 ms against an idle 0.8 ms). That the
+/// admin listener does not wait for the client workers' reactor before its accept is pinned
+/// without timing by gorge-service's
+/// `a_listener_on_its_own_runtime_accepts_while_the_binding_runtime_is_stuck`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn one_worker_and_one_flooder_posts_are_answered() {
     let server = InProcess::start(|config| {
