@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the scenarios published in docs/benchmarks.md and appends one JSON line per run
 # (the bench's summary plus "scenario" and "run") to $RESULTS (default
-# /tmp/gorge-bench-results.jsonl). Usage: measure.sh [notify|notify10k|large|flood|webhook|drills|profile|all] [runs]
+# /tmp/gorge-bench-results.jsonl). Usage: measure.sh [notify|notify10k|large|flood|hogs|webhook|drills|profile|all] [runs]
 # Needs release builds: cargo build --release -p gorge-bench -p gorge-notification -p gorge-webhook
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -22,13 +22,26 @@ record() { # scenario run -- command...
 start_notification() {
   # The server needs as many descriptors as the bench opens sockets. $PIN (e.g.
   # "taskset -c 0") runs it on fewer CPUs: tokio then starts one worker per CPU it may use.
-  ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-    GORGE_NOTIFICATION_LISTEN_ADDR=127.0.0.1 GORGE_NOTIFICATION_CLIENT_PORT=$CLIENT_PORT \
-    GORGE_NOTIFICATION_ADMIN_PORT=$ADMIN_PORT GORGE_LOG_LEVEL=warn \
-    exec ${PIN:-} "$BIN/gorge-notification" >>/tmp/gorge-bench-notification.log 2>&1 ) &
+  # With $APHLICT (the path of Phorge's support/aphlict/server/aphlict_server.js, its `ws`
+  # module installed beside it) the server is Aphlict instead, started as `bin/aphlict`
+  # starts it (node --max-old-space-size=256, a config file with both servers).
+  local ready="readyz"
+  if [ -n "${APHLICT:-}" ]; then
+    ready="status/"
+    printf '{"servers":[{"type":"client","port":%s,"listen":"127.0.0.1"},{"type":"admin","port":%s,"listen":"127.0.0.1"}],"logs":[],"cluster":[],"pidfile":"/tmp/gorge-bench-aphlict.pid"}\n' \
+      "$CLIENT_PORT" "$ADMIN_PORT" >/tmp/gorge-bench-aphlict.json
+    ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+      exec ${PIN:-} node --max-old-space-size=256 "$APHLICT" --config=/tmp/gorge-bench-aphlict.json \
+        >>/tmp/gorge-bench-aphlict.log 2>&1 ) &
+  else
+    ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+      GORGE_NOTIFICATION_LISTEN_ADDR=127.0.0.1 GORGE_NOTIFICATION_CLIENT_PORT=$CLIENT_PORT \
+      GORGE_NOTIFICATION_ADMIN_PORT=$ADMIN_PORT GORGE_LOG_LEVEL=warn \
+      exec ${PIN:-} "$BIN/gorge-notification" >>/tmp/gorge-bench-notification.log 2>&1 ) &
+  fi
   SERVER_PID=$!
   for _ in $(seq 100); do
-    curl -fs "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null && return 0
+    curl -fs "http://127.0.0.1:$ADMIN_PORT/$ready" >/dev/null && return 0
     sleep 0.1
   done
   echo "notification server did not become ready" >&2
@@ -74,12 +87,26 @@ notify_large() {
 
 # Anonymous sockets flooding each kind of frame (reconnecting when closed) while an admin
 # POST is made every 100 ms: 1, 4 and 32 sockets on both CPUs, then 1 and 32 with the server
-# pinned to one CPU (one tokio worker, as in a 1-CPU container).
+# pinned to one CPU (one tokio worker, as in a 1-CPU container). FLOODER_NICE=19 runs the
+# flooding threads at the lowest priority: they stand for remote machines, whose CPU (and
+# the kernel's loopback TCP work, done in the sending thread) is not this box's.
 flood_scenario() { # name -- bench args...
   local name=$1; shift 2
   start_notification || return 1
   record "$name" 1 -- "$BIN/gorge-bench" flood --client "ws://127.0.0.1:$CLIENT_PORT/" \
-    --admin "http://127.0.0.1:$ADMIN_PORT/" --pid "$SERVER_PID" --seconds "${FLOOD_SECONDS:-8}" "$@"
+    --admin "http://127.0.0.1:$ADMIN_PORT/" --pid "$SERVER_PID" --seconds "${FLOOD_SECONDS:-8}" \
+    --flooder-nice "${FLOODER_NICE:-0}" "$@"
+  stop_notification
+}
+
+# The subscription total attacked (issue 21 item 8): 600 sockets × 4 096 PHIDs of 32 bytes
+# (each socket's 512 KiB; together past the 256 MiB total), a newcomer's message, and RSS
+# idle, at the peak and for 10 s after the hogs close.
+hogs_all() {
+  start_notification || return 1
+  record hogs-600 1 -- "$BIN/gorge-bench" hogs --client "ws://127.0.0.1:$CLIENT_PORT/" \
+    --admin "http://127.0.0.1:$ADMIN_PORT/" --pid "$SERVER_PID" --sockets 600 --phids 4096 \
+    --phid-bytes 32 --settle-seconds 10 --timeout 300
   stop_notification
 }
 
@@ -141,9 +168,10 @@ case "${1:-all}" in
   notify10k) notify_10k ;;
   large) notify_large ;;
   flood) flood_all ;;
+  hogs) hogs_all ;;
   webhook) webhook_all ;;
   drills) drills_all ;;
   profile) profile_all ;;
   all) notify_all; webhook_all; drills_all; notify_large ;;
-  *) echo "usage: $0 [notify|notify10k|large|flood|webhook|drills|profile|all] [runs]" >&2; exit 2 ;;
+  *) echo "usage: $0 [notify|notify10k|large|flood|hogs|webhook|drills|profile|all] [runs]" >&2; exit 2 ;;
 esac

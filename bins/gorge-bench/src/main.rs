@@ -10,6 +10,7 @@ mod flood;
 mod floor;
 mod herald_db;
 mod histogram;
+mod hogs;
 mod http1;
 mod notify;
 mod procs;
@@ -44,6 +45,9 @@ enum Command {
     Drill(drill::DrillArgs),
     /// Anonymous sockets flooding one kind of frame while admin POSTs are timed.
     Flood(flood::FloodArgs),
+    /// Anonymous sockets filling the subscription total; a newcomer's message, and RSS
+    /// before, at the peak and after they close.
+    Hogs(hogs::HogsArgs),
     /// The floor to compare against: a minimal server that writes one pre-encoded frame to
     /// every socket in a tight non-blocking loop.
     Floor(floor::FloorArgs),
@@ -85,6 +89,7 @@ fn main() {
         Command::Cluster(a) => ("cluster", a.timeout),
         Command::Floor(a) => ("floor", a.timeout),
         Command::Flood(a) => ("flood", a.timeout),
+        Command::Hogs(a) => ("hogs", a.timeout),
     };
     // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
     // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
@@ -98,6 +103,7 @@ fn main() {
                 Command::Cluster(a) => cluster::run(a).await,
                 Command::Floor(a) => floor::run(a).await,
                 Command::Flood(a) => flood::run(a).await,
+                Command::Hogs(a) => hogs::run(a).await,
             }
         };
         tokio::time::timeout(limit, work)

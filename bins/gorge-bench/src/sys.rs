@@ -45,8 +45,20 @@ pub fn rss_bytes(pid: u32) -> io::Result<u64> {
     parse_vm_rss(&status).ok_or_else(|| io::Error::other("no VmRSS line in /proc/PID/status"))
 }
 
+/// The anonymous part of `pid`'s resident set (RssAnon: heap and stacks, without the
+/// binary's own pages, which stay resident once touched).
+pub fn rss_anon_bytes(pid: u32) -> io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_kib_line(&status, "RssAnon:")
+        .ok_or_else(|| io::Error::other("no RssAnon line in /proc/PID/status"))
+}
+
 fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    parse_kib_line(status, "VmRSS:")
+}
+
+fn parse_kib_line(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -66,6 +78,64 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: a nice value is per
+/// thread). Raising it back needs privilege, so this is one-way for a thread.
+pub fn nice_this_thread(nice: i32) -> io::Result<()> {
+    rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice)?;
+    Ok(())
+}
+
+/// Scheduler figures of one thread, from `/proc/PID/task/TID/schedstat` and `comm`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadSched {
+    pub name: String,
+    /// Time on a CPU, in ns.
+    pub run_ns: u64,
+    /// Time runnable but waiting for a CPU (the run queue), in ns.
+    pub wait_ns: u64,
+    /// Times the thread was given a CPU.
+    pub slices: u64,
+}
+
+/// Every thread of `pid`, by thread id.
+pub fn threads_sched(pid: u32) -> std::collections::BTreeMap<u32, ThreadSched> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = task.path();
+        let (Ok(stat), Ok(name)) = (
+            std::fs::read_to_string(dir.join("schedstat")),
+            std::fs::read_to_string(dir.join("comm")),
+        ) else {
+            continue;
+        };
+        if let Some(mut sched) = parse_schedstat(&stat) {
+            sched.name = name.trim().to_string();
+            out.insert(tid, sched);
+        }
+    }
+    out
+}
+
+fn parse_schedstat(text: &str) -> Option<ThreadSched> {
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some(ThreadSched {
+        name: String::new(),
+        run_ns: fields.next()??,
+        wait_ns: fields.next()??,
+        slices: fields.next()??,
+    })
 }
 
 /// The 1-minute load average (`/proc/loadavg`): how busy the machine was around a run, for
@@ -103,6 +173,13 @@ mod tests {
     fn reads_cpu_ticks_past_odd_names() {
         let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 1 0 9 1 1";
         assert_eq!(parse_cpu_ticks(stat), Some(22));
+    }
+
+    #[test]
+    fn reads_schedstat() {
+        let sched = parse_schedstat("123 45 6\n").unwrap();
+        assert_eq!((sched.run_ns, sched.wait_ns, sched.slices), (123, 45, 6));
+        assert!(!threads_sched(std::process::id()).is_empty());
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The admin port's own runtime: one thread that accepts and answers PHP's POSTs, probes
 //! and `/status/`, out of reach of the browsers' sockets.
 //!
-//! Browser sockets run on the main runtime; however many of them flood it with frames (each
-//! read is bounded and yields, but a worker is still busy while they keep coming), the
-//! kernel schedules this thread on its own, so PHP's POST is accepted and answered as soon
-//! as it arrives. The handlers share no lock with the sessions beyond the hub's, which is
+//! Browser sockets run on the client runtime (`client_runtime`, at a lower priority);
+//! however many of them flood it with frames (each read is bounded and yields, but a worker
+//! is still busy while they keep coming), the kernel schedules this thread on its own, and
+//! the admin listener is registered with this runtime's reactor (gorge-service moves it when
+//! it starts serving), so PHP's POST is accepted and answered as soon as it arrives. The handlers share no lock with the sessions beyond the hub's, which is
 //! held only briefly and never across I/O.
 
 use std::io;

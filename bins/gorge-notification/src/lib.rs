@@ -9,6 +9,7 @@
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
 //! - [`admin`]: `POST /`, `/status/`, `/history/` and the probes;
 //! - [`admin_runtime`]: the admin port's own thread, out of the browsers' reach;
+//! - [`client_runtime`]: the browsers' sockets' threads, at a lower scheduling priority;
 //! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out), from PHP, a
 //!   peer or the broker;
 //! - [`warmup`]: a starting server fills its history from a ready peer;
@@ -23,6 +24,7 @@
 //! - [`history_gate`]: `/readyz` and client commands wait until the history is filled;
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`fdlimit`]: raising the open-file limit at startup;
+//! - [`memory`]: handing freed heap memory back after a large release (an attack's sockets);
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
@@ -30,6 +32,7 @@ pub mod admin_runtime;
 pub mod broker;
 pub mod budget;
 pub mod client_port;
+pub mod client_runtime;
 pub mod config;
 pub mod drain;
 pub mod events;
@@ -39,6 +42,7 @@ pub mod frames;
 pub mod history_gate;
 pub mod ingest;
 pub mod inspect;
+pub mod memory;
 pub mod metrics;
 pub mod peers;
 pub mod service;

@@ -51,6 +51,8 @@ enum Subcommand {
 }
 
 fn main() {
+    // Before any thread exists: how freed memory goes back to the system (memory.rs).
+    gorge_notification::memory::configure_allocator();
     let cli = Cli::parse();
     if let Err(e) = cli.common.apply_env_file() {
         exit_env_file_error(&e, cli.command.as_ref());

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use crate::admin_runtime::AdminRuntime;
 use crate::broker::{Broker, BrokerMetrics};
+use crate::client_runtime::ClientRuntime;
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
@@ -45,6 +46,8 @@ pub struct Server {
     static_peers: usize,
     /// Serves the admin listeners; lives as long as the server runs.
     admin_runtime: AdminRuntime,
+    /// Serves the client listeners and their sockets, at a lower priority.
+    client_runtime: ClientRuntime,
     /// Bounds the warm-up from peers (the gate opens by then whatever happened).
     warmup_deadline: Duration,
 }
@@ -154,6 +157,16 @@ impl Server {
             addr: config.admin_addr().unwrap_or(([0, 0, 0, 0], 0).into()),
             source,
         })?;
+        // As many workers as the runtime binding the server has (one per usable CPU).
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        let client_runtime =
+            ClientRuntime::start(workers, config.client_worker_nice).map_err(|source| {
+                BindError {
+                    name: ServerKind::Client.to_string(),
+                    addr: ([0, 0, 0, 0], 0).into(),
+                    source,
+                }
+            })?;
         let admin_name = ServerKind::Admin.to_string();
         // Read after main raised the soft limit to the hard one.
         let client_cap = fdlimit::client_connection_cap(fdlimit::soft_limit());
@@ -175,6 +188,7 @@ impl Server {
                     l.on_runtime(admin_runtime.handle())
                 } else {
                     let l = l
+                        .on_runtime(client_runtime.handle())
                         .with_first_request_deadline(UPGRADE_DEADLINE, expired.clone())
                         .serve_http10_upgrades();
                     match &client_cap {
@@ -191,6 +205,7 @@ impl Server {
             drain_deadline: config.drain_deadline(),
             static_peers: config.peers.static_peers.len(),
             admin_runtime,
+            client_runtime,
             // One peer's full timeout, and another's: a hung peer costs at most one.
             warmup_deadline: config.peers.timeout * 2,
         })
@@ -231,6 +246,7 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
+        tokio::spawn(crate::memory::housekeeping(state.clone()));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
         if state.broker.is_none() && !state.history_gate.is_open() {
             tokio::spawn(warmup::run(state.clone(), self.warmup_deadline));
@@ -246,6 +262,7 @@ impl Server {
             Box::new(move || Box::pin(drain::drain(drain_state, window)));
         let result = run(self.listeners, state.probes.clone(), hook, options, &log).await;
         drop(self.admin_runtime);
+        drop(self.client_runtime);
         result
     }
 }

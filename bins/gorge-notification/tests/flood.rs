@@ -228,7 +228,10 @@ fn p99(sorted: &[Duration]) -> Duration {
 
 /// The budget out of the way: only the yielding reads and the admin port's own thread keep
 /// PHP's POSTs flowing while one socket sends without pause on the only worker. Before them,
-/// the POSTs waited for the flooder's reads (p99 817 ms against an idle 0.8 ms).
+/// the POSTs waited for the flooder's reads (p99 817 ms against an idle 0.8 ms). That the
+/// admin listener does not wait for the client workers' reactor before its accept is pinned
+/// without timing by gorge-service's
+/// `a_listener_on_its_own_runtime_accepts_while_the_binding_runtime_is_stuck`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn one_worker_and_one_flooder_posts_are_answered() {
     let server = InProcess::start(|config| {
@@ -376,4 +379,53 @@ async fn pong_or_close(ws: &mut common::Ws) -> Option<u16> {
             other => panic!("neither pong nor close: {other:?}"),
         }
     }
+}
+
+/// The nice value in a `/proc/.../stat` text.
+fn nice_in(stat: &str) -> i64 {
+    // Fields after the `)` that ends the name: state is the first, nice the 17th.
+    let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+    after_name
+        .split_whitespace()
+        .nth(16)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The nice value of every thread of this process named `name`.
+fn nice_of_threads(name: &str) -> Vec<i64> {
+    let mut nices = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            nices.push(nice_in(
+                &std::fs::read_to_string(task.path().join("stat")).unwrap(),
+            ));
+        }
+    }
+    nices
+}
+
+/// Browsers' sockets are served by threads of their own, `CLIENT_WORKER_NICE` (default 10)
+/// below the admin port's thread: under a flood the scheduler runs PHP's POSTs (and the
+/// fan-out) first. Before, the sockets ran on the main runtime at the process's priority and
+/// there was no `gorge-client` thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_sockets_run_below_the_admin_port() {
+    let server = InProcess::start(|_| {}).await;
+    let mut browser = server.ws("/").await;
+    assert_eq!(browser.sync().await, Vec::<String>::new());
+    let base = nice_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+    let clients = nice_of_threads("gorge-client");
+    assert!(!clients.is_empty(), "no gorge-client thread");
+    assert!(
+        clients.iter().all(|nice| *nice == (base + 10).min(19)),
+        "client threads {clients:?}, this thread {base}"
+    );
+    let admin = nice_of_threads("gorge-admin");
+    assert!(
+        !admin.is_empty() && admin.iter().all(|nice| *nice == base),
+        "admin threads {admin:?}, this thread {base}"
+    );
 }

@@ -20,8 +20,8 @@ mod subscriptions;
 pub use clock::{ManualMillisClock, MillisClock, MonotonicClock};
 pub use hub::{
     ConnectError, Hub, HubStatus, HubUsage, InstanceNameTooLong, Limits, Publication,
-    PublishCounts, Publisher, ReplayCounts, Retained, SocketHandle, SocketId, SubscribeCounts,
-    WarmCounts, Warmed,
+    PublishCounts, Publisher, Released, ReplayCounts, Retained, SocketHandle, SocketId,
+    SubscribeCounts, WarmCounts, Warmed,
 };
 pub use send_queue::{CloseReason, Flush, Push, QueueCaps, SendQueue, Sink, MAX_BATCH};
 pub use subscriptions::{subscription_cost, SUBSCRIPTION_OVERHEAD_BYTES};

@@ -166,7 +166,9 @@ impl BoundListener {
 
     /// Accepts and serves this listener's connections on `runtime` instead of the one
     /// [`crate::shutdown::run`] runs on: a port that must answer whatever the other ports'
-    /// clients do (a flood of them keeping every worker busy) gets threads of its own.
+    /// clients do (a flood of them keeping every worker busy) gets threads of its own. The
+    /// listening socket moves to that runtime's reactor when it starts serving, so nothing of
+    /// the binding runtime stands between a connection and its accept.
     pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
         self.runtime = Some(runtime);
         self
@@ -307,6 +309,15 @@ pub(crate) async fn serve(
     let mut last_logged: Option<Instant> = None;
     let mut unlogged = 0u64;
     let timeouts = (bound.header_timeout, bound.request_timeout);
+    // A socket's readiness comes from the reactor of the runtime it was registered with:
+    // the one that bound it. Served on a runtime of its own, the listener moves to that
+    // runtime's reactor, or its connections would wait (before the accept, where no timer
+    // of ours sees them) until a worker of the binding runtime polls its reactor — which a
+    // flood of client sockets on those workers delayed by hundreds of ms.
+    let mut bound = bound;
+    if bound.runtime.is_some() {
+        bound.listener = TcpListener::from_std(bound.listener.into_std()?)?;
+    }
     loop {
         let accepted = tokio::select! {
             _ = stopped(&mut stops.accept) => return Ok(()),

@@ -1,7 +1,8 @@
 //! Listener mechanics over real loopback sockets: a request that never finishes arriving is
 //! cut off, and a second process can bind the same port (`SO_REUSEPORT`) and takes every new
 //! connection once the first one starts draining, and the first closes its kept-alive
-//! connections then too (so clients' next requests reach the second).
+//! connections then too (so clients' next requests reach the second); a listener served on a
+//! runtime of its own accepts however busy the runtime that bound it is.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -179,4 +180,66 @@ async fn a_second_server_binds_the_same_port_and_takes_over_when_the_first_drain
     first.await.unwrap().unwrap();
     two.trigger();
     second.await.unwrap().unwrap();
+}
+
+/// A runtime shut down without waiting when dropped (a test that fails may drop it inside
+/// the test's runtime, where a blocking shutdown is not allowed).
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The admin port's case: its listener is served on a one-thread runtime of its own, and the
+/// runtime that bound it has its only worker stuck (as a flood of client sockets keeps it
+/// busy). A connection is still accepted and answered. Before, the listener stayed
+/// registered with the binding runtime's reactor, so its connections were seen only when
+/// that runtime's worker polled it: here never (the request timed out), under a flood
+/// 100–500 ms later, all of it before the accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_listener_on_its_own_runtime_accepts_while_the_binding_runtime_is_stuck() {
+    let own = OwnRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    ));
+    let handle = own.0.as_ref().unwrap().handle().clone();
+    let bound = bind_all(vec![spec("admin", "127.0.0.1:0".parse().unwrap())])
+        .await
+        .unwrap();
+    let bound: Vec<_> = bound
+        .into_iter()
+        .map(|l| l.on_runtime(handle.clone()))
+        .collect();
+    let addr = bound[0].local_addr();
+    let shutdown = Shutdown::new();
+    let probes = Probes::new(Default::default(), Probes::always_ready());
+    let opts = options(&shutdown);
+    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &logger()).await });
+    assert!(get(addr).await.ends_with("served by admin"));
+
+    // The test's runtime has one worker: a task that blocks it leaves nothing to poll that
+    // runtime's reactor. It is released when `release` is dropped (also if the test fails).
+    let (release, stuck) = std::sync::mpsc::channel::<()>();
+    let (blocked_tx, blocked) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        blocked_tx.send(()).unwrap();
+        let _ = stuck.recv_timeout(PATIENCE * 2);
+    });
+    blocked.recv_timeout(PATIENCE).unwrap();
+    // Blocking code on the test's own thread, which is not a worker.
+    let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let response = http::raw_blocking(addr, request);
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.text(), "served by admin");
+    drop(release);
+
+    shutdown.trigger();
+    server.await.unwrap().unwrap();
 }

@@ -132,6 +132,8 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// Each socket's inbound budget.
     pub inbound: InboundLimits,
+    /// Added to the nice value of the client sockets' threads (0..=19).
+    pub client_worker_nice: i32,
     pub max_admin_body_bytes: usize,
     pub ping_interval: Duration,
     pub idle_timeout: Duration,
@@ -387,6 +389,7 @@ fn build(
             bytes_per_second: s.inbound_bytes_per_second,
             bytes_burst: s.inbound_bytes_burst,
         },
+        client_worker_nice: s.client_worker_nice,
         max_admin_body_bytes: usize_of(s.max_admin_body_bytes),
         ping_interval: Duration::from_secs(s.ping_interval_seconds),
         idle_timeout: Duration::from_secs(s.idle_timeout_seconds),

@@ -9,6 +9,11 @@ use gorge_service::settings::{
     Bytes, Count, CountOrZero, Millis, Optional, Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 
+gorge_service::number_kind!(
+    /// A nice value to add to a thread's own (Linux's range tops at 19).
+    Nice: i32, 0..=19, "a whole number from 0 to 19, e.g. 10"
+);
+
 gorge_service::settings! {
     /// The flat settings' values.
     pub struct Settings, prefix "GORGE_NOTIFICATION_" {
@@ -66,6 +71,10 @@ gorge_service::settings! {
         inbound_bytes_burst: Bytes = 1 << 20,
             "Bytes a socket may send at once before the per-second rate applies; at least \
              `MAX_FRAME_BYTES`";
+        client_worker_nice: Nice = 10,
+            "Nice value added to the threads that serve browsers' sockets (0 to 19; 0: as \
+             the process): under a flood of client sockets, PHP's admin port and the fan-out \
+             thread get the CPU first. Needs no privilege";
         max_sockets: Count = hub().sockets as u64,
             "Open sockets per process; beyond → upgrade answered 503";
         max_subscriptions: Count = hub().subscriptions_per_socket as u64,

@@ -35,7 +35,24 @@ pub struct HubUsage {
     pub subscription_bytes: usize,
 }
 
+/// What the hub has let go of since it started (monotonic counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Released {
+    /// Subscription bytes released: unsubscribed, or held by sockets that closed.
+    pub subscription_bytes: u64,
+    /// Sockets that left the hub.
+    pub sockets: u64,
+}
+
 impl Hub {
+    /// What the hub has let go of since it started.
+    pub fn released(&self) -> Released {
+        Released {
+            subscription_bytes: self.released_bytes.load(Ordering::Relaxed),
+            sockets: self.released_sockets.load(Ordering::Relaxed),
+        }
+    }
+
     /// Counts one message in `messages.in` (every POST that parsed, duplicates included, as
     /// Aphlict counts). The admin port counts when it accepts, before the fan-out runs.
     pub fn count_message_in(&self) {
