@@ -8,8 +8,8 @@
 //! - [`state`]: what the handlers share (the hub, metrics, limits, the relay);
 //! - [`config`]: defaults, the Aphlict file and the environment, validated at startup;
 //! - [`admin`]: `POST /`, `/status/`, `/history/` and the probes;
-//! - [`admin_runtime`]: the admin port's own thread, out of the browsers' reach;
-//! - [`client_runtime`]: the browsers' sockets' threads, at a lower scheduling priority;
+//! - [`runtimes`]: the admin port's own thread, out of the browsers' reach, and the
+//!   browsers' sockets' threads, at a lower scheduling priority;
 //! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out), from PHP, a
 //!   peer or the broker;
 //! - [`warmup`]: a starting server fills its history from a ready peer;
@@ -28,11 +28,9 @@
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
-pub mod admin_runtime;
 pub mod broker;
 pub mod budget;
 pub mod client_port;
-pub mod client_runtime;
 pub mod config;
 pub mod drain;
 pub mod events;
@@ -45,6 +43,7 @@ pub mod inspect;
 pub mod memory;
 pub mod metrics;
 pub mod peers;
+pub mod runtimes;
 pub mod service;
 pub mod session;
 pub mod state;

@@ -16,15 +16,14 @@ use rand::RngCore;
 use slog::Logger;
 use tokio::sync::Notify;
 
-use crate::admin_runtime::AdminRuntime;
 use crate::broker::{Broker, BrokerMetrics};
-use crate::client_runtime::ClientRuntime;
 use crate::config::{Config, ServerKind};
 use crate::events;
 use crate::fanout::Fanout;
 use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::peers::PeerRelay;
+use crate::runtimes::OwnRuntime;
 use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client_port, drain, fdlimit, warmup};
 use gorge_service::emit;
@@ -45,9 +44,9 @@ pub struct Server {
     drain_deadline: Duration,
     static_peers: usize,
     /// Serves the admin listeners; lives as long as the server runs.
-    admin_runtime: AdminRuntime,
+    admin_runtime: OwnRuntime,
     /// Serves the client listeners and their sockets, at a lower priority.
-    client_runtime: ClientRuntime,
+    client_runtime: OwnRuntime,
     /// Bounds the warm-up from peers (the gate opens by then whatever happened).
     warmup_deadline: Duration,
 }
@@ -152,7 +151,7 @@ impl Server {
                 handler: handler(state.clone(), server.kind),
             })
             .collect();
-        let admin_runtime = AdminRuntime::start().map_err(|source| BindError {
+        let admin_runtime = OwnRuntime::admin().map_err(|source| BindError {
             name: ServerKind::Admin.to_string(),
             addr: config.admin_addr().unwrap_or(([0, 0, 0, 0], 0).into()),
             source,
@@ -160,12 +159,10 @@ impl Server {
         // As many workers as the runtime binding the server has (one per usable CPU).
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
         let client_runtime =
-            ClientRuntime::start(workers, config.client_worker_nice).map_err(|source| {
-                BindError {
-                    name: ServerKind::Client.to_string(),
-                    addr: ([0, 0, 0, 0], 0).into(),
-                    source,
-                }
+            OwnRuntime::client(workers, config.client_worker_nice).map_err(|source| BindError {
+                name: ServerKind::Client.to_string(),
+                addr: ([0, 0, 0, 0], 0).into(),
+                source,
             })?;
         let admin_name = ServerKind::Admin.to_string();
         // Read after main raised the soft limit to the hard one.

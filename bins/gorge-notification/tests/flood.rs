@@ -417,13 +417,13 @@ async fn client_sockets_run_below_the_admin_port() {
     let mut browser = server.ws("/").await;
     assert_eq!(browser.sync().await, Vec::<String>::new());
     let base = nice_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
-    let clients = nice_of_threads("gorge-client");
+    let clients = nice_of_threads(gorge_notification::runtimes::CLIENT_THREAD_NAME);
     assert!(!clients.is_empty(), "no gorge-client thread");
     assert!(
         clients.iter().all(|nice| *nice == (base + 10).min(19)),
         "client threads {clients:?}, this thread {base}"
     );
-    let admin = nice_of_threads("gorge-admin");
+    let admin = nice_of_threads(gorge_notification::runtimes::ADMIN_THREAD_NAME);
     assert!(
         !admin.is_empty() && admin.iter().all(|nice| *nice == base),
         "admin threads {admin:?}, this thread {base}"

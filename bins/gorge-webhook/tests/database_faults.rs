@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{admin_sql, enabled_hook, queue, DbProxy, Harness};
+use common::{admin_sql, enabled_hook, queue, take_hook_lock, DbProxy, Harness};
 use gorge_claim::testdb::{server_opts, HookStatus, RequestStatus, TestDb};
 use gorge_claim::{ClaimStore, StoreOptions};
 use gorge_testkit::{CapturedLog, Receiver, Reply};
@@ -402,12 +402,7 @@ async fn hooks_whose_lock_is_held_elsewhere_show_in_the_gauges() {
     let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let id = queue(&db, &hook, "PHID-TASK-a", NEVER, T0).await;
     let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
-    let mut holder = mysql_async::Conn::new(server_opts()).await.unwrap();
-    let got: Option<i64> = holder
-        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
-        .await
-        .unwrap();
-    assert_eq!(got, Some(1));
+    let mut holder = take_hook_lock(&db, &hook).await.expect("the lock is free");
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{enabled_hook, queue, Harness};
+use common::{enabled_hook, queue, take_hook_lock, Harness};
 use gorge_claim::testdb::{server_opts, RequestStatus, TestDb};
 use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
@@ -26,14 +26,13 @@ async fn queue_rows(db: &TestDb, hook: &str, n: usize, properties: &str) -> Vec<
 
 /// Whether another session can take `hook`'s lock now (and gives it back at once).
 async fn lock_is_free(db: &TestDb, hook: &str) -> bool {
-    let name = gorge_claim::hook_lock_name(db.namespace(), hook);
-    let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
-    let got: Option<i64> = conn
-        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
-        .await
-        .unwrap();
-    let _ = conn.disconnect().await;
-    got == Some(1)
+    match take_hook_lock(db, hook).await {
+        Some(conn) => {
+            let _ = conn.disconnect().await;
+            true
+        }
+        None => false,
+    }
 }
 
 /// The old code took and released the lock per row and started one row per hook per round:
@@ -152,12 +151,7 @@ async fn a_lock_held_elsewhere_starts_no_run() {
     let hook = enabled_hook(&db, &receiver.url("/h")).await;
     queue_rows(&db, &hook, 3, NEVER).await;
     let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
-    let mut phorge = mysql_async::Conn::new(server_opts()).await.unwrap();
-    let got: Option<i64> = phorge
-        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
-        .await
-        .unwrap();
-    assert_eq!(got, Some(1));
+    let mut phorge = take_hook_lock(&db, &hook).await.expect("the lock is free");
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
     let (dispatcher, _) = Harness::default().build(&db, &clock, &log);

@@ -41,8 +41,7 @@ use crate::error::ClaimError;
 use crate::handover::handed_over_sql;
 use crate::lock::HookLock;
 use crate::rows::{
-    candidates_select, read_candidate, result_params, Batch, Candidate, Claim, ResultWrite,
-    RESULT_WRITE_SQL,
+    candidates_select, result_params, Batch, Candidate, Claim, ResultWrite, RESULT_WRITE_SQL,
 };
 use crate::store::{placeholders, ClaimStore};
 
@@ -128,18 +127,7 @@ impl ClaimStore {
                 return Err(ClaimError::Timeout("next rows of a held hook"));
             }
         };
-        let mut batch = Batch {
-            fetched: rows.len(),
-            ..Batch::default()
-        };
-        for mut row in rows {
-            match read_candidate(&mut row) {
-                Ok(candidate) => batch.rows.push(candidate),
-                Err(Some(broken)) => batch.broken.push(broken),
-                Err(None) => batch.unaddressable += 1,
-            }
-        }
-        Ok(batch)
+        Ok(Batch::read(rows))
     }
 
     /// Claims `rows` (fresh rows of the hook `lock` holds, as [`ClaimStore::next_hook_rows`]

@@ -69,6 +69,24 @@ pub struct Batch {
     pub fetched: usize,
 }
 
+impl Batch {
+    /// Sorts the rows a candidate query returned into usable, broken and unaddressable.
+    pub(crate) fn read(rows: Vec<Row>) -> Batch {
+        let mut batch = Batch {
+            fetched: rows.len(),
+            ..Batch::default()
+        };
+        for mut row in rows {
+            match read_candidate(&mut row) {
+                Ok(candidate) => batch.rows.push(candidate),
+                Err(Some(broken)) => batch.broken.push(broken),
+                Err(None) => batch.unaddressable += 1,
+            }
+        }
+        batch
+    }
+}
+
 /// A won claim: the row is ours while its `dateModified` is still `version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
@@ -230,7 +248,7 @@ pub(crate) fn result_params(claim: &Claim, write: &ResultWrite, now: u64) -> Vec
 }
 
 /// Reads one candidate row; `Err(None)` when the row cannot even be addressed.
-pub(crate) fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
+fn read_candidate(row: &mut Row) -> Result<Candidate, Option<BrokenRow>> {
     let (Some(id), Some(date_modified)) = (int(row, 0), int(row, 6)) else {
         return Err(None);
     };
@@ -353,18 +371,7 @@ impl ClaimStore {
             .await;
         let (_conn, rows) = self.settle(conn, out, "candidate query")?;
         self.window.finished(ranges, now, rows.len() >= limit);
-        let mut batch = Batch {
-            fetched: rows.len(),
-            ..Batch::default()
-        };
-        for mut row in rows {
-            match read_candidate(&mut row) {
-                Ok(candidate) => batch.rows.push(candidate),
-                Err(Some(broken)) => batch.broken.push(broken),
-                Err(None) => batch.unaddressable += 1,
-            }
-        }
-        Ok(batch)
+        Ok(Batch::read(rows))
     }
 
     /// The [`SAMPLE_ROWS`] newest rows, whatever their status: is any of them handed over,

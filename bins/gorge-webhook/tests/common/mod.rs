@@ -39,6 +39,25 @@ pub async fn queue(db: &TestDb, hook: &str, object: &str, properties: &str, crea
     db.insert_request(&request, created).await.unwrap()
 }
 
+/// A session that took `hook`'s per-hook lock as Phorge's worker does (`GET_LOCK(name, 0)`),
+/// or `None` when another session holds it. The lock is held until the session releases it
+/// or disconnects.
+pub async fn take_hook_lock(db: &TestDb, hook: &str) -> Option<mysql_async::Conn> {
+    use mysql_async::prelude::Queryable;
+    let name = gorge_claim::hook_lock_name(db.namespace(), hook);
+    let mut conn = mysql_async::Conn::new(server_opts()).await.unwrap();
+    let got: Option<i64> = conn
+        .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
+        .await
+        .unwrap();
+    if got == Some(1) {
+        Some(conn)
+    } else {
+        let _ = conn.disconnect().await;
+        None
+    }
+}
+
 /// The `[[name, value], …]` header list of a recorded Phorge request (compat fixtures).
 pub fn fixture_headers(headers: &serde_json::Value) -> Vec<(String, String)> {
     let pair = |h: &serde_json::Value| {
