@@ -65,6 +65,21 @@ pub async fn open(
     source: Option<IpAddr>,
     recv_buffer: Option<u32>,
 ) -> Result<Ws, String> {
+    let stream = connect(server, source, recv_buffer).await?;
+    let (ws, _response) =
+        tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+    Ok(ws)
+}
+
+/// The TCP connection a browser opens: from `source` when given (spreading sockets over
+/// loopback addresses), with `recv_buffer` as SO_RCVBUF when given, Nagle off.
+pub async fn connect(
+    server: SocketAddr,
+    source: Option<IpAddr>,
+    recv_buffer: Option<u32>,
+) -> Result<TcpStream, String> {
     let socket = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
     if let Some(ip) = source {
         socket
@@ -83,11 +98,7 @@ pub async fn open(
     stream
         .set_nodelay(true)
         .map_err(|e| format!("nodelay: {e}"))?;
-    let (ws, _response) =
-        tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
-    Ok(ws)
+    Ok(stream)
 }
 
 /// Subscribes to `phids` and waits for the pong that proves the subscription took effect

@@ -16,7 +16,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::histogram::percentiles_of;
-use crate::http1::parse_url;
+use crate::http1::{parse_server_urls, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::sys;
 
@@ -424,11 +424,12 @@ pub async fn run(args: FloodArgs) -> Value {
 
 fn run_blocking(args: FloodArgs) -> Value {
     let deadline = crate::work_deadline(args.timeout);
-    let (client, path) = match parse_url(&args.client) {
-        Ok(parsed) => parsed,
-        Err(e) => return json!({"ok": false, "error": e}),
-    };
-    let (admin, _) = match parse_url(&args.admin) {
+    let ServerUrls {
+        client,
+        client_path: path,
+        admin,
+        ..
+    } = match parse_server_urls(&args.client, &args.admin) {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };

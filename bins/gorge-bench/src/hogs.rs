@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::browser::{self, Ws};
-use crate::http1::{parse_url, HttpConn};
+use crate::http1::{parse_server_urls, HttpConn, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::sys;
 
@@ -145,11 +145,12 @@ async fn frame_with(ws: &mut Ws, needle: &str, limit: Duration) -> Option<Durati
 
 pub async fn run(args: HogsArgs) -> Value {
     let deadline = crate::work_deadline(args.timeout);
-    let (client, path) = match parse_url(&args.client) {
-        Ok(parsed) => parsed,
-        Err(e) => return json!({"ok": false, "error": e}),
-    };
-    let (admin, _) = match parse_url(&args.admin) {
+    let ServerUrls {
+        client,
+        client_path: path,
+        admin,
+        ..
+    } = match parse_server_urls(&args.client, &args.admin) {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };

@@ -124,6 +124,30 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     Ok(body)
 }
 
+/// A notification server's two ports as the bench was given them.
+pub struct ServerUrls {
+    /// The client (WebSocket) port's address.
+    pub client: SocketAddr,
+    /// The path browsers connect to.
+    pub client_path: String,
+    /// The admin port's address.
+    pub admin: SocketAddr,
+    /// The admin URL's path (where messages are posted).
+    pub admin_path: String,
+}
+
+/// Resolves `--client` and `--admin` (see [`parse_url`]).
+pub fn parse_server_urls(client: &str, admin: &str) -> Result<ServerUrls, String> {
+    let (client, client_path) = parse_url(client)?;
+    let (admin, admin_path) = parse_url(admin)?;
+    Ok(ServerUrls {
+        client,
+        client_path,
+        admin,
+        admin_path,
+    })
+}
+
 /// Resolves `http://host:port/path` (or `ws://`) into an address and the path with query.
 pub fn parse_url(url: &str) -> Result<(SocketAddr, String), String> {
     let rest = url

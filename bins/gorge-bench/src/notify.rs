@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::browser::{self, Deliveries, Ws};
 use crate::histogram::Histogram;
-use crate::http1::{parse_url, request_kept, HttpConn};
+use crate::http1::{parse_server_urls, request_kept, HttpConn, ServerUrls};
 use crate::server_metrics;
 use crate::sys;
 
@@ -182,12 +182,13 @@ pub async fn run(args: NotifyArgs) -> Value {
     let started = Instant::now();
     let deadline = crate::work_deadline(args.timeout);
     let nofile = sys::raise_nofile((args.sockets + args.stuck + 1024) as u64);
-    let (server, _) = match parse_url(&args.client) {
-        Ok(v) => v,
-        Err(e) => return json!({"ok": false, "error": e}),
-    };
-    let (admin, admin_path) = match parse_url(&args.admin) {
-        Ok(v) => v,
+    let ServerUrls {
+        client: server,
+        admin,
+        admin_path,
+        ..
+    } = match parse_server_urls(&args.client, &args.admin) {
+        Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
     let rss_before = args.pid.and_then(|pid| sys::rss_bytes(pid).ok());

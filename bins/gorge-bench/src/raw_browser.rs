@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::browser;
@@ -56,19 +56,7 @@ pub async fn open(
     limit: Duration,
 ) -> Result<RawBrowser, String> {
     tokio::time::timeout(limit, async {
-        let socket = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
-        if let Some(ip) = browser::source_ip(server, index) {
-            socket
-                .bind(SocketAddr::new(ip, 0))
-                .map_err(|e| format!("bind {ip}: {e}"))?;
-        }
-        let mut stream = socket
-            .connect(server)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| format!("nodelay: {e}"))?;
+        let mut stream = browser::connect(server, browser::source_ip(server, index), None).await?;
         let request = format!(
             "GET / HTTP/1.1\r\nHost: {server}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"

@@ -50,6 +50,27 @@ fn options(shutdown: &Shutdown) -> RunOptions {
     }
 }
 
+/// Serves one `admin` listener on a free loopback port, each listener set up by `adjust`;
+/// returns its address, the shutdown that stops it and the server's task.
+async fn serve_admin(
+    adjust: impl Fn(gorge_service::BoundListener) -> gorge_service::BoundListener,
+) -> (
+    SocketAddr,
+    Shutdown,
+    tokio::task::JoinHandle<Result<(), gorge_service::RunError>>,
+) {
+    let bound = bind_all(vec![spec("admin", "127.0.0.1:0".parse().unwrap())])
+        .await
+        .unwrap();
+    let bound: Vec<_> = bound.into_iter().map(adjust).collect();
+    let addr = bound[0].local_addr();
+    let shutdown = Shutdown::new();
+    let probes = Probes::new(Default::default(), Probes::always_ready());
+    let opts = options(&shutdown);
+    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &logger()).await });
+    (addr, shutdown, server)
+}
+
 async fn get(addr: SocketAddr) -> String {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -92,18 +113,8 @@ async fn kept_alive_on(addr: SocketAddr, name: &str) -> TcpStream {
 
 #[tokio::test]
 async fn a_chunked_body_that_never_ends_gets_408_and_the_connection_closes() {
-    let bound = bind_all(vec![spec("admin", "127.0.0.1:0".parse().unwrap())])
-        .await
-        .unwrap();
-    let bound: Vec<_> = bound
-        .into_iter()
-        .map(|l| l.with_timeouts(Duration::from_secs(5), Duration::from_millis(300)))
-        .collect();
-    let addr = bound[0].local_addr();
-    let shutdown = Shutdown::new();
-    let probes = Probes::new(Default::default(), Probes::always_ready());
-    let opts = options(&shutdown);
-    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &logger()).await });
+    let (addr, shutdown, server) =
+        serve_admin(|l| l.with_timeouts(Duration::from_secs(5), Duration::from_millis(300))).await;
 
     // One more chunk now and then would not help either: the deadline is for the request.
     let chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n";
@@ -210,18 +221,7 @@ async fn a_listener_on_its_own_runtime_accepts_while_the_binding_runtime_is_stuc
             .unwrap(),
     ));
     let handle = own.0.as_ref().unwrap().handle().clone();
-    let bound = bind_all(vec![spec("admin", "127.0.0.1:0".parse().unwrap())])
-        .await
-        .unwrap();
-    let bound: Vec<_> = bound
-        .into_iter()
-        .map(|l| l.on_runtime(handle.clone()))
-        .collect();
-    let addr = bound[0].local_addr();
-    let shutdown = Shutdown::new();
-    let probes = Probes::new(Default::default(), Probes::always_ready());
-    let opts = options(&shutdown);
-    let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &logger()).await });
+    let (addr, shutdown, server) = serve_admin(|l| l.on_runtime(handle.clone())).await;
     assert!(get(addr).await.ends_with("served by admin"));
 
     // The test's runtime has one worker: a task that blocks it leaves nothing to poll that
