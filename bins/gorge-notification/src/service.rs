@@ -243,7 +243,10 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
-        tokio::spawn(crate::memory::housekeeping(state.clone()));
+        tokio::spawn(crate::memory::housekeeping(
+            state.clone(),
+            self.client_runtime.handle(),
+        ));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
         if state.broker.is_none() && !state.history_gate.is_open() {
             tokio::spawn(warmup::run(state.clone(), self.warmup_deadline));

@@ -15,10 +15,19 @@ const HOGS: usize = 80;
 /// Each holds the most a socket may: 4 096 PHIDs charged 128 bytes each.
 const PHIDS_PER_HOG: usize = 4096;
 
-fn rss_kib(pid: u32) -> u64 {
+fn status_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The anonymous part of the resident size: the heap, without the binary's own pages.
+fn anon_kib(pid: u32) -> u64 {
+    status_kib(pid, "RssAnon:")
 }
 
 /// 32-byte PHIDs, distinct for each hog.
@@ -46,6 +55,7 @@ async fn memory_returns_to_idle_after_subscription_hogs_close() {
         .await;
     drop(warm);
     let idle = rss_kib(pid);
+    let anon_idle = anon_kib(pid);
 
     let mut hogs = Vec::new();
     for hog in 0..HOGS {
@@ -88,7 +98,8 @@ async fn memory_returns_to_idle_after_subscription_hogs_close() {
     })
     .await;
     let after = rss_kib(pid);
-    eprintln!("RSS after the hogs left: {after} KiB");
+    let anon_after = anon_kib(pid);
+    eprintln!("RSS after the hogs left: {after} KiB; anonymous {anon_idle} → {anon_after} KiB");
     assert!(
         after * 10 <= idle * 12,
         "RSS {after} KiB is not within 20 % of idle {idle} KiB (peak {peak} KiB)"
