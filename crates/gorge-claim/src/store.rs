@@ -126,7 +126,7 @@ pub(crate) fn int(row: &mut Row, index: usize) -> Option<u64> {
 }
 
 /// The result of a statement raced against the timeout.
-type Timed<T> = Result<Result<T, mysql_async::Error>, tokio::time::error::Elapsed>;
+pub(crate) type Timed<T> = Result<Result<T, mysql_async::Error>, tokio::time::error::Elapsed>;
 
 impl ClaimStore {
     /// A store on `database` (e.g. `phabricator_herald`) with default [`StoreOptions`].
