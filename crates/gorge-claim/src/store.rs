@@ -194,6 +194,29 @@ impl ClaimStore {
         }
     }
 
+    /// The rows of the statement `sql(list)` for `values`, one statement per [`IN_CHUNK`]
+    /// of them: `list` is the chunk's placeholders, [`padded`]; `extra` parameters follow
+    /// the list's.
+    pub(crate) async fn select_in(
+        &self,
+        values: &[&str],
+        extra: &[Value],
+        what: &'static str,
+        sql: impl Fn(&str) -> String,
+    ) -> Result<Vec<Row>, ClaimError> {
+        let mut rows = Vec::new();
+        for chunk in values.chunks(IN_CHUNK) {
+            let mut params = padded(chunk.iter().copied());
+            let sql = sql(&placeholders(params.len()));
+            params.extend_from_slice(extra);
+            let mut conn = self.conn().await?;
+            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
+            let (_conn, chunk_rows) = self.settle(conn, out, what)?;
+            rows.extend(chunk_rows);
+        }
+        Ok(rows)
+    }
+
     pub(crate) fn err(&self, err: mysql_async::Error) -> ClaimError {
         ClaimError::from_driver(err, &self.database)
     }
