@@ -5,10 +5,14 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{enabled_hook, queue, take_hook_lock, Harness};
 use gorge_claim::testdb::{server_opts, RequestStatus, TestDb};
 use gorge_testkit::{CapturedLog, Receiver, Reply};
 use gorge_webhook::clock::ManualUnixClock;
+use gorge_webhook::dispatcher::Dispatcher;
+use gorge_webhook::metrics::Metrics;
 use mysql_async::prelude::Queryable;
 
 const T0: u64 = 1_700_000_000;
@@ -22,6 +26,39 @@ async fn queue_rows(db: &TestDb, hook: &str, n: usize, properties: &str) -> Vec<
         ids.push(queue(db, hook, &format!("PHID-TASK-{i}"), properties, T0).await);
     }
     ids
+}
+
+/// A dispatcher (on a clock at `T0 + 1`) over a fresh database whose hook posts to a
+/// receiver answering `status`, with `n` rows of the hook queued with `properties`.
+struct Setup {
+    db: TestDb,
+    receiver: Receiver,
+    hook: String,
+    ids: Vec<u64>,
+    clock: ManualUnixClock,
+    dispatcher: Arc<Dispatcher>,
+    metrics: Metrics,
+    _log: CapturedLog,
+}
+
+async fn setup(status: u16, n: usize, properties: &str) -> Setup {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(status);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let ids = queue_rows(&db, &hook, n, properties).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    Setup {
+        db,
+        receiver,
+        hook,
+        ids,
+        clock,
+        dispatcher,
+        metrics,
+        _log: log,
+    }
 }
 
 /// Whether another session can take `hook`'s lock now (and gives it back at once).
@@ -39,13 +76,15 @@ async fn lock_is_free(db: &TestDb, hook: &str) -> bool {
 /// this round delivered 1 of the 5 rows.
 #[tokio::test]
 async fn one_round_delivers_a_hooks_consecutive_rows_under_one_lock() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    let ids = queue_rows(&db, &hook, 5, NEVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let Setup {
+        db,
+        receiver,
+        hook,
+        ids,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(200, 5, NEVER).await;
 
     let round = dispatcher.run_round().await.unwrap();
     assert_eq!(
@@ -74,13 +113,14 @@ async fn one_round_delivers_a_hooks_consecutive_rows_under_one_lock() {
 /// for failing hooks.
 #[tokio::test]
 async fn a_failure_ends_the_run() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(500);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    queue_rows(&db, &hook, 3, FOREVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let Setup {
+        db,
+        receiver,
+        hook,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(500, 3, FOREVER).await;
 
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 1);
@@ -92,13 +132,14 @@ async fn a_failure_ends_the_run() {
 /// comes with the next round. Old code: 1 row in the first round.
 #[tokio::test]
 async fn a_run_stops_at_its_row_bound() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    queue_rows(&db, &hook, 40, NEVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let Setup {
+        db,
+        receiver,
+        hook,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(200, 40, NEVER).await;
 
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 32);
@@ -116,18 +157,20 @@ async fn a_run_stops_at_its_row_bound() {
 /// delivered the next row at once.
 #[tokio::test]
 async fn a_run_stops_at_its_time_bound_and_the_hook_rests_as_long() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    queue_rows(&db, &hook, 10, NEVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
+    let Setup {
+        db,
+        receiver,
+        hook,
+        clock,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(200, 10, NEVER).await;
     let posting = clock.clone();
     receiver.set_behaviour(move |_, _| {
         posting.advance_ms(300);
         Reply::Status(200)
     });
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 
     dispatcher.run_round().await.unwrap();
     // Rows start at 0, 300, 600 and 900 ms of holding; at 1 200 ms the bound is passed.
@@ -146,15 +189,16 @@ async fn a_run_stops_at_its_time_bound_and_the_hook_rests_as_long() {
 /// the hook are left alone, whether or not a run would follow.
 #[tokio::test]
 async fn a_lock_held_elsewhere_starts_no_run() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    queue_rows(&db, &hook, 3, NEVER).await;
+    let Setup {
+        db,
+        receiver,
+        hook,
+        clock,
+        dispatcher,
+        ..
+    } = setup(200, 3, NEVER).await;
     let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
     let mut phorge = take_hook_lock(&db, &hook).await.expect("the lock is free");
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, _) = Harness::default().build(&db, &clock, &log);
 
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 0);
@@ -172,14 +216,16 @@ async fn a_lock_held_elsewhere_starts_no_run() {
 /// no batch claim (1 row per round; nothing to give back).
 #[tokio::test]
 async fn rows_claimed_together_and_not_delivered_are_given_back() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
+    let Setup {
+        db,
+        receiver,
+        hook,
+        ids,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(200, 5, NEVER).await;
     receiver.set_behaviour(|_, index| Reply::Status(if index == 1 { 500 } else { 200 }));
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    let ids = queue_rows(&db, &hook, 5, NEVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 2);
@@ -229,10 +275,15 @@ fn kill_lock_holder(name: String) {
 /// all 5 rows under the lost lock.
 #[tokio::test]
 async fn a_hold_stops_when_its_lock_session_dies() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    let ids = queue_rows(&db, &hook, 5, NEVER).await;
+    let Setup {
+        db,
+        receiver,
+        hook,
+        ids,
+        dispatcher,
+        metrics,
+        ..
+    } = setup(200, 5, NEVER).await;
     let name = gorge_claim::hook_lock_name(db.namespace(), &hook);
     receiver.set_behaviour(move |_, index| {
         if index == 1 {
@@ -240,9 +291,6 @@ async fn a_hold_stops_when_its_lock_session_dies() {
         }
         Reply::Status(200)
     });
-    let clock = ManualUnixClock::new(T0 + 1);
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
 
     dispatcher.run_round().await.unwrap();
     assert_eq!(receiver.count(), 2);

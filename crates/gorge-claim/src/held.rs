@@ -35,7 +35,7 @@
 //! and not delivered when the hold ends are given back with [`ClaimStore::unclaim_fresh`].
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Row, Value};
+use mysql_async::{Conn, Row, Value};
 
 use crate::error::ClaimError;
 use crate::handover::handed_over_sql;
@@ -43,7 +43,7 @@ use crate::lock::HookLock;
 use crate::rows::{
     candidates_select, result_params, Batch, Candidate, Claim, ResultWrite, RESULT_WRITE_SQL,
 };
-use crate::store::{placeholders, ClaimStore};
+use crate::store::{placeholders, ClaimStore, Timed};
 
 /// Most `key_ratelimit` entries one [`ClaimStore::next_hook_rows`] query reads.
 pub const HOOK_SCAN_ROWS: u64 = 32;
@@ -104,9 +104,6 @@ impl ClaimStore {
         after_id: u64,
         limit: usize,
     ) -> Result<Batch, ClaimError> {
-        let Some(session) = lock.session() else {
-            return Err(ClaimError::Timeout("the hook lock's session was given up"));
-        };
         let params: Vec<Value> = vec![
             hook_phid.into(),
             after_id.into(),
@@ -114,19 +111,12 @@ impl ClaimStore {
             (limit as u64).into(),
         ];
         let out = self
-            .timed(session.exec::<Row, _, _>(next_hook_rows_sql(), params))
+            .timed(
+                lock.session()?
+                    .exec::<Row, _, _>(next_hook_rows_sql(), params),
+            )
             .await;
-        let rows = match out {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(err)) => {
-                lock.give_up();
-                return Err(self.err(err));
-            }
-            Err(_) => {
-                lock.give_up();
-                return Err(ClaimError::Timeout("next rows of a held hook"));
-            }
-        };
+        let (_session, rows) = self.settle_on(lock, out, "next rows of a held hook")?;
         Ok(Batch::read(rows))
     }
 
@@ -142,9 +132,6 @@ impl ClaimStore {
         if rows.is_empty() {
             return Ok(BatchClaim::None);
         }
-        let Some(session) = lock.session() else {
-            return Err(ClaimError::Timeout("the hook lock's session was given up"));
-        };
         let sql = format!(
             "UPDATE herald_webhookrequest SET dateModified = GREATEST(dateCreated + 1, ?) \
              WHERE id IN ({}{CLAIM_FRESH_SQL_TAIL}",
@@ -152,18 +139,9 @@ impl ClaimStore {
         );
         let mut params: Vec<Value> = vec![now.into()];
         params.extend(rows.iter().map(|row| Value::from(row.id)));
-        let out = self.timed(session.exec_drop(sql, params)).await;
-        let affected = match out {
-            Ok(Ok(())) => session.affected_rows(),
-            Ok(Err(err)) => {
-                lock.give_up();
-                return Err(self.err(err));
-            }
-            Err(_) => {
-                lock.give_up();
-                return Err(ClaimError::Timeout("batch claim"));
-            }
-        };
+        let out = self.timed(lock.session()?.exec_drop(sql, params)).await;
+        let (session, ()) = self.settle_on(lock, out, "batch claim")?;
+        let affected = session.affected_rows();
         Ok(if affected == rows.len() as u64 {
             BatchClaim::All(
                 rows.iter()
@@ -191,21 +169,32 @@ impl ClaimStore {
         write: &ResultWrite,
         now: u64,
     ) -> Result<bool, ClaimError> {
-        let Some(session) = lock.session() else {
-            return Err(ClaimError::Timeout("the hook lock's session was given up"));
-        };
+        let params = result_params(claim, write, now);
         let out = self
-            .timed(session.exec_drop(RESULT_WRITE_SQL, result_params(claim, write, now)))
+            .timed(lock.session()?.exec_drop(RESULT_WRITE_SQL, params))
             .await;
+        let (session, ()) = self.settle_on(lock, out, "result write")?;
+        Ok(session.affected_rows() == 1)
+    }
+
+    /// [`ClaimStore::settle`] for a statement on the session of `lock`: on an error or a
+    /// timeout the session is given up ([`HookLock::give_up`]), so the lock is no longer
+    /// assumed held.
+    fn settle_on<'a, T>(
+        &self,
+        lock: &'a mut HookLock,
+        out: Timed<T>,
+        what: &'static str,
+    ) -> Result<(&'a mut Conn, T), ClaimError> {
         match out {
-            Ok(Ok(())) => Ok(session.affected_rows() == 1),
+            Ok(Ok(value)) => Ok((lock.session()?, value)),
             Ok(Err(err)) => {
                 lock.give_up();
                 Err(self.err(err))
             }
             Err(_) => {
                 lock.give_up();
-                Err(ClaimError::Timeout("result write"))
+                Err(ClaimError::Timeout(what))
             }
         }
     }

@@ -4,12 +4,10 @@
 
 use std::collections::HashMap;
 
-use mysql_async::prelude::Queryable;
-use mysql_async::Row;
 use phorge_wire::values::HookStatus;
 
 use crate::error::ClaimError;
-use crate::store::{int, padded, placeholders, text, ClaimStore, IN_CHUNK};
+use crate::store::{int, text, ClaimStore};
 
 /// A `herald_webhook` row, as much of it as delivery needs.
 #[derive(Clone, PartialEq, Eq)]
@@ -59,34 +57,32 @@ impl ClaimStore {
         &self,
         phids: &[&str],
     ) -> Result<HashMap<String, Result<Hook, &'static str>>, ClaimError> {
+        let rows = self
+            .select_in(phids, &[], "hook query", |list| {
+                format!(
+                    "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook \
+                     WHERE phid IN ({list})"
+                )
+            })
+            .await?;
         let mut hooks = HashMap::new();
-        for chunk in phids.chunks(IN_CHUNK) {
-            let params = padded(chunk.iter().copied());
-            let sql = format!(
-                "SELECT phid, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({})",
-                placeholders(params.len())
+        for mut row in rows {
+            // A PHID that matched a UTF-8 one is UTF-8 itself (the column is binary).
+            let Some(phid) = text(&mut row, 0) else {
+                continue;
+            };
+            let hook = (|| {
+                Some(Hook {
+                    phid: phid.clone(),
+                    uri: text(&mut row, 1)?,
+                    status: text(&mut row, 2)?,
+                    hmac_key: text(&mut row, 3)?,
+                })
+            })();
+            hooks.insert(
+                phid,
+                hook.ok_or("a herald_webhook column is not UTF-8 text"),
             );
-            let mut conn = self.conn().await?;
-            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
-            let (_conn, rows) = self.settle(conn, out, "hook query")?;
-            for mut row in rows {
-                // A PHID that matched a UTF-8 one is UTF-8 itself (the column is binary).
-                let Some(phid) = text(&mut row, 0) else {
-                    continue;
-                };
-                let hook = (|| {
-                    Some(Hook {
-                        phid: phid.clone(),
-                        uri: text(&mut row, 1)?,
-                        status: text(&mut row, 2)?,
-                        hmac_key: text(&mut row, 3)?,
-                    })
-                })();
-                hooks.insert(
-                    phid,
-                    hook.ok_or("a herald_webhook column is not UTF-8 text"),
-                );
-            }
         }
         Ok(hooks)
     }
@@ -111,25 +107,18 @@ impl ClaimStore {
         hook_phids: &[&str],
         since_epoch: u64,
     ) -> Result<HashMap<String, u64>, ClaimError> {
-        let mut counts = HashMap::new();
-        for chunk in hook_phids.chunks(IN_CHUNK) {
-            let mut params = padded(chunk.iter().copied());
-            let sql = format!(
-                "SELECT webhookPHID, COUNT(*) FROM herald_webhookrequest \
-                 WHERE webhookPHID IN ({}) AND lastRequestResult = 'fail' \
-                 AND lastRequestEpoch >= ? GROUP BY webhookPHID",
-                placeholders(params.len())
-            );
-            params.push(since_epoch.into());
-            let mut conn = self.conn().await?;
-            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
-            let (_conn, rows) = self.settle(conn, out, "breaker query")?;
-            for mut row in rows {
-                if let (Some(hook), Some(count)) = (text(&mut row, 0), int(&mut row, 1)) {
-                    counts.insert(hook, count);
-                }
-            }
-        }
-        Ok(counts)
+        let rows = self
+            .select_in(hook_phids, &[since_epoch.into()], "breaker query", |list| {
+                format!(
+                    "SELECT webhookPHID, COUNT(*) FROM herald_webhookrequest \
+                     WHERE webhookPHID IN ({list}) AND lastRequestResult = 'fail' \
+                     AND lastRequestEpoch >= ? GROUP BY webhookPHID"
+                )
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut row| Some((text(&mut row, 0)?, int(&mut row, 1)?)))
+            .collect())
     }
 }

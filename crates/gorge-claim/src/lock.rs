@@ -100,9 +100,12 @@ impl HookLock {
     }
 
     /// The session holding the lock, while it is still ours: statements run on it prove the
-    /// session (and with it the lock) is alive (see `held.rs`).
-    pub(crate) fn session(&mut self) -> Option<&mut Conn> {
-        self.conn.as_mut()
+    /// session (and with it the lock) is alive (see `held.rs`). After [`HookLock::give_up`],
+    /// the error every statement on the lock's session then fails with.
+    pub(crate) fn session(&mut self) -> Result<&mut Conn, ClaimError> {
+        self.conn
+            .as_mut()
+            .ok_or(ClaimError::Timeout("the hook lock's session was given up"))
     }
 
     /// Gives up the lock's session after a statement on it failed or timed out: closed, and

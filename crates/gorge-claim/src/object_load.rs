@@ -207,19 +207,15 @@ impl ClaimStore {
         table: &str,
         phids: &[&str],
     ) -> Result<HashSet<String>, ClaimError> {
-        let mut found = HashSet::new();
-        for chunk in phids.chunks(IN_CHUNK) {
-            let params = padded(chunk.iter().copied());
-            let sql = format!(
-                "SELECT phid FROM `{database}`.`{table}` WHERE phid IN ({})",
-                placeholders(params.len())
-            );
-            let mut conn = self.conn().await?;
-            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
-            let (_conn, rows) = self.settle(conn, out, "object query")?;
-            found.extend(rows.into_iter().filter_map(|mut row| text(&mut row, 0)));
-        }
-        Ok(found)
+        let rows = self
+            .select_in(phids, &[], "object query", |list| {
+                format!("SELECT phid FROM `{database}`.`{table}` WHERE phid IN ({list})")
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut row| text(&mut row, 0))
+            .collect())
     }
 
     /// The rows of `database`.`table` whose object is one of `objects` and whose PHID is one

@@ -16,7 +16,7 @@ use crate::handover::{
     handed_over_sql, CandidateWindow, HandoverSample, NEWEST_ROWS_SQL, SAMPLE_ROWS,
     WINDOW_BOUNDS_SQL,
 };
-use crate::store::{int, text, ClaimStore, ClaimTiming};
+use crate::store::{int, placeholders, text, ClaimStore, ClaimTiming};
 
 /// A `queued` row that may be claimed. Not ours until [`ClaimStore::claim`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,9 +197,10 @@ fn candidates_sql(excluded: usize) -> String {
     let mut sql = candidates_select();
     sql.push_str(CANDIDATES_SQL_HEAD);
     if excluded > 0 {
-        sql.push_str(" AND webhookPHID NOT IN (?");
-        sql.push_str(&", ?".repeat(excluded - 1));
-        sql.push(')');
+        sql.push_str(&format!(
+            " AND webhookPHID NOT IN ({})",
+            placeholders(excluded)
+        ));
     }
     sql.push_str(" ORDER BY id ASC LIMIT ?");
     sql

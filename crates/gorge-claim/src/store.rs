@@ -126,7 +126,7 @@ pub(crate) fn int(row: &mut Row, index: usize) -> Option<u64> {
 }
 
 /// The result of a statement raced against the timeout.
-type Timed<T> = Result<Result<T, mysql_async::Error>, tokio::time::error::Elapsed>;
+pub(crate) type Timed<T> = Result<Result<T, mysql_async::Error>, tokio::time::error::Elapsed>;
 
 impl ClaimStore {
     /// A store on `database` (e.g. `phabricator_herald`) with default [`StoreOptions`].
@@ -192,6 +192,29 @@ impl ClaimStore {
             Ok(conn) => conn.map_err(|e| ClaimError::from_driver(e, db)),
             Err(_) => Err(ClaimError::Timeout("waiting for a database connection")),
         }
+    }
+
+    /// The rows of the statement `sql(list)` for `values`, one statement per [`IN_CHUNK`]
+    /// of them: `list` is the chunk's placeholders, [`padded`]; `extra` parameters follow
+    /// the list's.
+    pub(crate) async fn select_in(
+        &self,
+        values: &[&str],
+        extra: &[Value],
+        what: &'static str,
+        sql: impl Fn(&str) -> String,
+    ) -> Result<Vec<Row>, ClaimError> {
+        let mut rows = Vec::new();
+        for chunk in values.chunks(IN_CHUNK) {
+            let mut params = padded(chunk.iter().copied());
+            let sql = sql(&placeholders(params.len()));
+            params.extend_from_slice(extra);
+            let mut conn = self.conn().await?;
+            let out = self.timed(conn.exec::<Row, _, _>(sql, params)).await;
+            let (_conn, chunk_rows) = self.settle(conn, out, what)?;
+            rows.extend(chunk_rows);
+        }
+        Ok(rows)
     }
 
     pub(crate) fn err(&self, err: mysql_async::Error) -> ClaimError {

@@ -59,12 +59,13 @@ impl Dispatcher {
     /// delivered last.
     pub(super) async fn hold(&self, mut held: Held, mut after: u64, mut go_on: bool) {
         let since = held.since;
+        let past_time_bound =
+            || self.clock.now_ms().saturating_sub(since) >= HOLD_MAX.as_millis() as u64;
         let mut rows_done = 1u32;
         let mut bounded = false;
         while go_on {
             go_on = false;
-            let held_ms = self.clock.now_ms().saturating_sub(since);
-            if rows_done >= HOLD_MAX_ROWS || held_ms >= HOLD_MAX.as_millis() as u64 {
+            if rows_done >= HOLD_MAX_ROWS || past_time_bound() {
                 bounded = true;
                 break;
             }
@@ -93,9 +94,11 @@ impl Dispatcher {
                     .into_iter()
                     .zip(requests)
                     .map_while(|(candidate, request)| {
-                        let known = state.quarantined.contains(&candidate.id)
-                            || state.rows.contains(&candidate.id);
-                        (!known).then_some(())?;
+                        if state.quarantined.contains(&candidate.id)
+                            || state.rows.contains(&candidate.id)
+                        {
+                            return None;
+                        }
                         request.ok().map(|request| (candidate, request))
                     })
                     .collect()
@@ -122,7 +125,7 @@ impl Dispatcher {
             }
             for (candidate, (properties, object)) in usable {
                 go_on = false;
-                if self.clock.now_ms().saturating_sub(since) >= HOLD_MAX.as_millis() as u64 {
+                if past_time_bound() {
                     bounded = true;
                     break;
                 }
