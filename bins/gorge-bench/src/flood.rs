@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::histogram::percentiles_of;
 use crate::http1::{parse_server_urls, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
+use crate::raw_browser::{frame_header, masked};
 use crate::sys;
 
 /// What each flooding socket sends.
@@ -73,23 +74,8 @@ pub struct FloodArgs {
     pub flooder_nice: i32,
 }
 
-/// A masked client frame (payloads under 64 KiB).
-fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x5a, 0xa5, 0x3c, 0xc3];
-    let mut out = vec![0x80 | opcode];
-    if payload.len() < 126 {
-        out.push(0x80 | payload.len() as u8);
-    } else {
-        out.push(0x80 | 126);
-        out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-    }
-    out.extend_from_slice(&mask);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
-    out
-}
-
 fn frames_of(kind: FrameKind) -> Vec<u8> {
-    let text = |s: &str| client_frame(0x1, s.as_bytes());
+    let text = |s: &str| masked(0x1, s.as_bytes());
     match kind {
         FrameKind::Replay => text(r#"{"command":"replay","data":{"age":60000}}"#),
         FrameKind::Subscribe => {
@@ -101,26 +87,16 @@ fn frames_of(kind: FrameKind) -> Vec<u8> {
         }
         FrameKind::Ping => text(r#"{"command":"ping"}"#),
         FrameKind::TinyText => text("x"),
-        FrameKind::Binary => client_frame(0x2, b"\x00"),
-        FrameKind::WsPing => client_frame(0x9, b""),
+        FrameKind::Binary => masked(0x2, b"\x00"),
+        FrameKind::WsPing => masked(0x9, b""),
     }
 }
 
 /// The code of the first whole close frame among unmasked server frames.
 fn close_code_in(mut bytes: &[u8]) -> Option<u16> {
-    while bytes.len() >= 2 {
-        let (opcode, short) = (bytes[0] & 0x0f, (bytes[1] & 0x7f) as usize);
-        let (header, len) = match short {
-            126 if bytes.len() >= 4 => (4, u16::from_be_bytes([bytes[2], bytes[3]]) as usize),
-            127 if bytes.len() >= 10 => {
-                let mut len = [0u8; 8];
-                len.copy_from_slice(&bytes[2..10]);
-                (10, u64::from_be_bytes(len) as usize)
-            }
-            126 | 127 => return None,
-            n => (2, n),
-        };
-        if bytes.len() < header + len {
+    while let Ok(Some((opcode, header, len))) = frame_header(bytes) {
+        let len = usize::try_from(len).ok()?;
+        if bytes.len() - header < len {
             return None;
         }
         if opcode == 0x8 && len >= 2 {
@@ -560,4 +536,18 @@ fn run_blocking(args: FloodArgs) -> Value {
         "rss_max_mib": rss_max,
         "rss_after_mib": rss_after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_close_code_after_other_frames() {
+        let mut bytes = vec![0x81, 2, b'h', b'i', 0x88, 2];
+        assert_eq!(close_code_in(&bytes), None);
+        bytes.extend_from_slice(&1008u16.to_be_bytes());
+        assert_eq!(close_code_in(&bytes), Some(1008));
+        assert_eq!(close_code_in(&[0x81, 126, 0xff, 0xff, 0]), None);
+    }
 }

@@ -200,7 +200,7 @@ impl RawBrowser {
 
 /// `(opcode, header length, payload length)` of the unmasked server frame at the start of
 /// `bytes`, or `None` when its header is not all there yet.
-fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
+pub fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
     if bytes.len() < 2 {
         return Ok(None);
     }
@@ -225,7 +225,7 @@ fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
 }
 
 /// One final, masked client frame.
-fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
+pub fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(payload.len() + 14);
     frame.push(0x80 | opcode);
     match payload.len() {
