@@ -351,11 +351,6 @@ fn tcp_counters() -> std::collections::BTreeMap<String, i64> {
     out
 }
 
-fn rss_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
 /// `/metrics` of the admin port (gorge-notification only; Aphlict has none).
 fn get_metrics(admin: SocketAddr) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(2)).ok()?;
@@ -416,7 +411,7 @@ fn run_blocking(args: FloodArgs) -> Value {
         .filter_map(|_| timed_post(admin, limit))
         .map(|t| t.total)
         .collect();
-    let rss_idle = rss_mib(args.pid);
+    let rss_idle = sys::rss_mib(args.pid);
     let closes_before = server_closes(admin);
     // The server's own view (admin_post_seconds, timed from the accept): what it took,
     // without the bench's scheduling on the same shared cores.
@@ -461,7 +456,7 @@ fn run_blocking(args: FloodArgs) -> Value {
             }
             None => timeouts += 1,
         }
-        rss_max = rss_max.max(rss_mib(args.pid).unwrap_or(0.0));
+        rss_max = rss_max.max(sys::rss_mib(args.pid).unwrap_or(0.0));
         next += interval;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
@@ -487,7 +482,7 @@ fn run_blocking(args: FloodArgs) -> Value {
     }
     // Let the server finish closing the last sockets before the "after" figures.
     std::thread::sleep(Duration::from_secs(2));
-    let rss_after = rss_mib(args.pid);
+    let rss_after = sys::rss_mib(args.pid);
     let metrics_after = runtime.block_on(crate::server_metrics::snapshot(admin));
     let server_post_p99_le_ms = match (&metrics_before, &metrics_after) {
         (Some(before), Some(after)) => {

@@ -47,16 +47,6 @@ pub struct HogsArgs {
     pub timeout: u64,
 }
 
-fn rss_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
-fn anon_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_anon_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
 /// `index`'s PHIDs: distinct per hog, `len` bytes each.
 fn phids_of(index: usize, count: usize, len: usize) -> Vec<String> {
     (0..count)
@@ -156,8 +146,8 @@ pub async fn run(args: HogsArgs) -> Value {
     };
     let url = format!("ws://{client}{path}");
     let limit = Duration::from_secs(30);
-    let rss_idle = rss_mib(args.pid);
-    let anon_idle = anon_mib(args.pid);
+    let rss_idle = sys::rss_mib(args.pid);
+    let anon_idle = sys::rss_anon_mib(args.pid);
 
     // The hogs, 32 at a time.
     let started = Instant::now();
@@ -194,11 +184,11 @@ pub async fn run(args: HogsArgs) -> Value {
             }
         }
         let mut max = rss_max.lock().unwrap();
-        *max = max.max(rss_mib(args.pid).unwrap_or(0.0));
+        *max = max.max(sys::rss_mib(args.pid).unwrap_or(0.0));
     }
     let hogs_seconds = started.elapsed().as_secs_f64();
     let rss_peak = *rss_max.lock().unwrap();
-    let anon_peak = anon_mib(args.pid);
+    let anon_peak = sys::rss_anon_mib(args.pid);
 
     // A new browser's one PHID, and a message to it.
     let newcomer = async {
@@ -227,15 +217,15 @@ pub async fn run(args: HogsArgs) -> Value {
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Some(rss) = rss_mib(args.pid) {
+        if let Some(rss) = sys::rss_mib(args.pid) {
             samples.push(json!([
                 (closed_at.elapsed().as_secs_f64() * 10.0).round() / 10.0,
                 rss
             ]));
         }
     }
-    let rss_after = rss_mib(args.pid);
-    let anon_after = anon_mib(args.pid);
+    let rss_after = sys::rss_mib(args.pid);
+    let anon_after = sys::rss_anon_mib(args.pid);
     let back_within_20pct = match (rss_idle, rss_after) {
         (Some(idle), Some(after)) => Some(after <= idle * 1.2),
         _ => None,
