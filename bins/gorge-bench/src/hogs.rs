@@ -5,8 +5,6 @@
 //! at the peak and after the hogs left, and how the hogs were closed.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -151,8 +149,7 @@ pub async fn run(args: HogsArgs) -> Value {
 
     // The hogs, 32 at a time.
     let started = Instant::now();
-    let rss_max = Arc::new(std::sync::Mutex::new(rss_idle.unwrap_or(0.0)));
-    let subscribed = Arc::new(AtomicU64::new(0));
+    let mut rss_peak = rss_idle.unwrap_or(0.0);
     let mut ended: std::collections::BTreeMap<String, u64> = Default::default();
     let mut hogs: Vec<Ws> = Vec::new();
     let mut next = 0;
@@ -175,19 +172,14 @@ pub async fn run(args: HogsArgs) -> Value {
             .collect();
         for task in tasks {
             match task.await {
-                Ok(Ok(ws)) => {
-                    subscribed.fetch_add(1, Ordering::Relaxed);
-                    hogs.push(ws);
-                }
+                Ok(Ok(ws)) => hogs.push(ws),
                 Ok(Err(why)) => *ended.entry(why).or_default() += 1,
                 Err(e) => *ended.entry(e.to_string()).or_default() += 1,
             }
         }
-        let mut max = rss_max.lock().unwrap();
-        *max = max.max(sys::rss_mib(args.pid).unwrap_or(0.0));
+        rss_peak = rss_peak.max(sys::rss_mib(args.pid).unwrap_or(0.0));
     }
     let hogs_seconds = started.elapsed().as_secs_f64();
-    let rss_peak = *rss_max.lock().unwrap();
     let anon_peak = sys::rss_anon_mib(args.pid);
 
     // A new browser's one PHID, and a message to it.
@@ -206,8 +198,9 @@ pub async fn run(args: HogsArgs) -> Value {
     }
     .await;
 
-    // Hogs still open are closed (a close frame each, then the connection).
-    let still_open = hogs.len();
+    // Every hog that subscribed is still open; each is closed (a close frame, then the
+    // connection).
+    let subscribed = hogs.len();
     for mut ws in hogs {
         let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
     }
@@ -235,8 +228,8 @@ pub async fn run(args: HogsArgs) -> Value {
         "sockets": args.sockets,
         "phids_per_socket": args.phids,
         "phid_bytes": args.phid_bytes,
-        "hogs_subscribed": subscribed.load(Ordering::Relaxed),
-        "hogs_open_at_the_end": still_open,
+        "hogs_subscribed": subscribed,
+        "hogs_open_at_the_end": subscribed,
         "hogs_ended_early": ended,
         "hogs_seconds": hogs_seconds,
         "newcomer_frame_ms": newcomer.as_ref().map(|d| d.as_secs_f64() * 1000.0).ok(),
