@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -53,47 +53,6 @@ fn phids_of(index: usize, count: usize, len: usize) -> Vec<String> {
             format!("{head}{i:0width$}", width = len.saturating_sub(head.len()))
         })
         .collect()
-}
-
-/// Subscribes in frames under 60 KiB (the default frame limit is 64 KiB), then waits for the
-/// pong that proves the server took them; `Err` says how the socket ended instead.
-async fn hog(ws: &mut Ws, phids: &[String], limit: Duration) -> Result<(), String> {
-    let mut frame: Vec<&str> = Vec::new();
-    let mut bytes = 0;
-    let mut frames = Vec::new();
-    for phid in phids {
-        if bytes + phid.len() + 3 > 60_000 {
-            frames.push(json!({"command": "subscribe", "data": frame}).to_string());
-            frame = Vec::new();
-            bytes = 0;
-        }
-        bytes += phid.len() + 3;
-        frame.push(phid);
-    }
-    frames.push(json!({"command": "subscribe", "data": frame}).to_string());
-    frames.push(json!({"command": "ping", "data": null}).to_string());
-    tokio::time::timeout(limit, async {
-        for text in frames {
-            ws.send(Message::text(text))
-                .await
-                .map_err(|e| format!("send: {e}"))?;
-        }
-        loop {
-            match ws.next().await {
-                Some(Ok(Message::Text(text))) if text.as_str() == r#"{"type":"pong"}"# => {
-                    return Ok(())
-                }
-                Some(Ok(Message::Close(frame))) => {
-                    return Err(format!("close {}", frame.map_or(0, |f| u16::from(f.code))))
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(format!("read: {e}")),
-                None => return Err("closed".to_string()),
-            }
-        }
-    })
-    .await
-    .map_err(|_| "no pong in time".to_string())?
 }
 
 async fn post(admin: SocketAddr, body: &str) -> Result<u16, String> {
@@ -166,7 +125,9 @@ pub async fn run(args: HogsArgs) -> Value {
                 let source = browser::source_ip(client, index);
                 tokio::spawn(async move {
                     let mut ws = browser::open(&url, client, source, None).await?;
-                    hog(&mut ws, &phids, limit).await.map(|()| ws)
+                    browser::subscribe_confirmed(&mut ws, &phids, limit)
+                        .await
+                        .map(|()| ws)
                 })
             })
             .collect();
