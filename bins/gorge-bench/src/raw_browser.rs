@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::browser;
 
 /// What the server must answer to a ping command, exactly.
-const PONG: &[u8] = br#"{"type":"pong"}"#;
+pub const PONG: &[u8] = br#"{"type":"pong"}"#;
 
 /// Read buffer per socket; a frame longer than this is skipped in pieces, never held.
 const BUFFER: usize = 4096;
