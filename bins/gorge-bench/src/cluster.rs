@@ -193,13 +193,9 @@ pub async fn run(args: ClusterArgs) -> Value {
         },
         Engine::Mesh => None,
     };
-    let mut ports = Vec::new();
-    for _ in 0..nodes {
-        match (procs::free_port(), procs::free_port()) {
-            (Ok(client), Ok(admin)) if client != admin => ports.push((client, admin)),
-            _ => return json!({"ok": false, "error": "no free port"}),
-        }
-    }
+    let Ok(ports) = procs::free_port_pairs(nodes) else {
+        return json!({"ok": false, "error": "no free port"});
+    };
     let binary = args
         .binary
         .clone()
