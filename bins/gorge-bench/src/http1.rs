@@ -84,7 +84,7 @@ pub async fn read_head<R: AsyncRead + Unpin>(
 
 /// The head at the start of `raw` and its length, `None` while it is incomplete. A request
 /// or a response, told apart by the start line.
-fn parse_head(raw: &[u8]) -> Result<Option<(Head, usize)>, httparse::Error> {
+pub fn parse_head(raw: &[u8]) -> Result<Option<(Head, usize)>, httparse::Error> {
     let mut slots = [httparse::EMPTY_HEADER; 64];
     let (status, headers) = if raw.starts_with(b"HTTP/") {
         let mut response = httparse::Response::new(&mut slots);
