@@ -578,6 +578,8 @@ fn post_all(
 
 /// A `redis-server` of this run: loopback, persistence off; killed when dropped.
 struct Redis {
+    /// Killed on drop (SIGKILL, which also ends a redis-server left SIGSTOPped by
+    /// `--pause-redis-ms`).
     _child: Child,
     pid: u32,
     port: u16,
@@ -612,14 +614,6 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Redis {
-    /// A run that ends while redis-server is stopped must not leave a stopped process
-    /// behind kill_on_drop's SIGKILL (which works on stopped processes, but say so).
-    fn drop(&mut self) {
-        let _ = sys::send_signal(self.pid, sys::Signal::CONT);
     }
 }
 
