@@ -16,7 +16,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::histogram::percentiles_of;
-use crate::http1::{parse_server_urls, ServerUrls};
+use crate::http1::{ServerArgs, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::raw_browser::{frame_header, masked};
 use crate::sys;
@@ -40,12 +40,8 @@ pub enum FrameKind {
 
 #[derive(Debug, Clone, Args)]
 pub struct FloodArgs {
-    /// WebSocket URL of the client port.
-    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
-    pub client: String,
-    /// URL of the admin port.
-    #[arg(long, default_value = "http://127.0.0.1:22281/")]
-    pub admin: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Flooding sockets at once.
     #[arg(long, default_value_t = 1)]
     pub sockets: usize,
@@ -400,7 +396,7 @@ fn run_blocking(args: FloodArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match parse_server_urls(&args.client, &args.admin) {
+    } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };

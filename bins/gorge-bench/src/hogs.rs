@@ -13,18 +13,14 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::browser::{self, Ws};
-use crate::http1::{parse_server_urls, HttpConn, ServerUrls};
+use crate::http1::{HttpConn, ServerArgs, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::sys;
 
 #[derive(Debug, Clone, Args)]
 pub struct HogsArgs {
-    /// WebSocket URL of the client port.
-    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
-    pub client: String,
-    /// URL of the admin port.
-    #[arg(long, default_value = "http://127.0.0.1:22281/")]
-    pub admin: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Hogging sockets.
     #[arg(long, default_value_t = 600)]
     pub sockets: usize,
@@ -97,7 +93,7 @@ pub async fn run(args: HogsArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match parse_server_urls(&args.client, &args.admin) {
+    } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
