@@ -16,7 +16,7 @@ cd "${root}"
 say() { printf -- '--> %s\n' "$*"; }
 
 say "bash -n and shellcheck"
-scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/measure.sh .ci/run)
+scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/*.sh .ci/run)
 for script in "${scripts[@]}"; do bash -n "${script}"; done
 shellcheck "${scripts[@]}"
 
@@ -159,6 +159,7 @@ expect_rendered notification-deployment.yaml '!secretName: gorge-redis' --set no
 broker_ca=(--set notification.broker.url=rediss://redis.phorge.svc:6380/0 --set notification.broker.caConfigMap=redis-ca)
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_BROKER_CA_FILE: "/etc/gorge/broker-ca/ca.crt"' "${broker_ca[@]}"
 expect_rendered notification-deployment.yaml 'name: redis-ca' "${broker_ca[@]}"
+expect_rendered notification-deployment.yaml 'mountPath: /etc/gorge/broker-ca' "${broker_ca[@]}"
 expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_BROKER_CA_FILE: "/etc/gorge/broker-ca/ca.crt"' "${broker[@]}"
 expect_rendered notification-deployment.yaml '!name: redis-ca' --set notification.broker.caConfigMap=redis-ca
 expect_rendered notification-deployment.yaml 'minReadySeconds: 5'

@@ -8,11 +8,17 @@
 #   python3 scripts/notification-fd-reserve.py
 import http.client, json, os, resource, socket, subprocess, time
 
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    return port
+def free_ports(n):
+    # All bound at once, so the kernel cannot hand the same port out twice.
+    held = [socket.socket() for _ in range(n)]
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
+    return ports
 
-client_port, admin_port = free_port(), free_port()
+client_port, admin_port = free_ports(2)
 env = dict(os.environ, GORGE_NOTIFICATION_LISTEN_ADDR="127.0.0.1",
            GORGE_NOTIFICATION_CLIENT_PORT=str(client_port),
            GORGE_NOTIFICATION_ADMIN_PORT=str(admin_port), GORGE_LOG_LEVEL="warn")

@@ -25,20 +25,19 @@ start_notification() {
   # With $APHLICT (the path of Phorge's support/aphlict/server/aphlict_server.js, its `ws`
   # module installed beside it) the server is Aphlict instead, started as `bin/aphlict`
   # starts it (node --max-old-space-size=256, a config file with both servers).
-  local ready="readyz"
+  local ready="readyz" log=/tmp/gorge-bench-notification.log
+  local server=("$BIN/gorge-notification")
   if [ -n "${APHLICT:-}" ]; then
-    ready="status/"
+    ready="status/" log=/tmp/gorge-bench-aphlict.log
     printf '{"servers":[{"type":"client","port":%s,"listen":"127.0.0.1"},{"type":"admin","port":%s,"listen":"127.0.0.1"}],"logs":[],"cluster":[],"pidfile":"/tmp/gorge-bench-aphlict.pid"}\n' \
       "$CLIENT_PORT" "$ADMIN_PORT" >/tmp/gorge-bench-aphlict.json
-    ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-      exec ${PIN:-} node --max-old-space-size=256 "$APHLICT" --config=/tmp/gorge-bench-aphlict.json \
-        >>/tmp/gorge-bench-aphlict.log 2>&1 ) &
-  else
-    ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-      GORGE_NOTIFICATION_LISTEN_ADDR=127.0.0.1 GORGE_NOTIFICATION_CLIENT_PORT=$CLIENT_PORT \
-      GORGE_NOTIFICATION_ADMIN_PORT=$ADMIN_PORT GORGE_LOG_LEVEL=warn \
-      exec ${PIN:-} "$BIN/gorge-notification" >>/tmp/gorge-bench-notification.log 2>&1 ) &
+    server=(node --max-old-space-size=256 "$APHLICT" --config=/tmp/gorge-bench-aphlict.json)
   fi
+  # (Aphlict ignores the GORGE_ variables.)
+  ( ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+    GORGE_NOTIFICATION_LISTEN_ADDR=127.0.0.1 GORGE_NOTIFICATION_CLIENT_PORT=$CLIENT_PORT \
+    GORGE_NOTIFICATION_ADMIN_PORT=$ADMIN_PORT GORGE_LOG_LEVEL=warn \
+    exec ${PIN:-} "${server[@]}" >>"$log" 2>&1 ) &
   SERVER_PID=$!
   for _ in $(seq 100); do
     curl -fs "http://127.0.0.1:$ADMIN_PORT/$ready" >/dev/null && return 0

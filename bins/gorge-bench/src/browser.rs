@@ -102,24 +102,28 @@ pub async fn connect(
 }
 
 /// Subscribes to `phids` and waits for the pong that proves the subscription took effect
-/// (the server handles one socket's commands in order).
+/// (the server handles one socket's commands in order). A long list goes in several
+/// `subscribe` frames under 60 KiB each (the server's default frame limit is 64 KiB); a
+/// close frame instead of the pong is an error naming its code.
 pub async fn subscribe_confirmed(
     ws: &mut Ws,
     phids: &[String],
     limit: Duration,
 ) -> Result<(), String> {
-    let subscribe = serde_json::json!({"command": "subscribe", "data": phids}).to_string();
-    let ping = serde_json::json!({"command": "ping", "data": null}).to_string();
+    let mut frames = subscribe_frames(phids);
+    frames.push(serde_json::json!({"command": "ping", "data": null}).to_string());
     tokio::time::timeout(limit, async {
-        ws.send(Message::text(subscribe))
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        ws.send(Message::text(ping))
-            .await
-            .map_err(|e| format!("send: {e}"))?;
+        for text in frames {
+            ws.send(Message::text(text))
+                .await
+                .map_err(|e| format!("send: {e}"))?;
+        }
         loop {
             match ws.next().await {
                 Some(Ok(Message::Text(text))) if text.as_str() == PONG => return Ok(()),
+                Some(Ok(Message::Close(frame))) => {
+                    return Err(format!("close {}", frame.map_or(0, |f| u16::from(f.code))))
+                }
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Err(format!("read: {e}")),
                 None => return Err("closed before pong".to_string()),
@@ -128,6 +132,23 @@ pub async fn subscribe_confirmed(
     })
     .await
     .map_err(|_| "no pong in time".to_string())?
+}
+
+/// `subscribe` commands for `phids`, each frame under 60 KiB.
+fn subscribe_frames(phids: &[String]) -> Vec<String> {
+    let frame =
+        |part: &[String]| serde_json::json!({"command": "subscribe", "data": part}).to_string();
+    let mut frames = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, phid) in phids.iter().enumerate() {
+        if bytes + phid.len() + 3 > 60_000 && i > start {
+            frames.push(frame(&phids[start..i]));
+            (start, bytes) = (i, 0);
+        }
+        bytes += phid.len() + 3;
+    }
+    frames.push(frame(&phids[start..]));
+    frames
 }
 
 /// Sequence number of a bench frame, if the frame carries one.
@@ -253,6 +274,23 @@ mod tests {
         assert_eq!(frame_seq(r#"{"key":"k","bench_seq":42,"x":1}"#), Some(42));
         assert_eq!(frame_seq(r#"{"bench_seq": 7}"#), Some(7));
         assert_eq!(frame_seq(r#"{"type":"pong"}"#), None);
+    }
+
+    #[test]
+    fn long_subscriptions_go_in_frames_under_60_kib() {
+        let phids: Vec<String> = (0..4096).map(|i| format!("PHID-USER-{i:022}")).collect();
+        let frames = subscribe_frames(&phids);
+        assert!(frames.len() > 1);
+        assert!(frames.iter().all(|f| f.len() < 60_000 + 64));
+        let back: Vec<String> = frames
+            .iter()
+            .flat_map(|f| {
+                let v: serde_json::Value = serde_json::from_str(f).unwrap();
+                serde_json::from_value::<Vec<String>>(v["data"].clone()).unwrap()
+            })
+            .collect();
+        assert_eq!(back, phids);
+        assert_eq!(subscribe_frames(&phids[..1]).len(), 1);
     }
 
     #[test]

@@ -141,9 +141,7 @@ impl Arrivals {
             .and_then(browser::frame_seq)
             .filter(|&seq| seq < self.received.len());
         let Some(seq) = seq else {
-            if text != br#"{"type":"pong"}"# {
-                self.foreign.fetch_add(1, Ordering::Relaxed);
-            }
+            self.unexpected(text);
             return;
         };
         self.received[seq].fetch_add(1, Ordering::Relaxed);
@@ -155,15 +153,26 @@ impl Arrivals {
         }
     }
 
-    /// `(lost, duplicated)` frames, for `sockets` measured sockets on this side.
-    fn tally(&self, sockets: usize) -> (u64, u64) {
-        let (mut lost, mut duplicates) = (0u64, 0u64);
-        for count in self.received.iter() {
-            let got = u64::from(count.load(Ordering::Relaxed));
-            lost += (sockets as u64).saturating_sub(got);
-            duplicates += got.saturating_sub(sockets as u64);
+    /// A text frame where no bench message was due: counted unless it is a pong.
+    fn unexpected(&self, text: &[u8]) {
+        if text != raw_browser::PONG {
+            self.foreign.fetch_add(1, Ordering::Relaxed);
         }
-        (lost, duplicates)
+    }
+
+    /// `(lost, duplicated)` frames of sequence number `seq`, for `sockets` measured sockets
+    /// on this side.
+    fn lost_and_duplicated(&self, seq: usize, sockets: usize) -> (u64, u64) {
+        let got = u64::from(self.received[seq].load(Ordering::Relaxed));
+        let sockets = sockets as u64;
+        (sockets.saturating_sub(got), got.saturating_sub(sockets))
+    }
+
+    /// `(lost, duplicated)` frames of every sequence number.
+    fn tally(&self, sockets: usize) -> (u64, u64) {
+        (0..self.received.len())
+            .map(|seq| self.lost_and_duplicated(seq, sockets))
+            .fold((0, 0), |(l, d), (lost, dup)| (l + lost, d + dup))
     }
 }
 
@@ -184,13 +193,9 @@ pub async fn run(args: ClusterArgs) -> Value {
         },
         Engine::Mesh => None,
     };
-    let mut ports = Vec::new();
-    for _ in 0..nodes {
-        match (procs::free_port(), procs::free_port()) {
-            (Ok(client), Ok(admin)) if client != admin => ports.push((client, admin)),
-            _ => return json!({"ok": false, "error": "no free port"}),
-        }
-    }
+    let Ok(ports) = procs::free_port_pairs(nodes) else {
+        return json!({"ok": false, "error": "no free port"});
+    };
     let binary = args
         .binary
         .clone()
@@ -275,30 +280,23 @@ pub async fn run(args: ClusterArgs) -> Value {
                 continue;
             }
         };
-        let (stop, closed_early) = (stop_rx.clone(), closed_early.clone());
         if is_measured {
             opened[usize::from(node != 0)] += 1;
-            let arrivals = if node == 0 { &local } else { &remote }.clone();
-            readers.spawn(async move {
-                if ws.read(stop, |text| arrivals.record(text)).await == End::Closed {
-                    closed_early.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-        } else {
-            let foreign = remote.clone();
-            readers.spawn(async move {
-                let end = ws
-                    .read(stop, |text| {
-                        if text != br#"{"type":"pong"}"# {
-                            foreign.foreign.fetch_add(1, Ordering::Relaxed);
-                        }
-                    })
-                    .await;
-                if end == End::Closed {
-                    closed_early.fetch_add(1, Ordering::Relaxed);
-                }
-            });
         }
+        let (stop, closed_early) = (stop_rx.clone(), closed_early.clone());
+        let arrivals = if node == 0 { &local } else { &remote }.clone();
+        readers.spawn(async move {
+            let on_text = |text: &[u8]| {
+                if is_measured {
+                    arrivals.record(text)
+                } else {
+                    arrivals.unexpected(text)
+                }
+            };
+            if ws.read(stop, on_text).await == End::Closed {
+                closed_early.fetch_add(1, Ordering::Relaxed);
+            }
+        });
     }
     eprintln!(
         "cluster: {nodes} servers ({:?}), {} sockets open, {} measured ({failed} failed{})",
@@ -486,9 +484,9 @@ fn pause_report(remote: &Arrivals, sockets: usize, (from, until): (u64, u64)) ->
             continue;
         }
         posted += 1;
-        let got = u64::from(remote.received[seq].load(Ordering::Relaxed));
-        lost += (sockets as u64).saturating_sub(got);
-        duplicates += got.saturating_sub(sockets as u64);
+        let (seq_lost, seq_duplicates) = remote.lost_and_duplicated(seq, sockets);
+        lost += seq_lost;
+        duplicates += seq_duplicates;
         let latest = remote.latest_us[seq].load(Ordering::Relaxed);
         if latest > 0 {
             lateness.record(latest.saturating_sub(at));
@@ -580,6 +578,8 @@ fn post_all(
 
 /// A `redis-server` of this run: loopback, persistence off; killed when dropped.
 struct Redis {
+    /// Killed on drop (SIGKILL, which also ends a redis-server left SIGSTOPped by
+    /// `--pause-redis-ms`).
     _child: Child,
     pid: u32,
     port: u16,
@@ -614,14 +614,6 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Redis {
-    /// A run that ends while redis-server is stopped must not leave a stopped process
-    /// behind kill_on_drop's SIGKILL (which works on stopped processes, but say so).
-    fn drop(&mut self) {
-        let _ = sys::send_signal(self.pid, sys::Signal::CONT);
     }
 }
 

@@ -16,8 +16,9 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::histogram::percentiles_of;
-use crate::http1::{parse_server_urls, ServerUrls};
+use crate::http1::{ServerArgs, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
+use crate::raw_browser::{frame_header, masked};
 use crate::sys;
 
 /// What each flooding socket sends.
@@ -39,12 +40,8 @@ pub enum FrameKind {
 
 #[derive(Debug, Clone, Args)]
 pub struct FloodArgs {
-    /// WebSocket URL of the client port.
-    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
-    pub client: String,
-    /// URL of the admin port.
-    #[arg(long, default_value = "http://127.0.0.1:22281/")]
-    pub admin: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Flooding sockets at once.
     #[arg(long, default_value_t = 1)]
     pub sockets: usize,
@@ -73,23 +70,8 @@ pub struct FloodArgs {
     pub flooder_nice: i32,
 }
 
-/// A masked client frame (payloads under 64 KiB).
-fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x5a, 0xa5, 0x3c, 0xc3];
-    let mut out = vec![0x80 | opcode];
-    if payload.len() < 126 {
-        out.push(0x80 | payload.len() as u8);
-    } else {
-        out.push(0x80 | 126);
-        out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-    }
-    out.extend_from_slice(&mask);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
-    out
-}
-
 fn frames_of(kind: FrameKind) -> Vec<u8> {
-    let text = |s: &str| client_frame(0x1, s.as_bytes());
+    let text = |s: &str| masked(0x1, s.as_bytes());
     match kind {
         FrameKind::Replay => text(r#"{"command":"replay","data":{"age":60000}}"#),
         FrameKind::Subscribe => {
@@ -101,26 +83,16 @@ fn frames_of(kind: FrameKind) -> Vec<u8> {
         }
         FrameKind::Ping => text(r#"{"command":"ping"}"#),
         FrameKind::TinyText => text("x"),
-        FrameKind::Binary => client_frame(0x2, b"\x00"),
-        FrameKind::WsPing => client_frame(0x9, b""),
+        FrameKind::Binary => masked(0x2, b"\x00"),
+        FrameKind::WsPing => masked(0x9, b""),
     }
 }
 
 /// The code of the first whole close frame among unmasked server frames.
 fn close_code_in(mut bytes: &[u8]) -> Option<u16> {
-    while bytes.len() >= 2 {
-        let (opcode, short) = (bytes[0] & 0x0f, (bytes[1] & 0x7f) as usize);
-        let (header, len) = match short {
-            126 if bytes.len() >= 4 => (4, u16::from_be_bytes([bytes[2], bytes[3]]) as usize),
-            127 if bytes.len() >= 10 => {
-                let mut len = [0u8; 8];
-                len.copy_from_slice(&bytes[2..10]);
-                (10, u64::from_be_bytes(len) as usize)
-            }
-            126 | 127 => return None,
-            n => (2, n),
-        };
-        if bytes.len() < header + len {
+    while let Ok(Some((opcode, header, len))) = frame_header(bytes) {
+        let len = usize::try_from(len).ok()?;
+        if bytes.len() - header < len {
             return None;
         }
         if opcode == 0x8 && len >= 2 {
@@ -375,11 +347,6 @@ fn tcp_counters() -> std::collections::BTreeMap<String, i64> {
     out
 }
 
-fn rss_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
 /// `/metrics` of the admin port (gorge-notification only; Aphlict has none).
 fn get_metrics(admin: SocketAddr) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(2)).ok()?;
@@ -429,7 +396,7 @@ fn run_blocking(args: FloodArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match parse_server_urls(&args.client, &args.admin) {
+    } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
@@ -440,7 +407,7 @@ fn run_blocking(args: FloodArgs) -> Value {
         .filter_map(|_| timed_post(admin, limit))
         .map(|t| t.total)
         .collect();
-    let rss_idle = rss_mib(args.pid);
+    let rss_idle = sys::rss_mib(args.pid);
     let closes_before = server_closes(admin);
     // The server's own view (admin_post_seconds, timed from the accept): what it took,
     // without the bench's scheduling on the same shared cores.
@@ -485,7 +452,7 @@ fn run_blocking(args: FloodArgs) -> Value {
             }
             None => timeouts += 1,
         }
-        rss_max = rss_max.max(rss_mib(args.pid).unwrap_or(0.0));
+        rss_max = rss_max.max(sys::rss_mib(args.pid).unwrap_or(0.0));
         next += interval;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
@@ -511,7 +478,7 @@ fn run_blocking(args: FloodArgs) -> Value {
     }
     // Let the server finish closing the last sockets before the "after" figures.
     std::thread::sleep(Duration::from_secs(2));
-    let rss_after = rss_mib(args.pid);
+    let rss_after = sys::rss_mib(args.pid);
     let metrics_after = runtime.block_on(crate::server_metrics::snapshot(admin));
     let server_post_p99_le_ms = match (&metrics_before, &metrics_after) {
         (Some(before), Some(after)) => {
@@ -560,4 +527,18 @@ fn run_blocking(args: FloodArgs) -> Value {
         "rss_max_mib": rss_max,
         "rss_after_mib": rss_after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_close_code_after_other_frames() {
+        let mut bytes = vec![0x81, 2, b'h', b'i', 0x88, 2];
+        assert_eq!(close_code_in(&bytes), None);
+        bytes.extend_from_slice(&1008u16.to_be_bytes());
+        assert_eq!(close_code_in(&bytes), Some(1008));
+        assert_eq!(close_code_in(&[0x81, 126, 0xff, 0xff, 0]), None);
+    }
 }

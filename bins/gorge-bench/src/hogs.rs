@@ -5,28 +5,22 @@
 //! at the peak and after the hogs left, and how the hogs were closed.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::browser::{self, Ws};
-use crate::http1::{parse_server_urls, HttpConn, ServerUrls};
+use crate::http1::{HttpConn, ServerArgs, ServerUrls};
 use crate::notify::PHP_CONTENT_TYPE;
 use crate::sys;
 
 #[derive(Debug, Clone, Args)]
 pub struct HogsArgs {
-    /// WebSocket URL of the client port.
-    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
-    pub client: String,
-    /// URL of the admin port.
-    #[arg(long, default_value = "http://127.0.0.1:22281/")]
-    pub admin: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Hogging sockets.
     #[arg(long, default_value_t = 600)]
     pub sockets: usize,
@@ -47,16 +41,6 @@ pub struct HogsArgs {
     pub timeout: u64,
 }
 
-fn rss_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
-fn anon_mib(pid: Option<u32>) -> Option<f64> {
-    let bytes = sys::rss_anon_bytes(pid?).ok()?;
-    Some((bytes as f64 / 1048576.0 * 10.0).round() / 10.0)
-}
-
 /// `index`'s PHIDs: distinct per hog, `len` bytes each.
 fn phids_of(index: usize, count: usize, len: usize) -> Vec<String> {
     (0..count)
@@ -65,47 +49,6 @@ fn phids_of(index: usize, count: usize, len: usize) -> Vec<String> {
             format!("{head}{i:0width$}", width = len.saturating_sub(head.len()))
         })
         .collect()
-}
-
-/// Subscribes in frames under 60 KiB (the default frame limit is 64 KiB), then waits for the
-/// pong that proves the server took them; `Err` says how the socket ended instead.
-async fn hog(ws: &mut Ws, phids: &[String], limit: Duration) -> Result<(), String> {
-    let mut frame: Vec<&str> = Vec::new();
-    let mut bytes = 0;
-    let mut frames = Vec::new();
-    for phid in phids {
-        if bytes + phid.len() + 3 > 60_000 {
-            frames.push(json!({"command": "subscribe", "data": frame}).to_string());
-            frame = Vec::new();
-            bytes = 0;
-        }
-        bytes += phid.len() + 3;
-        frame.push(phid);
-    }
-    frames.push(json!({"command": "subscribe", "data": frame}).to_string());
-    frames.push(json!({"command": "ping", "data": null}).to_string());
-    tokio::time::timeout(limit, async {
-        for text in frames {
-            ws.send(Message::text(text))
-                .await
-                .map_err(|e| format!("send: {e}"))?;
-        }
-        loop {
-            match ws.next().await {
-                Some(Ok(Message::Text(text))) if text.as_str() == r#"{"type":"pong"}"# => {
-                    return Ok(())
-                }
-                Some(Ok(Message::Close(frame))) => {
-                    return Err(format!("close {}", frame.map_or(0, |f| u16::from(f.code))))
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(format!("read: {e}")),
-                None => return Err("closed".to_string()),
-            }
-        }
-    })
-    .await
-    .map_err(|_| "no pong in time".to_string())?
 }
 
 async fn post(admin: SocketAddr, body: &str) -> Result<u16, String> {
@@ -150,19 +93,18 @@ pub async fn run(args: HogsArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match parse_server_urls(&args.client, &args.admin) {
+    } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
     let url = format!("ws://{client}{path}");
     let limit = Duration::from_secs(30);
-    let rss_idle = rss_mib(args.pid);
-    let anon_idle = anon_mib(args.pid);
+    let rss_idle = sys::rss_mib(args.pid);
+    let anon_idle = sys::rss_anon_mib(args.pid);
 
     // The hogs, 32 at a time.
     let started = Instant::now();
-    let rss_max = Arc::new(std::sync::Mutex::new(rss_idle.unwrap_or(0.0)));
-    let subscribed = Arc::new(AtomicU64::new(0));
+    let mut rss_peak = rss_idle.unwrap_or(0.0);
     let mut ended: std::collections::BTreeMap<String, u64> = Default::default();
     let mut hogs: Vec<Ws> = Vec::new();
     let mut next = 0;
@@ -179,26 +121,23 @@ pub async fn run(args: HogsArgs) -> Value {
                 let source = browser::source_ip(client, index);
                 tokio::spawn(async move {
                     let mut ws = browser::open(&url, client, source, None).await?;
-                    hog(&mut ws, &phids, limit).await.map(|()| ws)
+                    browser::subscribe_confirmed(&mut ws, &phids, limit)
+                        .await
+                        .map(|()| ws)
                 })
             })
             .collect();
         for task in tasks {
             match task.await {
-                Ok(Ok(ws)) => {
-                    subscribed.fetch_add(1, Ordering::Relaxed);
-                    hogs.push(ws);
-                }
+                Ok(Ok(ws)) => hogs.push(ws),
                 Ok(Err(why)) => *ended.entry(why).or_default() += 1,
                 Err(e) => *ended.entry(e.to_string()).or_default() += 1,
             }
         }
-        let mut max = rss_max.lock().unwrap();
-        *max = max.max(rss_mib(args.pid).unwrap_or(0.0));
+        rss_peak = rss_peak.max(sys::rss_mib(args.pid).unwrap_or(0.0));
     }
     let hogs_seconds = started.elapsed().as_secs_f64();
-    let rss_peak = *rss_max.lock().unwrap();
-    let anon_peak = anon_mib(args.pid);
+    let anon_peak = sys::rss_anon_mib(args.pid);
 
     // A new browser's one PHID, and a message to it.
     let newcomer = async {
@@ -216,8 +155,9 @@ pub async fn run(args: HogsArgs) -> Value {
     }
     .await;
 
-    // Hogs still open are closed (a close frame each, then the connection).
-    let still_open = hogs.len();
+    // Every hog that subscribed is still open; each is closed (a close frame, then the
+    // connection).
+    let subscribed = hogs.len();
     for mut ws in hogs {
         let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
     }
@@ -227,15 +167,15 @@ pub async fn run(args: HogsArgs) -> Value {
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Some(rss) = rss_mib(args.pid) {
+        if let Some(rss) = sys::rss_mib(args.pid) {
             samples.push(json!([
                 (closed_at.elapsed().as_secs_f64() * 10.0).round() / 10.0,
                 rss
             ]));
         }
     }
-    let rss_after = rss_mib(args.pid);
-    let anon_after = anon_mib(args.pid);
+    let rss_after = sys::rss_mib(args.pid);
+    let anon_after = sys::rss_anon_mib(args.pid);
     let back_within_20pct = match (rss_idle, rss_after) {
         (Some(idle), Some(after)) => Some(after <= idle * 1.2),
         _ => None,
@@ -245,8 +185,8 @@ pub async fn run(args: HogsArgs) -> Value {
         "sockets": args.sockets,
         "phids_per_socket": args.phids,
         "phid_bytes": args.phid_bytes,
-        "hogs_subscribed": subscribed.load(Ordering::Relaxed),
-        "hogs_open_at_the_end": still_open,
+        "hogs_subscribed": subscribed,
+        "hogs_open_at_the_end": subscribed,
         "hogs_ended_early": ended,
         "hogs_seconds": hogs_seconds,
         "newcomer_frame_ms": newcomer.as_ref().map(|d| d.as_secs_f64() * 1000.0).ok(),

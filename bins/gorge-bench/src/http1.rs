@@ -84,7 +84,7 @@ pub async fn read_head<R: AsyncRead + Unpin>(
 
 /// The head at the start of `raw` and its length, `None` while it is incomplete. A request
 /// or a response, told apart by the start line.
-fn parse_head(raw: &[u8]) -> Result<Option<(Head, usize)>, httparse::Error> {
+pub fn parse_head(raw: &[u8]) -> Result<Option<(Head, usize)>, httparse::Error> {
     let mut slots = [httparse::EMPTY_HEADER; 64];
     let (status, headers) = if raw.starts_with(b"HTTP/") {
         let mut response = httparse::Response::new(&mut slots);
@@ -136,16 +136,29 @@ pub struct ServerUrls {
     pub admin_path: String,
 }
 
-/// Resolves `--client` and `--admin` (see [`parse_url`]).
-pub fn parse_server_urls(client: &str, admin: &str) -> Result<ServerUrls, String> {
-    let (client, client_path) = parse_url(client)?;
-    let (admin, admin_path) = parse_url(admin)?;
-    Ok(ServerUrls {
-        client,
-        client_path,
-        admin,
-        admin_path,
-    })
+/// `--client` and `--admin` of the subcommands that drive a running notification server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// WebSocket URL of the client port.
+    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
+    pub client: String,
+    /// URL of the admin port.
+    #[arg(long, default_value = "http://127.0.0.1:22281/")]
+    pub admin: String,
+}
+
+impl ServerArgs {
+    /// Resolves both URLs (see [`parse_url`]).
+    pub fn resolve(&self) -> Result<ServerUrls, String> {
+        let (client, client_path) = parse_url(&self.client)?;
+        let (admin, admin_path) = parse_url(&self.admin)?;
+        Ok(ServerUrls {
+            client,
+            client_path,
+            admin,
+            admin_path,
+        })
+    }
 }
 
 /// Resolves `http://host:port/path` (or `ws://`) into an address and the path with query.

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::browser::{self, Deliveries, Ws};
 use crate::histogram::Histogram;
-use crate::http1::{parse_server_urls, request_kept, HttpConn, ServerUrls};
+use crate::http1::{request_kept, HttpConn, ServerArgs, ServerUrls};
 use crate::server_metrics;
 use crate::sys;
 
@@ -33,12 +33,8 @@ pub enum Fanout {
 
 #[derive(Debug, Clone, Args)]
 pub struct NotifyArgs {
-    /// WebSocket URL of the client port.
-    #[arg(long, default_value = "ws://127.0.0.1:22280/")]
-    pub client: String,
-    /// URL of the admin port.
-    #[arg(long, default_value = "http://127.0.0.1:22281/")]
-    pub admin: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Reading sockets to open.
     #[arg(long, default_value_t = 1000)]
     pub sockets: usize,
@@ -187,7 +183,7 @@ pub async fn run(args: NotifyArgs) -> Value {
         admin,
         admin_path,
         ..
-    } = match parse_server_urls(&args.client, &args.admin) {
+    } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
@@ -198,7 +194,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     let shared: Vec<String> = (0..args.shared.max(1)).map(shared_phid).collect();
     let ramp_started = Instant::now();
     let readers = open_many(
-        &args.client,
+        &args.server.client,
         server,
         0..args.sockets,
         args.connect_concurrency,
@@ -212,7 +208,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     )
     .await;
     let stuck = open_many(
-        &args.client,
+        &args.server.client,
         server,
         args.sockets..args.sockets + args.stuck,
         args.connect_concurrency,

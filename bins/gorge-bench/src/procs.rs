@@ -25,6 +25,20 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// `n` pairs of loopback ports (a notification server's client and admin ports), all
+/// distinct: every port stays bound until all are chosen, so the kernel cannot hand one out
+/// twice (as [`free_port`] called repeatedly may).
+pub fn free_port_pairs(n: usize) -> std::io::Result<Vec<(u16, u16)>> {
+    let held = (0..2 * n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let ports = held
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect::<std::io::Result<Vec<u16>>>()?;
+    Ok(ports.chunks(2).map(|p| (p[0], p[1])).collect())
+}
+
 /// Directory for the children's logs of this run.
 pub fn log_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gorge-bench-{}", std::process::id()));
@@ -182,5 +196,19 @@ impl NotificationServer {
 
     pub fn admin_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.admin_port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_pairs_are_distinct() {
+        let pairs = free_port_pairs(3).unwrap();
+        let mut ports: Vec<u16> = pairs.iter().flat_map(|&(c, a)| [c, a]).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 6);
     }
 }

@@ -17,9 +17,10 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::browser;
+use crate::http1;
 
 /// What the server must answer to a ping command, exactly.
-const PONG: &[u8] = br#"{"type":"pong"}"#;
+pub const PONG: &[u8] = br#"{"type":"pong"}"#;
 
 /// Read buffer per socket; a frame longer than this is skipped in pieces, never held.
 const BUFFER: usize = 4096;
@@ -67,7 +68,7 @@ pub async fn open(
             .map_err(|e| format!("write: {e}"))?;
         let mut buf = vec![0u8; BUFFER];
         let mut filled = 0;
-        let head_end = loop {
+        let (head, head_end) = loop {
             if filled == buf.len() {
                 return Err("handshake answer too long".to_string());
             }
@@ -79,16 +80,14 @@ pub async fn open(
                 return Err("closed during the handshake".to_string());
             }
             filled += n;
-            if let Some(at) = find(&buf[..filled], b"\r\n\r\n") {
-                break at + 4;
+            let parsed =
+                http1::parse_head(&buf[..filled]).map_err(|e| format!("handshake answer: {e}"))?;
+            if let Some(parsed) = parsed {
+                break parsed;
             }
         };
-        if !buf.starts_with(b"HTTP/1.1 101") {
-            let line = buf[..head_end].split(|&b| b == b'\r').next().unwrap_or(&[]);
-            return Err(format!(
-                "handshake refused: {}",
-                String::from_utf8_lossy(line)
-            ));
+        if head.second_word() != "101" {
+            return Err(format!("handshake refused: {}", head.start_line));
         }
         buf.copy_within(head_end..filled, 0);
         let mut ws = RawBrowser {
@@ -200,7 +199,7 @@ impl RawBrowser {
 
 /// `(opcode, header length, payload length)` of the unmasked server frame at the start of
 /// `bytes`, or `None` when its header is not all there yet.
-fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
+pub fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
     if bytes.len() < 2 {
         return Ok(None);
     }
@@ -225,7 +224,7 @@ fn frame_header(bytes: &[u8]) -> Result<Option<(u8, usize, u64)>, String> {
 }
 
 /// One final, masked client frame.
-fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
+pub fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(payload.len() + 14);
     frame.push(0x80 | opcode);
     match payload.len() {
@@ -244,10 +243,6 @@ fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
     frame
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,6 +257,46 @@ mod tests {
         long.extend_from_slice(&70_000u64.to_be_bytes());
         assert_eq!(frame_header(&long).unwrap(), Some((2, 10, 70_000)));
         assert!(frame_header(&[0x81, 0x85]).is_err());
+    }
+
+    /// A server that answers the upgrade with `head`, then the client's first frames with
+    /// `then` (and holds the connection).
+    async fn answering(head: &'static [u8], then: &'static [u8]) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            stream.write_all(head).await.unwrap();
+            let _ = stream.read(&mut request).await;
+            stream.write_all(then).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn opens_once_the_pong_arrives() {
+        let head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+            Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+        let server = answering(head, b"\x81\x0f{\"type\":\"pong\"}").await;
+        let opened = open(server, 0, &["PHID-X".to_string()], Duration::from_secs(5)).await;
+        assert!(opened.is_ok(), "{:?}", opened.err());
+    }
+
+    #[tokio::test]
+    async fn a_refused_handshake_names_the_status_line() {
+        let server = answering(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            b"",
+        )
+        .await;
+        let opened = open(server, 0, &[], Duration::from_secs(5)).await;
+        assert_eq!(
+            opened.err().as_deref(),
+            Some("handshake refused: HTTP/1.1 400 Bad Request")
+        );
     }
 
     #[test]

@@ -41,20 +41,34 @@ pub fn clock_ticks_per_second() -> u64 {
 
 /// Resident set size of `pid` in bytes (VmRSS).
 pub fn rss_bytes(pid: u32) -> io::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    parse_vm_rss(&status).ok_or_else(|| io::Error::other("no VmRSS line in /proc/PID/status"))
+    status_bytes(pid, "VmRSS:")
 }
 
 /// The anonymous part of `pid`'s resident set (RssAnon: heap and stacks, without the
 /// binary's own pages, which stay resident once touched).
 pub fn rss_anon_bytes(pid: u32) -> io::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    parse_kib_line(&status, "RssAnon:")
-        .ok_or_else(|| io::Error::other("no RssAnon line in /proc/PID/status"))
+    status_bytes(pid, "RssAnon:")
 }
 
-fn parse_vm_rss(status: &str) -> Option<u64> {
-    parse_kib_line(status, "VmRSS:")
+/// [`rss_bytes`] in MiB to one decimal, as the bench reports it; `None` without a pid.
+pub fn rss_mib(pid: Option<u32>) -> Option<f64> {
+    rss_bytes(pid?).ok().map(mib)
+}
+
+/// [`rss_anon_bytes`] in MiB to one decimal; `None` without a pid.
+pub fn rss_anon_mib(pid: Option<u32>) -> Option<f64> {
+    rss_anon_bytes(pid?).ok().map(mib)
+}
+
+fn mib(bytes: u64) -> f64 {
+    (bytes as f64 / 1048576.0 * 10.0).round() / 10.0
+}
+
+/// The `key` line of `/proc/PID/status` (a size in kB), in bytes.
+fn status_bytes(pid: u32, key: &str) -> io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_kib_line(&status, key)
+        .ok_or_else(|| io::Error::other(format!("no {key} line in /proc/PID/status")))
 }
 
 fn parse_kib_line(status: &str, key: &str) -> Option<u64> {
@@ -166,7 +180,7 @@ mod tests {
     #[test]
     fn reads_rss_line() {
         let status = "Name:\tx\nVmPeak:\t  9 kB\nVmRSS:\t    1234 kB\nThreads:\t2\n";
-        assert_eq!(parse_vm_rss(status), Some(1234 * 1024));
+        assert_eq!(parse_kib_line(status, "VmRSS:"), Some(1234 * 1024));
     }
 
     #[test]
@@ -192,6 +206,9 @@ mod tests {
     fn own_process_is_readable() {
         let pid = std::process::id();
         assert!(rss_bytes(pid).unwrap() > 0);
+        assert!(rss_anon_mib(Some(pid)).unwrap() > 0.0);
+        assert_eq!(rss_mib(None), None);
+        assert_eq!(mib(1_572_864), 1.5);
         assert!(cpu_seconds(pid).unwrap() >= 0.0);
         assert!(load_average().unwrap() >= 0.0);
     }

@@ -13,7 +13,7 @@ use super::{check, DrillEnv, Outcome};
 use crate::browser::{read_frames, Deliveries, ReaderEnd};
 use crate::http1::HttpConn;
 use crate::notify::{message_body, open_many, private_phid, shared_phid, Opened, PHP_CONTENT_TYPE};
-use crate::procs::{free_port, NotificationServer};
+use crate::procs::{free_port_pairs, NotificationServer};
 use crate::sys;
 
 /// Posts message `seq` (to the shared PHID) through `conn`; true on a 200 receipt. A
@@ -126,10 +126,7 @@ pub async fn peers(env: &DrillEnv) -> Outcome {
     const PER_PHASE: usize = 200;
     const RATE: f64 = 100.0;
     let _ = sys::raise_nofile(16_384);
-    let ports: Vec<(u16, u16)> = match (0..3)
-        .map(|_| Ok::<_, std::io::Error>((free_port()?, free_port()?)))
-        .collect()
-    {
+    let ports = match free_port_pairs(3) {
         Ok(p) => p,
         Err(e) => return Outcome::failed_to_run(format!("ports: {e}")),
     };
@@ -314,9 +311,8 @@ pub async fn reconnect_burst(env: &DrillEnv) -> Outcome {
     const SOCKETS: usize = 5000;
     const CYCLES: usize = 2;
     let _ = sys::raise_nofile(3 * SOCKETS as u64 + 1024);
-    let (client, admin) = match (free_port(), free_port()) {
-        (Ok(c), Ok(a)) => (c, a),
-        _ => return Outcome::failed_to_run("no free ports".to_string()),
+    let Ok(&[(client, admin)]) = free_port_pairs(1).as_deref() else {
+        return Outcome::failed_to_run("no free ports".to_string());
     };
     let mut server = match NotificationServer::start(
         "gorge-notification-burst",
