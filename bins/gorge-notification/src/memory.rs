@@ -80,10 +80,11 @@ impl TrimPolicy {
         let pending_sockets = now.sockets - self.trimmed_at.sockets;
         let settled = now == self.previous;
         self.previous = now;
-        let large = pending_bytes >= RELEASED_BYTES || pending_sockets >= RELEASED_SOCKETS;
-        let huge = pending_bytes >= 4 * RELEASED_BYTES || pending_sockets >= 4 * RELEASED_SOCKETS;
-        let tail = self.tail_due && settled && now != self.trimmed_at;
-        if ((large || tail) && settled) || huge {
+        let past = |times: u64| {
+            pending_bytes >= times * RELEASED_BYTES || pending_sockets >= times * RELEASED_SOCKETS
+        };
+        let tail = self.tail_due && now != self.trimmed_at;
+        if ((past(1) || tail) && settled) || past(4) {
             self.trimmed_at = now;
             self.tail_due = !settled;
             return true;
