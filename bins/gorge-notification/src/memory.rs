@@ -80,10 +80,11 @@ impl TrimPolicy {
         let pending_sockets = now.sockets - self.trimmed_at.sockets;
         let settled = now == self.previous;
         self.previous = now;
-        let large = pending_bytes >= RELEASED_BYTES || pending_sockets >= RELEASED_SOCKETS;
-        let huge = pending_bytes >= 4 * RELEASED_BYTES || pending_sockets >= 4 * RELEASED_SOCKETS;
-        let tail = self.tail_due && settled && now != self.trimmed_at;
-        if ((large || tail) && settled) || huge {
+        let past = |times: u64| {
+            pending_bytes >= times * RELEASED_BYTES || pending_sockets >= times * RELEASED_SOCKETS
+        };
+        let tail = self.tail_due && now != self.trimmed_at;
+        if ((past(1) || tail) && settled) || past(4) {
             self.trimmed_at = now;
             self.tail_due = !settled;
             return true;
@@ -172,7 +173,7 @@ pub fn give_back(chunks: CachedChunks) {
 pub async fn take_worker_caches(runtime: &Handle) -> CachedChunks {
     let round = Arc::new(CacheRound {
         workers: runtime.metrics().num_workers(),
-        taken: std::sync::Mutex::new((Vec::new(), Vec::new())),
+        taken: std::sync::Mutex::default(),
         all_taken: std::sync::Condvar::new(),
     });
     let turns: Vec<_> = (0..round.workers)
@@ -185,30 +186,39 @@ pub async fn take_worker_caches(runtime: &Handle) -> CachedChunks {
         let _ = turn.await;
     }
     let mut taken = round.taken.lock().unwrap_or_else(|e| e.into_inner());
-    CachedChunks(std::mem::take(&mut taken.1))
+    CachedChunks(std::mem::take(&mut taken.chunks))
 }
 
-/// One [`take_worker_caches`]: the threads that gave their cache, and the chunks taken.
+/// One [`take_worker_caches`].
 struct CacheRound {
     workers: usize,
-    taken: std::sync::Mutex<(Vec<std::thread::ThreadId>, Vec<usize>)>,
+    taken: std::sync::Mutex<Taken>,
     all_taken: std::sync::Condvar,
+}
+
+/// What a [`CacheRound`] has taken so far.
+#[derive(Default)]
+struct Taken {
+    /// The threads that gave their cache.
+    threads: Vec<std::thread::ThreadId>,
+    /// The chunks they gave.
+    chunks: Vec<usize>,
 }
 
 impl CacheRound {
     fn take_here(&self) {
         let me = std::thread::current().id();
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        if !taken.0.contains(&me) {
-            taken.0.push(me);
-            taken.1.extend(take_thread_cache().0);
+        if !taken.threads.contains(&me) {
+            taken.threads.push(me);
+            taken.chunks.extend(take_thread_cache().0);
             self.all_taken.notify_all();
         }
         // Blocks this worker briefly, on purpose: free, it could run another worker's turn.
         let _ = self
             .all_taken
             .wait_timeout_while(taken, CACHE_ROUND_WAIT, |taken| {
-                taken.0.len() < self.workers
+                taken.threads.len() < self.workers
             });
     }
 }
@@ -242,17 +252,14 @@ mod glibc {
         fn malloc_trim(pad: usize) -> c_int;
         /// glibc: sets one allocator parameter; returns 1 on success.
         fn mallopt(param: c_int, value: c_int) -> c_int;
+        fn malloc(size: usize) -> *mut c_void;
+        fn free(ptr: *mut c_void);
     }
 
     /// glibc's per-thread cache (`tcache`) defaults: 64 sizes of chunk, 32 to 1 040 bytes
     /// (requests of up to 1 032), 7 chunks of each.
     const TCACHE_BINS: usize = 64;
     const TCACHE_COUNT: usize = 7;
-
-    extern "C" {
-        fn malloc(size: usize) -> *mut c_void;
-        fn free(ptr: *mut c_void);
-    }
 
     /// `malloc` serves a size from the thread's cache while it has chunks of that size, so
     /// as many requests of each cached size as the cache holds empty it; the rest of the

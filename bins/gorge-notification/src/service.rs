@@ -243,7 +243,8 @@ impl Server {
         emit!(log, events::NOTIFY_STARTED;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
-        tokio::spawn(crate::memory::housekeeping(
+        // Ends with the client runtime it empties the caches of (below).
+        let housekeeping = tokio::spawn(crate::memory::housekeeping(
             state.clone(),
             self.client_runtime.handle(),
         ));
@@ -261,6 +262,7 @@ impl Server {
         let hook: gorge_service::DrainHook =
             Box::new(move || Box::pin(drain::drain(drain_state, window)));
         let result = run(self.listeners, state.probes.clone(), hook, options, &log).await;
+        housekeeping.abort();
         drop(self.admin_runtime);
         drop(self.client_runtime);
         result

@@ -274,6 +274,31 @@ async fn redis_restarted_empty_is_counted_and_later_messages_flow() {
     assert_eq!(keys(&mut on_b, 1).await, ["back"]);
 }
 
+/// A TCP proxy on a free loopback port in front of the Redis on `upstream`: each connection
+/// it accepts is connected to Redis and both ends are handed to `serve`. Returns the port.
+async fn tcp_proxy<F, Fut>(upstream: u16, mut serve: F) -> u16
+where
+    F: FnMut(TcpStream, TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            tokio::spawn(serve(client, server));
+        }
+    });
+    port
+}
+
+/// The `redis://` URL of a [`tcp_proxy`].
+fn proxy_url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}/")
+}
+
 /// A TCP proxy in front of Redis that can wedge the reader's connections: replies to a
 /// connection that has sent `XREAD` are swallowed, while the connection stays open and
 /// everything else (the publisher's, and any connection opened later) passes.
@@ -287,21 +312,15 @@ struct WedgingProxy {
 
 impl WedgingProxy {
     async fn start(upstream: u16) -> WedgingProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let wedge_below = Arc::new(AtomicU64::new(0));
         let wedge = wedge_below.clone();
         let opened = Arc::new(AtomicU64::new(0));
         let counted = opened.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let id = counted.fetch_add(1, Ordering::SeqCst);
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-                    continue;
-                };
-                tokio::spawn(forward(client, server, id, wedge.clone()));
-            }
-        });
+        let port = tcp_proxy(upstream, move |client, server| {
+            let id = counted.fetch_add(1, Ordering::SeqCst);
+            forward(client, server, id, wedge.clone())
+        })
+        .await;
         WedgingProxy {
             port,
             wedge_below,
@@ -310,7 +329,7 @@ impl WedgingProxy {
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        proxy_url(self.port)
     }
 
     fn wedge_open_readers(&self) {
@@ -620,45 +639,37 @@ struct SlowLink {
 
 impl SlowLink {
     async fn start(upstream: u16, delay: Duration) -> SlowLink {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-                    continue;
-                };
-                let (mut client_read, mut client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-                });
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n @ 1..) = server_read.read(&mut buf).await {
-                        if tx
-                            .send((Instant::now() + delay, buf[..n].to_vec()))
-                            .is_err()
-                        {
-                            break;
-                        }
+        let port = tcp_proxy(upstream, move |client, server| async move {
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
+                        break;
                     }
-                });
-                tokio::spawn(async move {
-                    while let Some((due, bytes)) = rx.recv().await {
-                        tokio::time::sleep_until(due.into()).await;
-                        if client_write.write_all(&bytes).await.is_err() {
-                            break;
-                        }
-                    }
-                });
+                }
+            });
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due.into()).await;
+                if client_write.write_all(&bytes).await.is_err() {
+                    break;
+                }
             }
-        });
+        })
+        .await;
         SlowLink { port }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        proxy_url(self.port)
     }
 }
 

@@ -251,7 +251,7 @@ async fn socket_limit_refuses_upgrades_with_503() {
 /// answers (every WebSocket client library does, as browsers do) stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_sockets_are_reaped_and_answering_ones_stay() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
 
     let server = InProcess::start(|config| {
         config.ping_interval = std::time::Duration::from_secs(1);
@@ -275,20 +275,14 @@ async fn silent_sockets_are_reaped_and_answering_ones_stay() {
     let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", server.client_port))
         .await
         .unwrap();
-    silent
-        .write_all(
-            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    let head = common::raw_upgrade(&mut silent, "GET / HTTP/1.1").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
     // Reading until EOF only consumes what the server sent; TCP itself acks, not the app.
     let mut received = Vec::new();
     tokio::time::timeout(common::PATIENCE, silent.read_to_end(&mut received))
         .await
         .expect("reaped in time")
         .unwrap();
-    assert!(received.starts_with(b"HTTP/1.1 101"));
     // Server frames are unmasked: a ping is 0x89, the close frame 0x88 with code 1001.
     let close = received.windows(4).any(|w| w == [0x88, 0x0e, 0x03, 0xe9]);
     assert!(close, "no 1001 close frame in {received:?}");

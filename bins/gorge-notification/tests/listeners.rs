@@ -117,15 +117,10 @@ async fn the_soft_file_limit_is_raised_to_the_hard_one() {
 
 /// `VmRSS` and `VmHWM` of a process, in KiB.
 fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-            .unwrap()
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (
+        common::status_kib(pid, "VmRSS:"),
+        common::status_kib(pid, "VmHWM:"),
+    )
 }
 
 /// Memory of a burst of subscriptions and of large messages is bounded and given back: 50

@@ -15,19 +15,13 @@ const HOGS: usize = 80;
 /// Each holds the most a socket may: 4 096 PHIDs charged 128 bytes each.
 const PHIDS_PER_HOG: usize = 4096;
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 fn rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS:")
+    common::status_kib(pid, "VmRSS:")
 }
 
 /// The anonymous part of the resident size: the heap, without the binary's own pages.
 fn anon_kib(pid: u32) -> u64 {
-    status_kib(pid, "RssAnon:")
+    common::status_kib(pid, "RssAnon:")
 }
 
 /// 32-byte PHIDs, distinct for each hog.

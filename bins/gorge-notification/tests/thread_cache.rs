@@ -7,6 +7,8 @@
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
+mod common;
+
 use gorge_notification::memory;
 
 /// glibc's per-thread cache: 64 sizes of chunk, 7 of each.
@@ -17,9 +19,7 @@ const PER_BIN: usize = 7;
 const ROUNDS: usize = 1000;
 
 fn anon_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    common::status_kib("self", "RssAnon:")
 }
 
 #[test]

@@ -225,7 +225,7 @@ impl std::fmt::Debug for SendQueue {
 
 impl SendQueue {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().expect("send_queue lock poisoned")
+        self.state.lock().expect("send queue lock poisoned")
     }
 
     /// Connects the queue to its socket; frames queued so far are the task's to write.

@@ -469,9 +469,12 @@ fn broker_config(
     if let Err(why) = crate::broker::connection_info(&broker) {
         return Err(ConfigError::new(&url_key, &broker.url, why));
     }
-    if let Err(why) = crate::broker::client(&broker) {
-        let path = settings.broker_ca_file.as_deref().unwrap_or_default();
-        return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
+    // Only a CA can make the client unusable once the URL is valid: build it now with the
+    // CA, so that a file that is no usable CA stops startup here.
+    if let Some(path) = settings.broker_ca_file.as_deref() {
+        if let Err(why) = crate::broker::client(&broker) {
+            return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
+        }
     }
     if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
         return Err(ConfigError::new(

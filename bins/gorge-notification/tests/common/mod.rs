@@ -275,6 +275,22 @@ impl Drop for InProcess {
 }
 
 /// Posts `body` to the admin port as Phorge's PHP client does (labelled as a form).
+/// A size `/proc/<process>/status` gives in KiB (`key` with its colon: `VmRSS:`, `RssAnon:`,
+/// `VmHWM:`); `process` is a pid, or `"self"` for the test's own process.
+pub fn status_kib(process: impl std::fmt::Display, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in\n{status}"));
+    line[key.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// A WebSocket upgrade made by hand on `stream`, for tests that need the raw bytes after it:
 /// writes `request_line` (e.g. `GET / HTTP/1.1`) with the upgrade headers and RFC 6455's
 /// sample key, and returns the response head, byte by byte up to its blank line.

@@ -246,11 +246,8 @@ impl Hub {
         };
         if let Some(instance) = state.instances.get_mut(&socket.instance) {
             instance.clients_active -= 1;
-            let freed = instance.subscriptions.remove_socket(handle.id);
-            state.subscription_bytes -= freed;
-            state.holders.remove(&(freed, handle.id));
-            self.count_released(freed);
         }
+        self.release_subscriptions(&mut state, &socket.instance, handle.id);
         self.released_sockets.fetch_add(1, Ordering::Relaxed);
         // Give the memory of a burst of sockets back once they are gone.
         shrink_map(&mut state.sockets);
@@ -259,6 +256,26 @@ impl Hub {
     fn count_released(&self, bytes: usize) {
         self.released_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Releases every subscription socket `id` holds in `instance`: out of the index, the
+    /// total and `holders`, and counted as released. The bytes released, or `None` when
+    /// there is no such instance.
+    fn release_subscriptions(
+        &self,
+        state: &mut State,
+        instance: &str,
+        id: SocketId,
+    ) -> Option<usize> {
+        let freed = state
+            .instances
+            .get_mut(instance)?
+            .subscriptions
+            .remove_socket(id);
+        state.subscription_bytes -= freed;
+        state.holders.remove(&(freed, id));
+        self.count_released(freed);
+        Some(freed)
     }
 
     /// Adds PHIDs to a socket's subscriptions, up to the per-socket and per-PHID limits.
@@ -354,11 +371,9 @@ impl Hub {
         let (bytes, id) = state.holders.pop_last()?;
         let socket = state.sockets.get(&id)?;
         socket.send_queue.close(CloseReason::TooManySubscriptions);
-        let instance = state.instances.get_mut(&socket.instance)?;
-        let freed = instance.subscriptions.remove_socket(id);
+        let instance = socket.instance.clone();
+        let freed = self.release_subscriptions(state, &instance, id)?;
         debug_assert_eq!(freed, bytes, "holders agree with the index");
-        state.subscription_bytes -= freed;
-        self.count_released(freed);
         Some(id)
     }
 
