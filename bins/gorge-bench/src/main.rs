@@ -5,6 +5,7 @@
 
 mod browser;
 mod cluster;
+mod cpu_quota;
 mod drill;
 mod flood;
 mod floor;

@@ -44,6 +44,19 @@ impl Snapshot {
             .map(|(_, value)| value)
             .sum()
     }
+
+    /// Every counter series (family name ending in `_total`), with its labels.
+    pub fn counters(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.0
+            .iter()
+            .filter(|(series, _)| {
+                series
+                    .split('{')
+                    .next()
+                    .is_some_and(|family| family.ends_with("_total"))
+            })
+            .map(|(series, value)| (series.as_str(), *value))
+    }
 }
 
 fn parse(text: &str) -> Snapshot {

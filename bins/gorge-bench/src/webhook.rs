@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
+use crate::cpu_quota::CpuQuota;
 use crate::herald_db::{self, HeraldDb, HookSpec, RequestSpec};
 use crate::histogram::percentiles_of;
 use crate::notify::round3;
@@ -72,6 +73,11 @@ pub struct WebhookArgs {
     /// and requests in flight per hook cannot be checked (reported as null).
     #[arg(long)]
     pub target_url: Option<String>,
+    /// Give each gorge-webhook process a CPU budget of this many CPUs (a cgroup quota), as
+    /// if each replica ran on a machine of its own: see `cpu_quota.rs`. Unset: the
+    /// processes share the machine's cores with the database and the receiver.
+    #[arg(long)]
+    pub cpus_per_process: Option<f64>,
 }
 
 /// Service settings the rig passes through to every process.
@@ -99,6 +105,10 @@ pub struct Rig {
     started: usize,
     /// The private CA's PEM file when the receiver speaks TLS (removed at teardown).
     ca_file: Option<PathBuf>,
+    /// CPUs each process started from now on may use (`None`: no budget).
+    pub cpus_per_process: Option<f64>,
+    /// The budgets of the processes started with one (removed at teardown).
+    quotas: Vec<CpuQuota>,
 }
 
 /// A blacklist that still blocks something (a documentation range) but not loopback,
@@ -182,6 +192,8 @@ impl Rig {
             row_hook: HashMap::new(),
             started: 0,
             ca_file,
+            cpus_per_process: None,
+            quotas: Vec::new(),
         })
     }
 
@@ -229,6 +241,12 @@ impl Rig {
         let name = format!("gorge-webhook-{}", self.started);
         self.started += 1;
         let mut service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
+        if let Some(cores) = self.cpus_per_process {
+            let quota =
+                CpuQuota::new(&format!("gorge-bench-{}-{name}", std::process::id()), cores)?;
+            quota.add(service.pid)?;
+            self.quotas.push(quota);
+        }
         service
             .wait_ready("/readyz", Duration::from_secs(20))
             .await?;
@@ -306,10 +324,34 @@ impl Rig {
             // Short grace: the run is over, and --timeout bounds the whole run.
             process.stop(Duration::from_secs(3)).await;
         }
+        // Each cgroup is empty now, so it can go.
+        self.quotas.clear();
         self.db.drop_database().await;
         if let Some(path) = &self.ca_file {
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// Every non-zero counter of the running processes' `/metrics`, summed over them.
+    pub async fn service_counters(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut sum = std::collections::BTreeMap::new();
+        for process in &self.processes {
+            let Some(snapshot) = crate::server_metrics::snapshot(process.probe_addr).await else {
+                continue;
+            };
+            for (series, value) in snapshot.counters().filter(|(_, v)| *v != 0.0) {
+                *sum.entry(series.to_string()).or_insert(0.0) += value;
+            }
+        }
+        sum
+    }
+
+    /// Seconds the processes' CPU budgets held them back, summed.
+    pub fn throttled_seconds(&self) -> f64 {
+        self.quotas
+            .iter()
+            .filter_map(CpuQuota::throttled_seconds)
+            .sum()
     }
 
     /// What the receiver saw, per row.
@@ -423,6 +465,7 @@ pub async fn run(args: WebhookArgs) -> Value {
         Ok(rig) => rig,
         Err(e) => return json!({"ok": false, "error": e}),
     };
+    rig.cpus_per_process = args.cpus_per_process;
     if !args.trickle {
         // Seeding (rows, tasks, transactions) stays out of the measured costs.
         if let Err(e) = seed(&mut rig, &args).await {
@@ -439,9 +482,11 @@ pub async fn run(args: WebhookArgs) -> Value {
     // is their share).
     let webhook_cpu: f64 = rig.processes.iter().filter_map(|p| cpu(Some(p.pid))).sum();
     let mariadb_cpu = cpu(mariadb_pid).zip(mariadb_before).map(|(a, b)| a - b);
+    let throttled_s: Option<f64> = rig.cpus_per_process.map(|_| rig.throttled_seconds());
     let bench_cpu = cpu(Some(std::process::id()))
         .zip(bench_before)
         .map(|(a, b)| a - b);
+    let counters = rig.service_counters().await;
     let mut report = rig.report();
     let rows = rig.db.rows().await.unwrap_or_default();
     let exited = rig.exited();
@@ -504,6 +549,8 @@ pub async fn run(args: WebhookArgs) -> Value {
         "tls_handshakes_per_delivery": (report.delivered > 0)
             .then(|| round3(handshakes as f64 / report.delivered as f64)),
         "processes_exited": exited,
+        "cpus_per_process": args.cpus_per_process,
+        "throttled_s": throttled_s.map(round3),
         "wall_s": round3(wall_s),
         "cpu_s": {
             "webhook": round3(webhook_cpu),
@@ -516,6 +563,8 @@ pub async fn run(args: WebhookArgs) -> Value {
             .filter(|_| report.delivered > 0)
             .map(|cpu| round3(cpu * 1e6 / report.delivered as f64)),
         "statements_per_delivery": per_delivery(&counters_before, &counters_after, report.delivered),
+        // The processes' own counters, summed: polls, claims, skips, holds.
+        "service_counters": counters,
     })
 }
 

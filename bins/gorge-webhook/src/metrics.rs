@@ -165,6 +165,10 @@ impl Metrics {
         self.skipped.with([reason.label()]).inc();
     }
 
+    pub fn skips(&self, reason: SkipReason) -> u64 {
+        self.skipped.with([reason.label()]).get()
+    }
+
     pub fn set_pool(&self, pool: &gorge_claim::PoolState) {
         let values = [
             pool.connections,

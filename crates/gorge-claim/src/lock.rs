@@ -212,6 +212,48 @@ impl ClaimStore {
     }
 }
 
+impl ClaimStore {
+    /// Which of `hooks` have their lock held by some session right now (`IS_FREE_LOCK`, one
+    /// statement for all of them). A poll round asks before starting rows, so that the rows
+    /// of hooks another replica (or Phorge's worker) is delivering do not take its free
+    /// slots only to be skipped at `GET_LOCK`. A hint, not a lock: a lock can be taken or
+    /// freed right after, and [`ClaimStore::try_hook_lock`] still decides.
+    ///
+    /// The list is padded to a power of two (repeating its last hook) so that the driver's
+    /// statement cache sees a few shapes. A `NULL` answer (an error on the server's side)
+    /// counts as free: `GET_LOCK` will tell.
+    pub async fn hooks_locked_now(
+        &self,
+        hooks: &[&str],
+    ) -> Result<std::collections::HashSet<String>, ClaimError> {
+        let mut locked = std::collections::HashSet::new();
+        let Some(last) = hooks.last() else {
+            return Ok(locked);
+        };
+        let width = hooks.len().next_power_of_two();
+        let mut names: Vec<String> = hooks
+            .iter()
+            .map(|hook| hook_lock_name(&self.namespace, hook))
+            .collect();
+        names.resize(width, hook_lock_name(&self.namespace, last));
+        let sql = format!("SELECT {}", vec!["IS_FREE_LOCK(?)"; width].join(", "));
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec_first::<mysql_async::Row, _, _>(sql, names))
+            .await;
+        let (_conn, row) = self.settle(conn, out, "lock check")?;
+        let Some(row) = row else {
+            return Ok(locked);
+        };
+        for (i, hook) in hooks.iter().enumerate() {
+            if let Some(Ok(Some(0))) = row.get_opt::<Option<i64>, _>(i) {
+                locked.insert((*hook).to_owned());
+            }
+        }
+        Ok(locked)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 //! the hook running here, its lock held elsewhere, its breaker open), so a backlog of such
 //! a hook never fills the batch and hides the rows of other hooks.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use gorge_claim::{
@@ -91,9 +92,22 @@ impl Dispatcher {
                 round.broken += 1;
             }
         }
+        let locked_elsewhere = self.hooks_locked_elsewhere(&batch.rows).await;
         let mut first = first;
         let mut starts = Vec::new();
         for candidate in batch.rows {
+            if locked_elsewhere.contains(&candidate.webhook_phid)
+                && !self
+                    .local_state()
+                    .resting
+                    .contains_key(&candidate.webhook_phid)
+            {
+                // Once per hook: it rests from now on, and its later rows are passed over
+                // below.
+                self.metrics.skip(SkipReason::HookBusy);
+                self.lock_held_elsewhere(&candidate.webhook_phid);
+                continue;
+            }
             {
                 let state = self.local_state();
                 if state.quarantined.contains(&candidate.id) {
@@ -149,6 +163,30 @@ impl Dispatcher {
         }
         self.metrics.polls.inc();
         Ok(round)
+    }
+
+    /// The hooks of `rows` that this process could start now but whose lock another session
+    /// holds (another replica, Phorge's worker): their rows would only take a free slot to
+    /// be skipped at `GET_LOCK` (see `ClaimStore::hooks_locked_now`). Asked for once per
+    /// round; when asking fails, nothing is known and `GET_LOCK` decides as before (the
+    /// round's next statements report a database that is gone).
+    async fn hooks_locked_elsewhere(&self, rows: &[Candidate]) -> HashSet<String> {
+        let hooks: Vec<&str> = {
+            let state = self.local_state();
+            let mut seen = HashSet::new();
+            rows.iter()
+                .map(|row| row.webhook_phid.as_str())
+                .filter(|hook| {
+                    !state.hooks.contains(*hook)
+                        && !state.resting.contains_key(*hook)
+                        && seen.insert(*hook)
+                })
+                .collect()
+        };
+        self.store
+            .hooks_locked_now(&hooks)
+            .await
+            .unwrap_or_default()
     }
 
     /// The per-row reads for every row the round starts, in one query each: the hooks,

@@ -62,12 +62,17 @@ impl LocalState {
         *count
     }
 
-    /// `hook`'s lock was held elsewhere at `now`.
-    pub fn lock_busy(&mut self, hook: &str, now: u64) {
+    /// `hook`'s lock was held elsewhere at `now`; returns for how long (milliseconds) it
+    /// has been found held at every try since (0 the first time, and when not remembered).
+    pub fn lock_busy(&mut self, hook: &str, now: u64) -> u64 {
         if let Some(entry) = self.lock_busy.get_mut(hook) {
             entry.1 = now;
-        } else if self.lock_busy.len() < MAX_REMEMBERED {
-            self.lock_busy.insert(hook.to_owned(), (now, now));
+            now.saturating_sub(entry.0)
+        } else {
+            if self.lock_busy.len() < MAX_REMEMBERED {
+                self.lock_busy.insert(hook.to_owned(), (now, now));
+            }
+            0
         }
     }
 

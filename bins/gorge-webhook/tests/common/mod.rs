@@ -188,6 +188,7 @@ pub struct Harness {
     pub breaker_window_sec: u64,
     pub breaker_threshold: u64,
     pub max_concurrent: usize,
+    pub poll_interval: Duration,
 }
 
 impl Default for Harness {
@@ -202,6 +203,7 @@ impl Default for Harness {
             breaker_window_sec: 300,
             breaker_threshold: 10,
             max_concurrent: 4,
+            poll_interval: Duration::from_millis(50),
         }
     }
 }
@@ -236,7 +238,7 @@ impl Harness {
             ),
             metrics.clone(),
             DispatcherConfig {
-                poll_interval: Duration::from_millis(50),
+                poll_interval: self.poll_interval,
                 max_concurrent: self.max_concurrent,
                 timing: self.timing,
                 error_backoff_sec: self.breaker_window_sec,
