@@ -236,22 +236,35 @@ impl Rig {
 
     /// Starts one more process and waits until its /readyz answers 200.
     pub async fn start_process(&mut self) -> Result<usize, String> {
-        let port = procs::free_port().map_err(|e| format!("free port: {e}"))?;
-        let listen = SocketAddr::from(([127, 0, 0, 1], port));
-        let name = format!("gorge-webhook-{}", self.started);
-        self.started += 1;
-        let mut service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
-        if let Some(cores) = self.cpus_per_process {
-            let quota =
-                CpuQuota::new(&format!("gorge-bench-{}-{name}", std::process::id()), cores)?;
-            quota.add(service.pid)?;
-            self.quotas.push(quota);
-        }
-        service
-            .wait_ready("/readyz", Duration::from_secs(20))
-            .await?;
-        self.processes.push(service);
+        self.start_processes(1).await?;
         Ok(self.processes.len() - 1)
+    }
+
+    /// Starts `n` more processes at once, then waits until each one's /readyz answers 200:
+    /// a drain starts in all of them at about the same moment, not one start-up after the
+    /// other (which would measure the first process alone for a while).
+    pub async fn start_processes(&mut self, n: usize) -> Result<(), String> {
+        let first = self.processes.len();
+        for _ in 0..n {
+            let port = procs::free_port().map_err(|e| format!("free port: {e}"))?;
+            let listen = SocketAddr::from(([127, 0, 0, 1], port));
+            let name = format!("gorge-webhook-{}", self.started);
+            self.started += 1;
+            let service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
+            if let Some(cores) = self.cpus_per_process {
+                let quota =
+                    CpuQuota::new(&format!("gorge-bench-{}-{name}", std::process::id()), cores)?;
+                quota.add(service.pid)?;
+                self.quotas.push(quota);
+            }
+            self.processes.push(service);
+        }
+        for service in &mut self.processes[first..] {
+            service
+                .wait_ready("/readyz", Duration::from_secs(20))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Inserts rows `seqs` spread round robin over the hooks (interleaved, as many
@@ -615,9 +628,7 @@ async fn drive(
 ) -> Result<(f64, bool), String> {
     let wait_until = deadline;
     if args.trickle {
-        for _ in 0..args.processes.max(1) {
-            rig.start_process().await?;
-        }
+        rig.start_processes(args.processes.max(1)).await?;
         let started = Instant::now();
         eprintln!(
             "webhook: trickling {} rows every {} ms",
@@ -634,9 +645,7 @@ async fn drive(
         return Ok((started.elapsed().as_secs_f64(), all_final));
     }
     let started = Instant::now();
-    for _ in 0..args.processes.max(1) {
-        rig.start_process().await?;
-    }
+    rig.start_processes(args.processes.max(1)).await?;
     let all_final = rig.wait_final(wait_until).await;
     Ok((started.elapsed().as_secs_f64(), all_final))
 }
