@@ -185,6 +185,51 @@ async fn a_run_stops_at_its_time_bound_and_the_hook_rests_as_long() {
     assert_eq!(receiver.count(), 8);
 }
 
+/// A backlog of one hook goes on as soon as the rest after its bound ends, not a poll
+/// interval later. Before, the poll loop, finding only a resting hook, slept the whole poll
+/// interval after every bound: one hook drained 32 rows per second (`gorge-bench webhook
+/// --hooks 1`: 1 000 rows in 31.5 s), and this test waited the 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooks_backlog_goes_on_when_its_rest_ends_not_a_poll_interval_later() {
+    let db = TestDb::create().await.unwrap();
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    queue_rows(&db, &hook, 40, NEVER).await;
+    let clock = ManualUnixClock::new(T0 + 1);
+    // Each POST takes 10 ms of clock: the hold stops at its bound of 32 rows, and the hook
+    // then rests for the 320 ms of clock it held the lock; the last 8 rows are one hold.
+    let posting = clock.clone();
+    receiver.set_behaviour(move |_, _| {
+        posting.advance_ms(10);
+        Reply::Status(200)
+    });
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness {
+        poll_interval: std::time::Duration::from_secs(30),
+        ..Harness::default()
+    }
+    .build(&db, &clock, &log);
+    let shutdown = gorge_service::Shutdown::new();
+    let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
+
+    gorge_testkit::eventually(std::time::Duration::from_secs(10), "a bound", || async {
+        metrics.hold_bounds.get() >= 1
+    })
+    .await;
+    assert_eq!(receiver.count(), 32, "the bound stopped the hold");
+    // The rest is over (on the injected clock; the loop reads it when it wakes).
+    clock.advance_ms(5_000);
+    gorge_testkit::eventually(
+        std::time::Duration::from_secs(10),
+        "the rest of the backlog, well within the 30 s poll interval",
+        || async { receiver.count() >= 40 },
+    )
+    .await;
+    shutdown.trigger();
+    running.await.unwrap();
+    assert_eq!(db.count_requests(RequestStatus::Queued).await.unwrap(), 0);
+}
+
 /// A lock Phorge's worker (here: another session) holds is not taken at all, and rows of
 /// the hook are left alone, whether or not a run would follow.
 #[tokio::test]

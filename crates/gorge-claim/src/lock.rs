@@ -210,9 +210,7 @@ impl ClaimStore {
             None => Err(ClaimError::UnexpectedNull("GET_LOCK")),
         }
     }
-}
 
-impl ClaimStore {
     /// Which of `hooks` have their lock held by some session right now (`IS_FREE_LOCK`, one
     /// statement for all of them). A poll round asks before starting rows, so that the rows
     /// of hooks another replica (or Phorge's worker) is delivering do not take its free

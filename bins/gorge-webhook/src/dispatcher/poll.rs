@@ -183,10 +183,15 @@ impl Dispatcher {
                 })
                 .collect()
         };
-        self.store
-            .hooks_locked_now(&hooks)
-            .await
-            .unwrap_or_default()
+        match self.store.hooks_locked_now(&hooks).await {
+            Ok(locked) => locked,
+            Err(err) => {
+                if matches!(err, ClaimError::Timeout(_)) {
+                    self.metrics.db_timeouts.inc();
+                }
+                HashSet::new()
+            }
+        }
     }
 
     /// The per-row reads for every row the round starts, in one query each: the hooks,

@@ -277,7 +277,6 @@ impl Dispatcher {
         .await
     }
 
-    /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
     /// Notes that `hook`'s lock was found held by another session, and rests the hook for
     /// [`lock_busy_rest`].
     pub(super) fn lock_held_elsewhere(&self, hook: &str) {
@@ -287,6 +286,7 @@ impl Dispatcher {
         self.rest(hook, rest);
     }
 
+    /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
     pub(super) fn rest(&self, hook: &str, duration: std::time::Duration) {
         let until = self.clock.now_ms() + duration.as_millis() as u64;
         self.local_state().resting.insert(hook.to_string(), until);
