@@ -85,8 +85,21 @@ impl CpuQuota {
 
 impl Drop for CpuQuota {
     fn drop(&mut self) {
-        // Fails while a process is still inside; the rig stops its processes first.
-        let _ = std::fs::remove_dir(&self.dir);
+        // Fails while a process is still inside: the rig stops its processes first, but a
+        // run cut short only sends SIGKILL (`kill_on_drop`), and the cgroup empties once the
+        // kernel has reaped the process. So try for a moment.
+        for _ in 0..200 {
+            match std::fs::remove_dir(&self.dir) {
+                Err(e) if e.raw_os_error() == Some(16) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                _ => return,
+            }
+        }
+        eprintln!(
+            "gorge-bench: {} left behind (still busy)",
+            self.dir.display()
+        );
     }
 }
 

@@ -250,11 +250,24 @@ impl Rig {
             let listen = SocketAddr::from(([127, 0, 0, 1], port));
             let name = format!("gorge-webhook-{}", self.started);
             self.started += 1;
-            let service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
-            if let Some(cores) = self.cpus_per_process {
-                let quota =
-                    CpuQuota::new(&format!("gorge-bench-{}-{name}", std::process::id()), cores)?;
-                quota.add(service.pid)?;
+            // The budget exists before the process does, so that a machine without cgroups
+            // stops the run before anything starts.
+            let quota = match self.cpus_per_process {
+                Some(cores) => Some(CpuQuota::new(
+                    &format!("gorge-bench-{}-{name}", std::process::id()),
+                    cores,
+                )?),
+                None => None,
+            };
+            let mut service = Service::start(&name, &self.binary, &self.env(listen), listen)?;
+            if let Some(quota) = quota {
+                if let Err(e) = quota.add(service.pid) {
+                    // Most likely it exited at once: say so rather than blame the cgroup.
+                    return Err(match service.child.try_wait() {
+                        Ok(Some(status)) => format!("{name} exited during startup: {status}"),
+                        _ => e,
+                    });
+                }
                 self.quotas.push(quota);
             }
             self.processes.push(service);
@@ -345,18 +358,21 @@ impl Rig {
         }
     }
 
-    /// Every non-zero counter of the running processes' `/metrics`, summed over them.
-    pub async fn service_counters(&self) -> std::collections::BTreeMap<String, f64> {
+    /// Every non-zero counter of the running processes' `/metrics`, summed over them, and
+    /// how many processes answered (a process that exited is missing from the sums).
+    pub async fn service_counters(&self) -> (std::collections::BTreeMap<String, f64>, usize) {
         let mut sum = std::collections::BTreeMap::new();
+        let mut answered = 0;
         for process in &self.processes {
             let Some(snapshot) = crate::server_metrics::snapshot(process.probe_addr).await else {
                 continue;
             };
+            answered += 1;
             for (series, value) in snapshot.counters().filter(|(_, v)| *v != 0.0) {
                 *sum.entry(series.to_string()).or_insert(0.0) += value;
             }
         }
-        sum
+        (sum, answered)
     }
 
     /// Seconds the processes' CPU budgets held them back, summed.
@@ -499,7 +515,7 @@ pub async fn run(args: WebhookArgs) -> Value {
     let bench_cpu = cpu(Some(std::process::id()))
         .zip(bench_before)
         .map(|(a, b)| a - b);
-    let counters = rig.service_counters().await;
+    let (counters, counted) = rig.service_counters().await;
     let mut report = rig.report();
     let rows = rig.db.rows().await.unwrap_or_default();
     let exited = rig.exited();
@@ -578,6 +594,7 @@ pub async fn run(args: WebhookArgs) -> Value {
         "statements_per_delivery": per_delivery(&counters_before, &counters_after, report.delivered),
         // The processes' own counters, summed: polls, claims, skips, holds.
         "service_counters": counters,
+        "service_counters_processes": counted,
     })
 }
 

@@ -86,6 +86,9 @@ gorge_service::events! {
         WEBHOOK_LOCK_RELEASE_FAILED: Warning ["hook", "error"]
             "`RELEASE_LOCK` failed; the connection is closed and its session killed from a \
              fresh connection, which frees the lock";
+        WEBHOOK_LOCK_CHECK_FAILED: Warning ["error", "effect"]
+            "The poll round's check of which hooks' locks are held elsewhere failed; rows go \
+             to `GET_LOCK` as they would without it — once until the check works again";
         WEBHOOK_API_DB_ERROR: Warning ["path", "error"]
             "An API call hit a database error (the client gets a 500 without details)";
         WEBHOOK_POLL_LOOP_DIED: Error ["why", "exit_code"]

@@ -15,6 +15,7 @@ use gorge_claim::testdb::{HookStatus, TestDb};
 use gorge_testkit::{CapturedLog, Receiver};
 use gorge_webhook::clock::ManualUnixClock;
 use gorge_webhook::outcome::SkipReason;
+use mysql_async::prelude::Queryable;
 
 const T0: u64 = 1_700_000_000;
 const NEVER: &str = r#"{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[]}"#;
@@ -57,7 +58,16 @@ async fn a_hook_locked_elsewhere_neither_takes_a_slot_nor_waits_a_poll_interval(
     dispatcher.sample().await.unwrap();
     assert_eq!(metrics.lock_unavailable_hooks.get(), 1);
 
-    // Let go; a little later (well within the poll interval) the row goes out.
+    // Let go; a little later (well within the poll interval) the row goes out. Released
+    // explicitly: a disconnect frees the lock only once the server has processed it.
+    let mut holder = holder;
+    holder
+        .exec_drop(
+            "DO RELEASE_LOCK(?)",
+            (gorge_claim::hook_lock_name(db.namespace(), &locked),),
+        )
+        .await
+        .unwrap();
     let _ = holder.disconnect().await;
     clock.advance_ms(200);
     dispatcher.run_round().await.unwrap();

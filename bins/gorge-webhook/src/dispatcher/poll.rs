@@ -168,8 +168,8 @@ impl Dispatcher {
     /// The hooks of `rows` that this process could start now but whose lock another session
     /// holds (another replica, Phorge's worker): their rows would only take a free slot to
     /// be skipped at `GET_LOCK` (see `ClaimStore::hooks_locked_now`). Asked for once per
-    /// round; when asking fails, nothing is known and `GET_LOCK` decides as before (the
-    /// round's next statements report a database that is gone).
+    /// round; when asking fails, nothing is known and `GET_LOCK` decides as before (logged
+    /// once until the check works again).
     async fn hooks_locked_elsewhere(&self, rows: &[Candidate]) -> HashSet<String> {
         let hooks: Vec<&str> = {
             let state = self.local_state();
@@ -184,10 +184,19 @@ impl Dispatcher {
                 .collect()
         };
         match self.store.hooks_locked_now(&hooks).await {
-            Ok(locked) => locked,
+            Ok(locked) => {
+                self.local_state().lock_check_failing = false;
+                locked
+            }
             Err(err) => {
                 if matches!(err, ClaimError::Timeout(_)) {
                     self.metrics.db_timeouts.inc();
+                }
+                let first = !std::mem::replace(&mut self.local_state().lock_check_failing, true);
+                if first {
+                    emit!(self.log, events::WEBHOOK_LOCK_CHECK_FAILED;
+                        "error" => crate::dberror::explain(&err, &self.config.db),
+                        "effect" => "rows go to GET_LOCK unchecked");
                 }
                 HashSet::new()
             }

@@ -41,7 +41,8 @@ const LOCK_BUSY_REST_MIN: Duration = Duration::from_millis(50);
 
 /// How long a hook whose lock was just found held elsewhere is left out of the candidate
 /// query: as long as it has been found held at every try so far (`busy_for`, milliseconds),
-/// at least [`LOCK_BUSY_REST_MIN`], at most the poll interval, times `jitter` in [0.5, 1.5).
+/// at least [`LOCK_BUSY_REST_MIN`], at most the poll interval, then times `jitter` in
+/// [0.5, 1.5) (so 25 ms to 1.5 poll intervals in all).
 ///
 /// So the tries back off like doubling: a lock let go soon is taken again soon, one held
 /// for long (a session left behind, a long delivery) is tried once per poll interval as
@@ -281,7 +282,10 @@ impl Dispatcher {
     /// [`lock_busy_rest`].
     pub(super) fn lock_held_elsewhere(&self, hook: &str) {
         let now = self.clock.now_ms();
-        let busy_for = self.local_state().lock_busy(hook, now);
+        // Tries of a hook that stays locked come at most a rest (1.5 poll intervals) and a
+        // poll interval apart; a longer gap means nobody looked in between.
+        let max_gap = 3 * self.config.poll_interval.as_millis() as u64;
+        let busy_for = self.local_state().lock_busy(hook, now, max_gap);
         let rest = lock_busy_rest(busy_for, self.config.poll_interval, jitter_of(hook, now));
         self.rest(hook, rest);
     }

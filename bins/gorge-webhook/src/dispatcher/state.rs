@@ -34,6 +34,8 @@ pub(super) struct LocalState {
     /// tried (clock milliseconds). A lock held for longer than any delivery takes is held
     /// by something that is not delivering (a session left behind by a dead connection).
     pub lock_busy: HashMap<String, (u64, u64)>,
+    /// The last check of hooks locked elsewhere failed (logged when this turns true).
+    pub lock_check_failing: bool,
     /// Rows a hold claimed together (`hold.rs`), until their steps reach the claim: at most
     /// `NEXT_ROWS` per slot.
     pub preclaimed: HashMap<u64, gorge_claim::Claim>,
@@ -63,16 +65,23 @@ impl LocalState {
     }
 
     /// `hook`'s lock was held elsewhere at `now`; returns for how long (milliseconds) it
-    /// has been found held at every try since (0 the first time, and when not remembered).
-    pub fn lock_busy(&mut self, hook: &str, now: u64) -> u64 {
+    /// has been found held at every try since: 0 the first time, and when the last try is
+    /// more than `max_gap` ago (the lock may have been free in between). When the map is
+    /// full and `hook` is not in it, `u64::MAX`: nothing is known, so the caller backs off
+    /// as far as it can.
+    pub fn lock_busy(&mut self, hook: &str, now: u64, max_gap: u64) -> u64 {
         if let Some(entry) = self.lock_busy.get_mut(hook) {
+            if now.saturating_sub(entry.1) > max_gap {
+                *entry = (now, now);
+                return 0;
+            }
             entry.1 = now;
             now.saturating_sub(entry.0)
-        } else {
-            if self.lock_busy.len() < MAX_REMEMBERED {
-                self.lock_busy.insert(hook.to_owned(), (now, now));
-            }
+        } else if self.lock_busy.len() < MAX_REMEMBERED {
+            self.lock_busy.insert(hook.to_owned(), (now, now));
             0
+        } else {
+            u64::MAX
         }
     }
 
@@ -114,5 +123,38 @@ impl Drop for Slot<'_> {
         // The permit (a field) is released right after this body; a poll loop woken by the
         // notification waits for a free slot before polling anyway.
         self.dispatcher.finished.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LocalState, MAX_REMEMBERED};
+
+    #[test]
+    fn a_lock_found_held_try_after_try_counts_from_the_first_try() {
+        let mut state = LocalState::default();
+        assert_eq!(state.lock_busy("h", 1_000, 3_000), 0);
+        assert_eq!(state.lock_busy("h", 1_050, 3_000), 50);
+        assert_eq!(state.lock_busy("h", 2_500, 3_000), 1_500);
+    }
+
+    #[test]
+    fn a_gap_longer_than_any_rest_starts_the_count_over() {
+        let mut state = LocalState::default();
+        state.lock_busy("h", 1_000, 3_000);
+        state.lock_busy("h", 2_000, 3_000);
+        // Quiet for 20 s: the lock may well have been free meanwhile.
+        assert_eq!(state.lock_busy("h", 22_000, 3_000), 0);
+        assert_eq!(state.lock_busy("h", 22_100, 3_000), 100);
+    }
+
+    #[test]
+    fn a_hook_not_remembered_backs_off_fully() {
+        let mut state = LocalState::default();
+        for n in 0..MAX_REMEMBERED {
+            state.lock_busy(&format!("h{n}"), 0, 3_000);
+        }
+        assert_eq!(state.lock_busy("one-more", 0, 3_000), u64::MAX);
+        assert_eq!(state.lock_busy.len(), MAX_REMEMBERED);
     }
 }
