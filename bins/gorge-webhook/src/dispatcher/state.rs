@@ -30,15 +30,29 @@ pub(super) struct LocalState {
     pub row_db_failing: bool,
     /// Keys of events logged once (`kind:key`).
     pub logged: HashSet<String>,
-    /// Hooks whose lock was held elsewhere at their last try: since when, and when last
-    /// tried (clock milliseconds). A lock held for longer than any delivery takes is held
-    /// by something that is not delivering (a session left behind by a dead connection).
-    pub lock_busy: HashMap<String, (u64, u64)>,
+    /// Hooks whose lock was held elsewhere at their last try (see [`LockBusy`]).
+    pub lock_busy: HashMap<String, LockBusy>,
     /// The last check of hooks locked elsewhere failed (logged when this turns true).
     pub lock_check_failing: bool,
     /// Rows a hold claimed together (`hold.rs`), until their steps reach the claim: at most
     /// `NEXT_ROWS` per slot.
     pub preclaimed: HashMap<u64, gorge_claim::Claim>,
+}
+
+/// A hook whose lock was found held by another session, as this process saw it (clock
+/// milliseconds).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LockBusy {
+    /// First found held (since this process last took it): the `lock_unavailable` gauges.
+    /// A lock held for longer than any delivery takes is held by something that is not
+    /// delivering (a session left behind by a dead connection).
+    pub since: u64,
+    /// The last try.
+    pub last: u64,
+    /// Start of the current run of tries no more than a gap apart: the hook's rest grows
+    /// with it (`row.rs`, `lock_busy_rest`). Tries far apart (the hook had no rows, or every
+    /// slot was busy) say nothing about the lock in between, so the rest starts short again.
+    pub run_since: u64,
 }
 
 /// A hook not tried again within this long (clock milliseconds) is forgotten by
@@ -65,20 +79,26 @@ impl LocalState {
     }
 
     /// `hook`'s lock was held elsewhere at `now`; returns for how long (milliseconds) it
-    /// has been found held at every try since: 0 the first time, and when the last try is
-    /// more than `max_gap` ago (the lock may have been free in between). When the map is
-    /// full and `hook` is not in it, `u64::MAX`: nothing is known, so the caller backs off
-    /// as far as it can.
+    /// has been found held at every try of the current run of tries: 0 the first time, and
+    /// when the last try is more than `max_gap` ago (the lock may have been free in
+    /// between). When the map is full and `hook` is not in it, `u64::MAX`: nothing is known,
+    /// so the caller backs off as far as it can.
     pub fn lock_busy(&mut self, hook: &str, now: u64, max_gap: u64) -> u64 {
         if let Some(entry) = self.lock_busy.get_mut(hook) {
-            if now.saturating_sub(entry.1) > max_gap {
-                *entry = (now, now);
-                return 0;
+            if now.saturating_sub(entry.last) > max_gap {
+                entry.run_since = now;
             }
-            entry.1 = now;
-            now.saturating_sub(entry.0)
+            entry.last = now;
+            now.saturating_sub(entry.run_since)
         } else if self.lock_busy.len() < MAX_REMEMBERED {
-            self.lock_busy.insert(hook.to_owned(), (now, now));
+            self.lock_busy.insert(
+                hook.to_owned(),
+                LockBusy {
+                    since: now,
+                    last: now,
+                    run_since: now,
+                },
+            );
             0
         } else {
             u64::MAX
@@ -89,11 +109,11 @@ impl LocalState {
     /// (milliseconds); forgets hooks not tried again lately.
     pub fn lock_busy_summary(&mut self, now: u64) -> (usize, u64) {
         self.lock_busy
-            .retain(|_, (_, last)| now.saturating_sub(*last) < LOCK_BUSY_STALE_MS);
+            .retain(|_, busy| now.saturating_sub(busy.last) < LOCK_BUSY_STALE_MS);
         let longest = self
             .lock_busy
             .values()
-            .map(|(since, _)| now.saturating_sub(*since));
+            .map(|busy| now.saturating_sub(busy.since));
         (self.lock_busy.len(), longest.max().unwrap_or(0))
     }
 
@@ -139,13 +159,15 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_longer_than_any_rest_starts_the_count_over() {
+    fn a_gap_longer_than_any_rest_starts_the_count_over_but_not_the_gauge() {
         let mut state = LocalState::default();
         state.lock_busy("h", 1_000, 3_000);
         state.lock_busy("h", 2_000, 3_000);
         // Quiet for 20 s: the lock may well have been free meanwhile.
         assert_eq!(state.lock_busy("h", 22_000, 3_000), 0);
         assert_eq!(state.lock_busy("h", 22_100, 3_000), 100);
+        // The gauge still counts from the first try (stale only after 30 s without one).
+        assert_eq!(state.lock_busy_summary(22_100), (1, 21_100));
     }
 
     #[test]
