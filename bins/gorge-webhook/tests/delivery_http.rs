@@ -903,26 +903,41 @@ fn resolving(name: &str, ips: Vec<IpAddr>) -> Arc<OutboundPolicy> {
 async fn every_resolved_address_is_tried_until_one_answers() {
     // A host with 20 addresses of which only the 20th listens, as cURL tries them all: the
     // receiver is on 127.0.0.20, and 127.0.0.1–19 on its port are sockets held bound but
-    // never listening, so connecting to them is refused.
-    let receiver = RawReceiver::start_on("127.0.0.20:0", |_, head| {
-        match head.split(' ').nth(1).unwrap_or("") {
-            "/moved" => redirect(302, "/hook"),
-            _ => ok(),
+    // never listening, so connecting to them is refused. The receiver's port comes from
+    // 127.0.0.20; another test may hold the same port on 127.0.0.1, so a port that is not
+    // free on all 19 is given up for another one.
+    let mut attempt = 0;
+    let (receiver, port, held, mut ips) = loop {
+        attempt += 1;
+        let receiver = RawReceiver::start_on("127.0.0.20:0", |_, head| {
+            match head.split(' ').nth(1).unwrap_or("") {
+                "/moved" => redirect(302, "/hook"),
+                _ => ok(),
+            }
+        })
+        .await;
+        let port = receiver.addr.port();
+        let mut ips = Vec::new();
+        let mut held = Vec::new();
+        for last in 1..=19u8 {
+            let ip = IpAddr::from([127, 0, 0, last]);
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            match socket.bind(SocketAddr::new(ip, port)) {
+                Ok(()) => {
+                    held.push(socket);
+                    ips.push(ip);
+                }
+                Err(err) if attempt < 20 => {
+                    eprintln!("port {port} taken on {ip} ({err}); another port");
+                    break;
+                }
+                Err(err) => panic!("hold {ip}:{port}: {err}"),
+            }
         }
-    })
-    .await;
-    let port = receiver.addr.port();
-    let mut ips = Vec::new();
-    let mut held = Vec::new();
-    for last in 1..=19u8 {
-        let ip = IpAddr::from([127, 0, 0, last]);
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind(SocketAddr::new(ip, port))
-            .unwrap_or_else(|err| panic!("hold {ip}:{port}: {err}"));
-        held.push(socket);
-        ips.push(ip);
-    }
+        if held.len() == 19 {
+            break (receiver, port, held, ips);
+        }
+    };
     ips.push(receiver.addr.ip());
     let d = Deliverer::new(
         resolving("many.test", ips),
