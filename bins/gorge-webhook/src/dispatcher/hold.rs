@@ -29,7 +29,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use gorge_claim::{BatchClaim, Candidate, Hook, HookLock};
+use gorge_claim::{BatchClaim, Candidate, Claim, Hook, HookLock};
 
 use super::Dispatcher;
 use crate::events;
@@ -105,25 +105,21 @@ impl Dispatcher {
             };
             let rows: Vec<&Candidate> = usable.iter().map(|(candidate, _)| *candidate).collect();
             let claimed_at = self.clock.now_sec();
-            match self
+            // Each row's claim, in the order of `usable`, until its steps take it.
+            let mut claims: Vec<Option<Claim>> = match self
                 .store
                 .claim_fresh(&mut held.lock, &rows, claimed_at)
                 .await
             {
-                Ok(BatchClaim::All(claims)) => {
-                    let mut state = self.local_state();
-                    for claim in claims {
-                        state.preclaimed.insert(claim.id, claim);
-                    }
-                }
+                Ok(BatchClaim::All(claims)) => claims.into_iter().map(Some).collect(),
                 Ok(BatchClaim::None) => break,
                 Ok(BatchClaim::Unclear) => {
                     self.metrics.claims_unclear.inc();
                     break;
                 }
                 Err(_) => break,
-            }
-            for (candidate, (properties, object)) in usable {
+            };
+            for ((candidate, request), claimed) in usable.into_iter().zip(&mut claims) {
                 go_on = false;
                 if past_time_bound() {
                     bounded = true;
@@ -135,10 +131,10 @@ impl Dispatcher {
                     .deliver_locked(
                         candidate,
                         &held.hook,
-                        &properties,
                         held.failures,
-                        object,
+                        request,
                         &mut held.lock,
+                        claimed,
                     )
                     .await
                     .unwrap_or_else(super::end::RowEnd::from);
@@ -151,14 +147,9 @@ impl Dispatcher {
                     break;
                 }
             }
-            // Rows claimed with the others and not delivered go back to fresh.
-            let left: Vec<u64> = {
-                let mut state = self.local_state();
-                rows.iter()
-                    .map(|row| row.id)
-                    .filter(|id| state.preclaimed.remove(id).is_some())
-                    .collect()
-            };
+            // Rows claimed with the others whose steps did not take their claim (not
+            // reached, or ended before the claim step) go back to fresh.
+            let left: Vec<u64> = claims.iter().flatten().map(|claim| claim.id).collect();
             if !left.is_empty() {
                 if let Ok(given_back) = self.store.unclaim_fresh(&left, claimed_at).await {
                     self.metrics.claims_given_back.inc_by(given_back);

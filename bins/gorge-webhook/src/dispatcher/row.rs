@@ -129,7 +129,9 @@ impl Dispatcher {
                     HookErrorCode::InvalidProperties,
                     err.rewritten_properties(),
                 );
-                return self.fail_before_delivery(candidate, decision).await;
+                return self
+                    .fail_before_delivery(candidate, decision, &mut None)
+                    .await;
             }
         };
         // 2. The hook.
@@ -137,12 +139,12 @@ impl Dispatcher {
             Some(Ok(hook)) => hook,
             None => {
                 return self
-                    .fail_hook(candidate, &properties, HookErrorCode::NotFound)
+                    .fail_hook(candidate, &properties, HookErrorCode::NotFound, &mut None)
                     .await
             }
             Some(Err(why)) => {
                 let end = self
-                    .fail_hook(candidate, &properties, HookErrorCode::InvalidRow)
+                    .fail_hook(candidate, &properties, HookErrorCode::InvalidRow, &mut None)
                     .await?;
                 self.metrics.invalid_row(InvalidRowReason::HookRow);
                 emit!(self.log, events::WEBHOOK_INVALID_ROW;
@@ -154,7 +156,7 @@ impl Dispatcher {
         // Phorge's `isDisabled()` compares with `disabled` only; other values deliver.
         if hook.hook_status() == Some(HookStatus::Disabled) {
             return self
-                .fail_hook(candidate, &properties, HookErrorCode::Disabled)
+                .fail_hook(candidate, &properties, HookErrorCode::Disabled, &mut None)
                 .await;
         }
         // 3. One delivery per hook across every process (and Phorge's own worker).
@@ -168,10 +170,10 @@ impl Dispatcher {
             .deliver_locked(
                 candidate,
                 &hook,
-                &properties,
                 preload.failures,
-                object,
+                (properties, object),
                 &mut lock,
+                &mut None,
             )
             .await;
         *held = Some(Held {
@@ -183,16 +185,19 @@ impl Dispatcher {
         result
     }
 
-    /// Steps 4–9, with the hook lock held.
+    /// Steps 4–9, with the hook lock held. `claimed`: the row's claim when it was won
+    /// already (with the other rows of a hold, `hold.rs`); taken when the steps reach the
+    /// claim, and left in place when they end before it.
     pub(super) async fn deliver_locked(
         &self,
         candidate: &Candidate,
         hook: &Hook,
-        properties: &RequestProperties,
         failures: u64,
-        object: ObjectLoad,
+        (properties, object): (RequestProperties, ObjectLoad),
         lock: &mut HookLock,
+        claimed: &mut Option<Claim>,
     ) -> Result<RowEnd, ClaimError> {
+        let properties = &properties;
         // 4. Breaker (failures counted when the round started).
         if self.note_breaker(&hook.phid, failures) {
             self.rest(&hook.phid, BREAKER_REST);
@@ -207,7 +212,7 @@ impl Dispatcher {
                     "request" => &candidate.phid, "hook" => &hook.phid,
                     "host" => uri_host(&hook.uri), "reason" => %err);
                 return self
-                    .fail_hook(candidate, properties, HookErrorCode::Uri)
+                    .fail_hook(candidate, properties, HookErrorCode::Uri, claimed)
                     .await;
             }
         };
@@ -215,7 +220,7 @@ impl Dispatcher {
         let transactions = match object {
             ObjectLoad::Missing => {
                 return self
-                    .fail_hook(candidate, properties, HookErrorCode::Object)
+                    .fail_hook(candidate, properties, HookErrorCode::Object, claimed)
                     .await
             }
             ObjectLoad::Found {
@@ -229,7 +234,7 @@ impl Dispatcher {
             }
         };
         // 7. Claim.
-        let claim = match self.claim(candidate).await? {
+        let claim = match self.claim(candidate, claimed).await? {
             Ok(claim) => claim,
             Err(end) => return Ok(end),
         };
@@ -332,14 +337,19 @@ impl Dispatcher {
         }
     }
 
-    /// Claims `candidate`; how the row ends instead when the claim is lost, or when
-    /// shutdown began (nothing new starts then: only rows already claimed are finished).
-    async fn claim(&self, candidate: &Candidate) -> Result<Result<Claim, RowEnd>, ClaimError> {
+    /// Claims `candidate`, or takes its claim from `claimed` when it was won already; how
+    /// the row ends instead when the claim is lost, or when shutdown began (nothing new
+    /// starts then: only rows already claimed are finished, and a claim left in `claimed`
+    /// is given back by its hold).
+    async fn claim(
+        &self,
+        candidate: &Candidate,
+        claimed: &mut Option<Claim>,
+    ) -> Result<Result<Claim, RowEnd>, ClaimError> {
         if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(Err(RowEnd::NotClaimed { lost: false }));
         }
-        // Claimed already, with the other rows of a hold (`hold.rs`).
-        if let Some(claim) = self.local_state().preclaimed.remove(&candidate.id) {
+        if let Some(claim) = claimed.take() {
             self.metrics.claim_won();
             return Ok(Ok(claim));
         }
@@ -426,9 +436,11 @@ impl Dispatcher {
         candidate: &Candidate,
         properties: &RequestProperties,
         code: HookErrorCode,
+        claimed: &mut Option<Claim>,
     ) -> Result<RowEnd, ClaimError> {
         let decision = outcome::without_attempt(code, properties);
-        self.fail_before_delivery(candidate, decision).await
+        self.fail_before_delivery(candidate, decision, claimed)
+            .await
     }
 
     /// A terminal failure without a POST, written only after winning the claim so that two
@@ -437,8 +449,9 @@ impl Dispatcher {
         &self,
         candidate: &Candidate,
         decision: Decision,
+        claimed: &mut Option<Claim>,
     ) -> Result<RowEnd, ClaimError> {
-        let claim = match self.claim(candidate).await? {
+        let claim = match self.claim(candidate, claimed).await? {
             Ok(claim) => claim,
             Err(end) => return Ok(end),
         };

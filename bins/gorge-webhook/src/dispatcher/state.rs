@@ -34,9 +34,6 @@ pub(super) struct LocalState {
     pub lock_busy: HashMap<String, LockBusy>,
     /// The last check of hooks locked elsewhere failed (logged when this turns true).
     pub lock_check_failing: bool,
-    /// Rows a hold claimed together (`hold.rs`), until their steps reach the claim: at most
-    /// `NEXT_ROWS` per slot.
-    pub preclaimed: HashMap<u64, gorge_claim::Claim>,
 }
 
 /// A hook whose lock was found held by another session, as this process saw it (clock
