@@ -42,13 +42,18 @@ struct Setup {
 }
 
 async fn setup(status: u16, n: usize, properties: &str) -> Setup {
+    setup_with(Harness::default(), status, n, properties).await
+}
+
+/// [`setup`] with a dispatcher of other settings.
+async fn setup_with(harness: Harness, status: u16, n: usize, properties: &str) -> Setup {
     let db = TestDb::create().await.unwrap();
     let receiver = Receiver::start(status);
     let hook = enabled_hook(&db, &receiver.url("/h")).await;
     let ids = queue_rows(&db, &hook, n, properties).await;
     let clock = ManualUnixClock::new(T0 + 1);
     let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness::default().build(&db, &clock, &log);
+    let (dispatcher, metrics) = harness.build(&db, &clock, &log);
     Setup {
         db,
         receiver,
@@ -191,11 +196,23 @@ async fn a_run_stops_at_its_time_bound_and_the_hook_rests_as_long() {
 /// --hooks 1`: 1 000 rows in 31.5 s), and this test waited the 30 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hooks_backlog_goes_on_when_its_rest_ends_not_a_poll_interval_later() {
-    let db = TestDb::create().await.unwrap();
-    let receiver = Receiver::start(200);
-    let hook = enabled_hook(&db, &receiver.url("/h")).await;
-    queue_rows(&db, &hook, 40, NEVER).await;
-    let clock = ManualUnixClock::new(T0 + 1);
+    let Setup {
+        db,
+        receiver,
+        clock,
+        dispatcher,
+        metrics,
+        ..
+    } = setup_with(
+        Harness {
+            poll_interval: std::time::Duration::from_secs(30),
+            ..Harness::default()
+        },
+        200,
+        40,
+        NEVER,
+    )
+    .await;
     // Each POST takes 10 ms of clock: the hold stops at its bound of 32 rows, and the hook
     // then rests for the 320 ms of clock it held the lock; the last 8 rows are one hold.
     let posting = clock.clone();
@@ -203,12 +220,6 @@ async fn a_hooks_backlog_goes_on_when_its_rest_ends_not_a_poll_interval_later() 
         posting.advance_ms(10);
         Reply::Status(200)
     });
-    let log = CapturedLog::default();
-    let (dispatcher, metrics) = Harness {
-        poll_interval: std::time::Duration::from_secs(30),
-        ..Harness::default()
-    }
-    .build(&db, &clock, &log);
     let shutdown = gorge_service::Shutdown::new();
     let running = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
 
