@@ -228,6 +228,17 @@ async fn a_hooks_backlog_goes_on_when_its_rest_ends_not_a_poll_interval_later() 
     })
     .await;
     assert_eq!(receiver.count(), 32, "the bound stopped the hold");
+    // Polls so far: the first (it started the hold) and one that found only the busy hook.
+    // The third comes when the hold's slot frees: it finds the hook resting (the clock has
+    // not moved), and the loop goes to sleep. Only then does the rest end; otherwise that
+    // poll could already find the rest over and the test would pass whatever the loop does.
+    gorge_testkit::eventually(
+        std::time::Duration::from_secs(10),
+        "the poll that finds the hook resting",
+        || async { metrics.polls.get() >= 3 },
+    )
+    .await;
+    assert_eq!(receiver.count(), 32, "still resting");
     // The rest is over (on the injected clock; the loop reads it when it wakes).
     clock.advance_ms(5_000);
     gorge_testkit::eventually(
