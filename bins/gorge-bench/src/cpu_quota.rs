@@ -31,15 +31,21 @@ impl CpuQuota {
         }
         let quota = ((cores * PERIOD_US as f64).round() as u64).max(1_000);
         let v1 = Path::new("/sys/fs/cgroup/cpu");
-        let (dir, file, value) = if v1.join("cpu.cfs_quota_us").exists() {
-            (v1.join(name), "cpu.cfs_quota_us", quota.to_string())
+        // Where the cgroup goes, and what its files get, in order.
+        let (dir, settings) = if v1.join("cpu.cfs_quota_us").exists() {
+            (
+                v1.join(name),
+                vec![
+                    ("cpu.cfs_period_us", PERIOD_US.to_string()),
+                    ("cpu.cfs_quota_us", quota.to_string()),
+                ],
+            )
         } else if std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
             .is_ok_and(|enabled| enabled.split_whitespace().any(|c| c == "cpu"))
         {
             (
                 Path::new("/sys/fs/cgroup").join(name),
-                "cpu.max",
-                format!("{quota} {PERIOD_US}"),
+                vec![("cpu.max", format!("{quota} {PERIOD_US}"))],
             )
         } else {
             return Err(
@@ -50,10 +56,9 @@ impl CpuQuota {
         };
         std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let quota = CpuQuota { dir };
-        if file == "cpu.cfs_quota_us" {
-            quota.write("cpu.cfs_period_us", &PERIOD_US.to_string())?;
+        for (file, value) in settings {
+            quota.write(file, &value)?;
         }
-        quota.write(file, &value)?;
         Ok(quota)
     }
 
