@@ -274,6 +274,55 @@ async fn redis_restarted_empty_is_counted_and_later_messages_flow() {
     assert_eq!(keys(&mut on_b, 1).await, ["back"]);
 }
 
+/// A publisher whose `XADD` was applied but whose answer was lost when Redis went down
+/// retries it on the next connection, so after a restart without persistence the same entry
+/// (fingerprint and sequence number) can come again in the new stream. Readers keep the
+/// first copy of each across the restart too. Before, a reader forgot the copies it had
+/// seen when the epoch changed, and this test's socket on B got "before" twice; the CI run
+/// of `redis_restarted_empty_is_counted_and_later_messages_flow` caught it once, when A's
+/// answer for "before" was still on its way at the restart.
+#[tokio::test]
+async fn an_entry_added_again_after_redis_restarted_empty_is_not_delivered_twice() {
+    use redis::streams::StreamRangeReply;
+    use redis::TypedCommands;
+
+    let mut redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    post(&a, "before").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["before"]);
+    let stream = "gorge:notification:stream";
+    let client = redis::Client::open(redis.url()).unwrap();
+    let entries: StreamRangeReply = client.get_connection().unwrap().xrange_all(stream).unwrap();
+    let before = entries
+        .ids
+        .into_iter()
+        .find(|entry| entry.map.contains_key("message"))
+        .expect("the message's entry");
+
+    redis.restart_empty();
+    eventually(PATIENCE, "B counted the epoch change", || async {
+        metric(&b, "gorge_notification_broker_epoch_changes_total").await == 1.0
+    })
+    .await;
+    // A's retry of "before", as it lands in the new stream.
+    let fields: Vec<(String, Vec<u8>)> = before
+        .map
+        .iter()
+        .map(|(field, value)| (field.clone(), redis::from_redis_value_ref(value).unwrap()))
+        .collect();
+    let mut conn = client.get_connection().unwrap();
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg(&fields)
+        .exec(&mut conn)
+        .unwrap();
+    post(&a, "after").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["after"], "\"before\" only once");
+}
+
 /// A TCP proxy on a free loopback port in front of the Redis on `upstream`: each connection
 /// it accepts is connected to Redis and both ends are handed to `serve`. Returns the port.
 async fn tcp_proxy<F, Fut>(upstream: u16, mut serve: F) -> u16

@@ -180,7 +180,10 @@ async fn check_epoch(
             // The stream we resumed from is gone; everything in the new one is new to us.
             cursor.last_id = Some("0-0".into());
         }
-        cursor.origins = Origins::default();
+        // `origins` is kept: a fingerprint is one server process's, and its sequence
+        // numbers only grow, whatever Redis lost. The new stream can hold an entry seen
+        // before (a publisher retries an `XADD` whose answer the restart lost), and its
+        // first copy was delivered already.
     }
     cursor.epoch = Some(epoch);
     Ok(())
