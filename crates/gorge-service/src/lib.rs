@@ -7,6 +7,7 @@
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
+//! - [`log_every`]: a repeated failure logged once per interval with a count;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
 //! - [`http10`]: HTTP/1.0 WebSocket upgrades read as HTTP/1.1, as Node serves them;
 //! - [`metrics`]: one declaration per metric family, the prefixed service registry with
@@ -29,6 +30,7 @@ pub mod events;
 pub mod healthcheck;
 pub mod http;
 pub mod http10;
+pub mod log_every;
 pub mod logging;
 pub mod metrics;
 pub mod probes;

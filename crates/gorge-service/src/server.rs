@@ -34,10 +34,10 @@ use prometheus_client::metrics::counter::Counter;
 use slog::Logger;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 
 use crate::http::{error_response, Response};
 use crate::http10::{Http10AsHttp11, WasHttp10};
+use crate::log_every::LogEvery;
 use crate::{emit, events};
 
 /// Handles one request; the second argument is the peer's address.
@@ -306,8 +306,7 @@ pub(crate) async fn serve(
     open_connections: watch::Receiver<()>,
     log: Logger,
 ) -> io::Result<()> {
-    let mut last_logged: Option<Instant> = None;
-    let mut unlogged = 0u64;
+    let failures = LogEvery::new(ACCEPT_ERROR_LOG_INTERVAL);
     let timeouts = (bound.header_timeout, bound.request_timeout);
     // A socket's readiness comes from the reactor of the runtime it was registered with:
     // the one that bound it. Served on a runtime of its own, the listener moves to that
@@ -356,12 +355,9 @@ pub(crate) async fn serve(
             }
             Err(err) if is_transient_accept_error(&err) => {
                 bound.accept_errors.inc();
-                unlogged += 1;
-                if last_logged.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL) {
+                if let Some(failures) = failures.occurred() {
                     emit!(log, events::ACCEPT_FAILED;
-                        "listener" => &bound.name, "error" => %err, "failures" => unlogged);
-                    last_logged = Some(Instant::now());
-                    unlogged = 0;
+                        "listener" => &bound.name, "error" => %err, "failures" => failures);
                 }
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
