@@ -5,7 +5,6 @@
 //! listener bound (exit 1 if any bind fails), then serve until SIGTERM and drain. See
 //! docs/notification.md for the operator's view.
 
-use clap::Parser;
 use gorge_hub::MonotonicClock;
 use gorge_notification::config;
 use gorge_notification::events;
@@ -20,7 +19,7 @@ use gorge_service::{ConfigError, Shutdown};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "gorge-notification",
     version,
@@ -53,7 +52,7 @@ enum Subcommand {
 fn main() {
     // Before any thread exists: how freed memory goes back to the system (memory.rs).
     gorge_notification::memory::configure_allocator();
-    let cli = Cli::parse();
+    let cli: Cli = gorge_service::cli::parse();
     if let Err(e) = cli.common.apply_env_file() {
         exit_env_file_error(&e, cli.command.as_ref());
     }
@@ -120,8 +119,7 @@ fn main() {
 /// HEALTHCHECK command), else 2 like any invalid configuration.
 fn exit_env_file_error(err: &ConfigError, command: Option<&Subcommand>) -> ! {
     if let Some(Subcommand::Common(Command::Healthcheck { .. })) = command {
-        eprintln!("healthcheck: {err}");
-        std::process::exit(1)
+        gorge_service::healthcheck::exit_failed(err)
     }
     exit_config_error(err)
 }

@@ -1,12 +1,11 @@
 //! The `gorge-webhook` binary: command line, configuration, logging, runtime.
 
-use clap::Parser;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::logging::init_logging;
 use gorge_webhook::config::Settings;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(
     name = "gorge-webhook",
     version,
@@ -22,12 +21,11 @@ struct Cli {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli: Cli = gorge_service::cli::parse();
     if let Err(e) = cli.common.apply_env_file() {
         // Docker reserves exit code 2 of a HEALTHCHECK command.
         if let Some(Command::Healthcheck { .. }) = cli.command {
-            eprintln!("healthcheck: {e}");
-            std::process::exit(1)
+            gorge_service::healthcheck::exit_failed(e)
         }
         exit_config_error(&e)
     }

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use gorge_testkit::healthcheck::{
-    assert_failed_probes_say_why, assert_invalid_configuration, assert_port_0_is_refused,
+    assert_bad_arguments_are_refused, assert_failed_probes_say_why, assert_invalid_configuration,
 };
 use gorge_testkit::process::run_to_end;
 use gorge_testkit::{Receiver, RefusedPort};
@@ -71,6 +71,6 @@ fn a_failed_probe_says_why() {
 }
 
 #[test]
-fn port_0_is_refused_not_probed() {
-    assert_port_0_is_refused(run_to_end(BIN, &["healthcheck", "--port", "0"], &[]));
+fn bad_arguments_are_refused_with_exit_1_not_probed() {
+    assert_bad_arguments_are_refused(|args| run_to_end(BIN, args, &[]));
 }

@@ -1,7 +1,15 @@
 //! The command line every service binary shares — `--config PATH`, `--env-file PATH`,
 //! `--check-config` and the `healthcheck` subcommand — and the last step of `main`: run the service on a tokio runtime,
 //! flush the logs, exit with the service's code.
+//!
+//! Exit codes (docs/operations.md, "Exit codes", is the one table): 0 success; 1 a runtime
+//! failure; 2 an invalid configuration or command line ([`crate::config::CONFIG_EXIT_CODE`],
+//! clap's usage error); except `healthcheck`, which exits 0 when healthy and
+//! [`EXIT_FAILED`](crate::healthcheck::EXIT_FAILED) for everything else, its own usage errors included, each as one
+//! line `healthcheck: …` ([`crate::healthcheck::exit_failed`]): Docker reserves exit code 2 of a
+//! HEALTHCHECK command.
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -9,6 +17,7 @@ use std::path::PathBuf;
 use slog::Logger;
 
 use crate::config::ConfigError;
+use crate::healthcheck::{exit_failed as exit_healthcheck_failed, SUBCOMMAND as HEALTHCHECK};
 use crate::logging::Logging;
 
 /// Flatten into a binary's `clap::Parser` with `#[command(flatten)]`.
@@ -43,39 +52,91 @@ impl CommonArgs {
     }
 }
 
+/// The options of [`CommonArgs`] that take a value (the next argument, unless given as
+/// `--name=value`), so that [`parse`] can find the subcommand among the arguments.
+const VALUE_OPTIONS: [&str; 2] = ["--config", "--env-file"];
+
 /// Use as the binary's `#[command(subcommand)] command: Option<Command>`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Probe GET /healthz on the configured health address (defaults, --config, environment,
-    /// as the service reads them) and exit 0 when healthy, 1 with the reason on stderr if not.
+    /// as the service reads them) and exit 0 when healthy, 1 with the reason on stderr if not
+    /// (an invalid configuration or argument included; never 2, which Docker reserves).
     Healthcheck {
-        /// Probe 127.0.0.1:PORT instead of the configured health address.
-        #[arg(long)]
-        port: Option<u16>,
+        /// Probe 127.0.0.1:PORT (1-65535) instead of the configured health address.
+        // Text, checked by `exit_healthcheck`: clap's own error for `--port 70000` would
+        // exit 2 in its own words.
+        #[arg(long, value_name = "PORT")]
+        port: Option<String>,
     },
+}
+
+/// Parses the command line as `P::parse()` does, except for the `healthcheck` subcommand: an
+/// unknown or malformed argument of it exits [`EXIT_FAILED`](crate::healthcheck::EXIT_FAILED) with one line
+/// `healthcheck: …` instead of clap's usage text and exit code 2. `--help` and `--version`
+/// print and exit 0 as usual; any other usage error exits 2 with clap's message.
+pub fn parse<P: clap::Parser>() -> P {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse`] of the given arguments (the first is the program).
+pub fn parse_from<P: clap::Parser>(args: impl IntoIterator<Item = OsString>) -> P {
+    let args: Vec<OsString> = args.into_iter().collect();
+    match P::try_parse_from(&args) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            use clap::error::ErrorKind;
+            let shown = matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            );
+            if shown || subcommand(&args).as_deref() != Some(HEALTHCHECK) {
+                err.exit()
+            }
+            exit_healthcheck_failed(usage_error_line(&err))
+        }
+    }
+}
+
+/// The subcommand named on a command line: its first argument that is neither an option nor
+/// the value of one of [`VALUE_OPTIONS`].
+fn subcommand(args: &[OsString]) -> Option<String> {
+    let mut args = args.iter().skip(1).map(|a| a.to_string_lossy());
+    while let Some(arg) = args.next() {
+        if VALUE_OPTIONS.contains(&arg.as_ref()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            return Some(arg.into_owned());
+        }
+    }
+    None
+}
+
+/// clap's message in one line, without its `error: ` prefix and usage text, and where to
+/// look instead.
+fn usage_error_line(err: &clap::Error) -> String {
+    let text = err.render().to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (see {HEALTHCHECK} --help)")
 }
 
 /// The `healthcheck` subcommand: probes `127.0.0.1:port` when `--port` was given, else the
 /// health address `configured` returns (loaded exactly as the service loads it; a wildcard
 /// address is probed on loopback). Exits 0 when healthy; otherwise prints one line on stderr
-/// and exits 1 — also for an invalid configuration, because Docker reserves exit code 2 of a
-/// HEALTHCHECK command.
+/// and exits [`EXIT_FAILED`](crate::healthcheck::EXIT_FAILED) — also for an invalid `--port` or configuration.
 pub fn exit_healthcheck(
-    port: Option<u16>,
+    port: Option<String>,
     configured: impl FnOnce() -> Result<SocketAddr, ConfigError>,
 ) -> ! {
     let addr = match port {
-        Some(0) => {
-            eprintln!("healthcheck: --port 0 is not a port: expected 1-65535");
-            std::process::exit(1)
-        }
-        Some(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port != 0 => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            _ => exit_healthcheck_failed(format!("--port {text} is not a port: expected 1-65535")),
+        },
         None => match configured() {
             Ok(listen) => crate::healthcheck::probe_target(listen),
-            Err(err) => {
-                eprintln!("healthcheck: {err}");
-                std::process::exit(1)
-            }
+            Err(err) => exit_healthcheck_failed(err),
         },
     };
     std::process::exit(crate::healthcheck::healthcheck(addr))

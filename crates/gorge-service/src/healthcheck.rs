@@ -8,6 +8,20 @@ use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The subcommand's name on the command line, and the first word of each of its messages.
+pub const SUBCOMMAND: &str = "healthcheck";
+
+/// The exit code for anything but healthy (an invalid configuration or argument included):
+/// never 2, which Docker reserves for a HEALTHCHECK command.
+pub const EXIT_FAILED: i32 = 1;
+
+/// Prints `healthcheck: <why>` on stderr and exits [`EXIT_FAILED`]: the one shape of every
+/// failure of the subcommand.
+pub fn exit_failed(why: impl fmt::Display) -> ! {
+    eprintln!("{SUBCOMMAND}: {why}");
+    std::process::exit(EXIT_FAILED)
+}
+
 /// Longest status line read back; anything longer is cut (it only goes into the message).
 const STATUS_LINE_LIMIT: usize = 256;
 
@@ -58,13 +72,13 @@ fn is_timeout(err: &std::io::Error) -> bool {
 }
 
 /// 0 when `GET /healthz` on `addr` answers 200 within two seconds; otherwise prints
-/// `healthcheck: <addr>: <why>` on stderr and returns 1.
+/// `healthcheck: http://<addr>/healthz: <why>` on stderr and returns [`EXIT_FAILED`].
 pub fn healthcheck(addr: SocketAddr) -> i32 {
     match probe(addr) {
         Ok(()) => 0,
         Err(why) => {
-            eprintln!("healthcheck: http://{addr}/healthz: {why}");
-            1
+            eprintln!("{SUBCOMMAND}: http://{addr}/healthz: {why}");
+            EXIT_FAILED
         }
     }
 }

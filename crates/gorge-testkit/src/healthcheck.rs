@@ -15,19 +15,46 @@ pub fn assert_invalid_configuration(ran: (Option<i32>, String, String), culprit:
     );
 }
 
-/// What `healthcheck --port 0` must do: refuse the value (exit 1, nothing on stdout, one
-/// line naming the valid range) instead of probing a port the kernel would pick. `ran` is
-/// `process::run_to_end`'s result for that command.
-pub fn assert_port_0_is_refused(ran: (Option<i32>, String, String)) {
-    let (code, stdout, stderr) = ran;
-    assert_eq!(
-        (code, stdout.as_str(), stderr.as_str()),
+/// What `healthcheck` must do with arguments it cannot use (`--port 0`, `--port 70000`, an
+/// unknown option…): refuse them instead of probing anything, exit 1 (never 2, which Docker
+/// reserves for a HEALTHCHECK command) with nothing on stdout and one line `healthcheck: …`
+/// on stderr; while a usage error of the service itself still exits 2. `run` runs the
+/// binary with the given arguments (`process::run_to_end`).
+pub fn assert_bad_arguments_are_refused(run: impl Fn(&[&str]) -> (Option<i32>, String, String)) {
+    for port in ["0", "70000", "abc", ""] {
+        assert_eq!(
+            run(&["healthcheck", "--port", port]),
+            (
+                Some(1),
+                String::new(),
+                format!("healthcheck: --port {port} is not a port: expected 1-65535\n")
+            ),
+            "--port {port:?}"
+        );
+    }
+    let usage = [
         (
-            Some(1),
-            "",
-            "healthcheck: --port 0 is not a port: expected 1-65535\n"
-        )
-    );
+            &["healthcheck", "--bogus"][..],
+            "healthcheck: unexpected argument '--bogus' found (see healthcheck --help)\n",
+        ),
+        (
+            &["--config", "x.json", "healthcheck", "--port"][..],
+            "healthcheck: a value is required for '--port <PORT>' but none was supplied (see \
+             healthcheck --help)\n",
+        ),
+    ];
+    for (args, line) in usage {
+        assert_eq!(
+            run(args),
+            (Some(1), String::new(), line.to_string()),
+            "{args:?}"
+        );
+    }
+    let (code, help, _) = run(&["healthcheck", "--help"]);
+    assert_eq!(code, Some(0), "{help}");
+    assert!(help.contains("--port <PORT>"), "{help}");
+    let (code, _, stderr) = run(&["--bogus"]);
+    assert_eq!(code, Some(2), "{stderr}");
 }
 
 /// Runs `probe` (the binary's `healthcheck` aimed at 127.0.0.1:`port`, returning its exit
