@@ -8,6 +8,7 @@
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`log_every`]: a repeated failure logged once per interval with a count;
+//! - [`log_text`]: the text log format, one line per record;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
 //! - [`http10`]: HTTP/1.0 WebSocket upgrades read as HTTP/1.1, as Node serves them;
 //! - [`metrics`]: one declaration per metric family, the prefixed service registry with
@@ -31,6 +32,7 @@ pub mod healthcheck;
 pub mod http;
 pub mod http10;
 pub mod log_every;
+pub mod log_text;
 pub mod logging;
 pub mod metrics;
 pub mod probes;

@@ -21,6 +21,7 @@ use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
 use crate::config::{did_you_mean, env_value, ConfigError};
 use crate::events::Event;
+use crate::log_text::TextLines;
 use crate::metrics::Counter;
 use crate::settings::{Layered, LogVars};
 
@@ -56,7 +57,7 @@ pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical,
 pub enum LogFormat {
     /// One JSON object per line (the default, for log collectors).
     Json,
-    /// slog-term's human-readable lines.
+    /// One human-readable line per record ([`crate::log_text`]).
     Text,
 }
 
@@ -168,8 +169,8 @@ pub fn init_logging(service: &'static str, version: &'static str) -> Result<Logg
     let terminal = io::stdout().is_terminal();
     Ok(match (settings.format, terminal) {
         (LogFormat::Text, true) => {
-            let decorator = slog_term::TermDecorator::new().stdout().build();
-            let text = DropFailed(slog_term::FullFormat::new(decorator).build());
+            // Line-buffered, flushed per line: on a terminal each line shows as it comes.
+            let text = DropFailed(TextLines::new(io::stdout()));
             finish(text, settings.level, service, version)
         }
         _ => build(
@@ -263,8 +264,7 @@ pub fn build<W: io::Write + Send + 'static>(
             finish(DropFailed(json), level, service, version)
         }
         LogFormat::Text => {
-            let decorator = slog_term::PlainDecorator::new(WholeLines::new(out));
-            let text = DropFailed(slog_term::FullFormat::new(decorator).build());
+            let text = DropFailed(TextLines::new(WholeLines::new(out)));
             finish(text, level, service, version)
         }
     }
@@ -398,8 +398,8 @@ impl slog::Serializer for ComponentFinder {
     }
 }
 
-/// RFC 3339 UTC timestamp with milliseconds.
-fn timestamp() -> String {
+/// RFC 3339 UTC timestamp with milliseconds (the `ts` of JSON lines, the start of text lines).
+pub(crate) fn timestamp() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
