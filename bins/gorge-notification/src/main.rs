@@ -1,7 +1,7 @@
 //! gorge-notification: a drop-in replacement for Phorge's Aphlict notification server.
 //!
 //! Startup order: configuration (exit 2 on any invalid value), logging, no other copy
-//! serving on the admin port (exit 1 if one does), the fingerprint, the hub and metrics, every
+//! serving on any of its ports (exit 1 if one does), the fingerprint, the hub and metrics, every
 //! listener bound (exit 1 if any bind fails), then serve until SIGTERM and drain. See
 //! docs/notification.md for the operator's view.
 
@@ -133,13 +133,18 @@ async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
     if let Some(err) = raise_error {
         emit!(log, events::NOTIFY_FILE_LIMIT_NOT_RAISED; "error" => %err);
     }
-    // The admin port is the health port: a copy serving there would share every port.
-    let admin_addrs = config
-        .servers
-        .iter()
-        .filter(|s| s.kind == config::ServerKind::Admin)
-        .map(|s| s.addr);
-    if let Err(copy) = gorge_service::takeover::refuse_if_serving(admin_addrs, log).await {
+    // Every port this process binds: a copy serving on any one of them would share it
+    // (SO_REUSEPORT) and the kernel would split its connections between the two. The admin
+    // ports first: they answer with the other copy's pid.
+    let addrs = |kind| {
+        config
+            .servers
+            .iter()
+            .filter(move |s| s.kind == kind)
+            .map(|s| s.addr)
+    };
+    let every_port = addrs(config::ServerKind::Admin).chain(addrs(config::ServerKind::Client));
+    if let Err(copy) = gorge_service::takeover::refuse_if_serving(every_port, log).await {
         eprintln!("gorge-notification: {copy}");
         return 1;
     }

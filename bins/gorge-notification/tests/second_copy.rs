@@ -8,22 +8,21 @@ mod common;
 use std::process::Command;
 
 use common::{Server, BIN, PATIENCE};
-use gorge_testkit::{http, Process};
+use gorge_testkit::{free_port, http, Process};
 
 /// The binary on `server`'s ports, as a second copy would start; stderr kept.
 fn second_copy(server: &Server, env: &[(&str, &str)]) -> Process {
+    copy_on(server.client_port, server.admin_port, env)
+}
+
+/// The binary on the given ports; stderr kept.
+fn copy_on(client_port: u16, admin_port: u16, env: &[(&str, &str)]) -> Process {
     let mut command = Command::new(BIN);
     command
         .env_clear()
         .env("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1")
-        .env(
-            "GORGE_NOTIFICATION_CLIENT_PORT",
-            server.client_port.to_string(),
-        )
-        .env(
-            "GORGE_NOTIFICATION_ADMIN_PORT",
-            server.admin_port.to_string(),
-        )
+        .env("GORGE_NOTIFICATION_CLIENT_PORT", client_port.to_string())
+        .env("GORGE_NOTIFICATION_ADMIN_PORT", admin_port.to_string())
         .env("GORGE_LOG_FORMAT", "json")
         .envs(env.iter().copied());
     Process::spawn_keeping_stderr(command)
@@ -55,6 +54,34 @@ async fn a_second_copy_is_refused_while_the_first_serves() {
         let receipt = first.post_ok("", r#"{"subscribers":[]}"#).await.json();
         assert_eq!(receipt["fingerprint"], first.fingerprint.as_str());
     }
+}
+
+/// A copy of the configuration with only the admin port changed: before, it bound the
+/// client port beside the first copy and the kernel split the browsers between the two hubs
+/// (13 of 40 got PHP's message in issue 30). Aphlict would fail to bind; it is refused.
+#[tokio::test]
+async fn a_second_copy_sharing_only_the_client_port_is_refused() {
+    let first = Server::start(&[]);
+    let mut second = copy_on(first.client_port, free_port(), &[]);
+    let code = second.exited().await.code();
+    let stderr = second.stderr();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "gorge-notification: another copy is already serving on 127.0.0.1:{} (GET /readyz: \
+             501 HTTP/501 Use Websockets)",
+            first.client_port
+        )),
+        "{stderr}"
+    );
+    let logged = second.log_events("ANOTHER_COPY_SERVING");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(
+        logged[0]["addr"],
+        format!("127.0.0.1:{}", first.client_port)
+    );
+    assert!(second.log_events("NOTIFY_STARTED").is_empty());
 }
 
 #[tokio::test]

@@ -149,9 +149,10 @@ crate::events! {
     /// [`crate::takeover`]).
     pub const RUNTIME = [
         ANOTHER_COPY_SERVING: Error ["addr", "pid", "answer"]
-            "Before binding, another copy answered on the health address and did not start \
-             draining within 2 s: nothing is bound, exit 1 (a second copy on the same ports \
-             would split the traffic; restart in place with SIGTERM and start at once instead)";
+            "Before binding, another process answered on `addr`, one of the addresses this one \
+             binds, and did not start draining within 2 s: nothing is bound, exit 1 (a second \
+             copy sharing even one port would split its traffic; restart in place with SIGTERM \
+             and start at once instead)";
         LISTENING: Info ["listener", "addr"] "A listener is bound and serving";
         ACCEPT_FAILED: Warning ["listener", "error", "failures"]
             "Accepting a connection failed (out of file descriptors…): retried every 50 ms, \

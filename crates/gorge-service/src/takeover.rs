@@ -1,13 +1,18 @@
-//! Before binding: is another copy of this service already serving on its health port?
+//! Before binding: is another copy of this service already serving on one of its ports?
 //!
 //! Listeners bind with `SO_REUSEPORT` so that a new process can take the ports of one that
 //! drains (a same-host restart). The same option lets a second copy started by mistake bind
 //! beside a first one that is serving, silently: the kernel then splits the connections
-//! between them (PHP's POSTs and the browsers between two notification hubs). So before
-//! binding, a service asks whatever answers `GET /readyz` on its health address:
+//! between them (PHP's POSTs and the browsers between two notification hubs) — also when the
+//! two share only one port (a copy of the configuration with another admin port still binds
+//! the client port; Aphlict, without `SO_REUSEPORT`, would fail to bind there). So before
+//! binding, a service asks whatever answers `GET /readyz` on **every** address it binds, its
+//! health address first:
 //!
-//! - nothing listens (connection refused): bind;
-//! - a copy that drains (`503 {"status":"draining"}`): bind, and take over from it;
+//! - nothing listens (connection refused): bind — a draining copy has closed all of its
+//!   listeners when its drain started (`shutdown::run`);
+//! - a copy that drains (`503 {"status":"draining"}`, on its health port while it closes its
+//!   listeners): bind, and take over from it;
 //! - anything else that answers or accepts (a ready copy, one that is not ready yet, a
 //!   copy too busy to answer within [`PROBE_TIMEOUT`]), still so after [`SETTLE`] (a copy
 //!   sent SIGTERM just before this one started needs a moment to start draining): refuse to
@@ -95,8 +100,9 @@ impl fmt::Display for AnotherCopy {
 
 impl std::error::Error for AnotherCopy {}
 
-/// Probes each of `addrs` (port 0 is skipped: a fresh port has no holder) and refuses the
-/// first one another copy still serves on after [`SETTLE`], logging `ANOTHER_COPY_SERVING`.
+/// Probes each of `addrs` — every address the process is about to bind, its health address
+/// first (port 0 is skipped: a fresh port has no holder) — and refuses the first one another
+/// copy still serves on after [`SETTLE`], logging `ANOTHER_COPY_SERVING`.
 pub async fn refuse_if_serving(
     addrs: impl IntoIterator<Item = SocketAddr>,
     log: &Logger,
