@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod redis;
 
 use std::ops::Deref;

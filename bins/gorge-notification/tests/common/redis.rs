@@ -44,6 +44,13 @@ impl Redis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// A plain connection of the test's own, to write or inspect the stream directly.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection())
+            .expect("a connection to the test's redis-server")
+    }
+
     /// A Redis that accepts only TLS on its port, with a certificate for 127.0.0.1 signed by
     /// a CA made now; its files go in `dir`. Returns it and the CA's PEM (what
     /// `BROKER_CA_FILE` holds). Clients need no certificate of their own.
