@@ -96,13 +96,16 @@ gorge_service::events! {
         NOTIFY_BROKER_EPOCH_CHANGED: Warning @ "broker" ["before", "now"]
             "Redis restarted empty or was flushed (its epoch key changed): the history it held \
              is gone; reading starts from the new stream";
-        NOTIFY_BROKER_PROBE_TIMEOUT: Warning @ "broker" ["seq", "timeout_ms"]
-            "Our own entry `seq` did not come back to the reader in time: its connection is \
-             replaced";
+        NOTIFY_BROKER_PROBE_TIMEOUT: Warning @ "broker" ["seq", "timeout_ms", "count"]
+            "Our own entry `seq` was not read back in time: the reader is reported down (and \
+             gives up the connection it waits on) until it reads one; at most once a minute, \
+             `count` times since the last line";
         NOTIFY_BROKER_NOT_FLUSHED: Warning @ "broker" ["pending", "deadline_ms"]
             "At shutdown, `pending` messages were still waiting for the broker at the drain \
              deadline: other servers' browsers will not get them";
-        NOTIFY_BROKER_BAD_ENTRY: Warning @ "broker" ["id", "reason"]
-            "A stream entry that is not a message of this service was skipped";
+        NOTIFY_BROKER_BAD_ENTRY: Warning @ "broker" ["id", "reason", "detail", "count"]
+            "A stream entry that is no message this server can take was skipped (`reason` as \
+             in `broker_skipped_total`, an oversized one by its id); at most once a minute per \
+             reason, with the `count` skipped since the last line (`id` the latest)";
     ];
 }

@@ -8,8 +8,9 @@ gorge_service::metrics! {
     pub struct BrokerMetrics {
         broker_enabled: Gauge, "1 in broker mode (`BROKER_URL` set), 0 in mesh mode";
         broker_up: Gauge,
-            "1 while both the publisher's and the reader's connections to the broker work; \
-             0 before the first success and after a failure (alert when 0 for minutes)";
+            "1 while the publisher's additions succeed and the reader reads this server's own \
+             entries back within 2 s; 0 before the first success, after a failure, and while \
+             the reader makes no progress (alert when 0 for minutes)";
         broker_published: Counter, "Messages added to the stream";
         broker_failed: Counter,
             "Stream additions (messages and probes) that failed or timed out; a message is \
@@ -20,6 +21,12 @@ gorge_service::metrics! {
         broker_received: Counter,
             "Other servers' messages read from the stream and delivered here";
         broker_own_skipped: Counter, "This server's own messages read back and skipped";
+        broker_skipped: Counter[reason] =
+            [["oversized"], ["no_message"], ["malformed"], ["instance_name"]],
+            "Stream entries skipped as no message this server can take: oversized (larger \
+             than an admin POST can carry; skipped by id, unread where Redis allows), \
+             no_message (no instance or message field), malformed (not a JSON object), \
+             instance_name (over the limit)";
         broker_lag_seconds: GaugeF64,
             "Age of the last entry read from the stream when it was read (0 once the reader \
              has caught up and waits); alert when high";
@@ -28,8 +35,9 @@ gorge_service::metrics! {
             "Times Redis was found restarted empty (its epoch key changed): the history it held \
              is gone";
         broker_probe_timeouts: Counter,
-            "Times the reader's connection did not deliver our own entry in time and was \
-             replaced (a connection that looked healthy but delivered nothing)";
+            "Times our own entry was not read back within 2 s: the reader was reported down \
+             (a connection that looked healthy but delivered nothing, replaced; or a reader \
+             held by a reply or the hand-off)";
         broker_reconnects: Counter, "New broker connections after the first (publisher and reader)";
     }
 }

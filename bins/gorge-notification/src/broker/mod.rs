@@ -10,10 +10,20 @@
 //!   the entry fields;
 //! - [`publisher`]: the one task that `XADD`s, from a bounded queue (the POST never waits);
 //! - [`reader`]: the task that loads history at start, then reads the stream on its own
-//!   connection, and finds a connection that delivers nothing;
+//!   connection, and reports the broker down while it makes no progress;
+//! - [`entries`]: entries as read, and the size-aware read that skips an oversized entry
+//!   by its id;
+//! - [`origins`]: which entries of each other server were taken (an entry added twice is
+//!   taken once);
 //! - [`metrics`], the `gorge_notification_broker_*` families.
+//!
+//! Keys under the prefix: `<prefix>:stream` (messages, the history), `<prefix>:epoch` (see
+//! [`reader`]) and `<prefix>:probe:<fingerprint>`, each server's probe entry (one, expiring),
+//! kept out of the stream so that idle servers' probes never take the history's places.
 
+mod entries;
 mod metrics;
+mod origins;
 mod publisher;
 mod reader;
 
@@ -41,15 +51,21 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// [`CALL_TIMEOUT`].
 const BLOCK: Duration = Duration::from_secs(5);
 
-/// With nothing to publish for this long, the publisher adds a probe entry, so the reader
-/// always has one of our own entries to expect.
+/// With nothing to publish for this long, the publisher adds a probe entry (to its probe
+/// key, not the stream), so the reader always has one of our own entries to expect.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Our own entry (message or probe) must come back to the reader within this long after
-/// Redis acknowledged it; otherwise the reader's connection is taken to be wedged (it may
-/// look healthy, with its blocking read pending, and deliver nothing) and is replaced.
-/// Shorter than a blocking read, which alone could only time out after [`BLOCK`] plus slack.
+/// Redis acknowledged it. Otherwise the reader makes no progress — its connection may look
+/// healthy, with its blocking read pending, and deliver nothing; or a reply or the hand-off
+/// to the fan-out holds it — and it is reported down until it reads our entry (a connection
+/// it was waiting on is replaced). Shorter than a blocking read, which alone could only time
+/// out after [`BLOCK`] plus slack.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A server's probe key expires this long after its last probe (the key of a server that
+/// stopped goes by itself).
+const PROBE_KEY_TTL: Duration = Duration::from_secs(60);
 
 /// At startup, `/readyz` waits this long at most for the history to load. If Redis cannot
 /// be reached by then the server becomes ready without it (PHP must reach some server) and
@@ -136,6 +152,8 @@ struct Shared {
     client: Client,
     stream_key: String,
     epoch_key: String,
+    /// This server's probe entry: `<prefix>:probe:<fingerprint>`.
+    probe_key: String,
     fingerprint: String,
     /// Entries older than this are neither published late nor loaded at start.
     history_age: Duration,
@@ -143,6 +161,8 @@ struct Shared {
     max_entries: usize,
     /// At start, no more than this many bytes of entries are loaded (the history's bytes).
     max_bytes: usize,
+    /// The longest instance name a message may carry (part of the largest entry).
+    instance_name_bytes: usize,
     metrics: BrokerMetrics,
     log: Logger,
     publisher_up: Updown,
@@ -152,6 +172,14 @@ struct Shared {
     unseen_own: Mutex<Option<(u64, Instant)>>,
     /// The highest seq of our own entries the reader has seen.
     own_seen: AtomicU64,
+    /// The highest seq the publisher has sent (set before sending, so the reader may read
+    /// an entry back before its answer arrives): an entry with our fingerprint and a higher
+    /// seq is not ours (anything that can write to the stream can forge one) and must not
+    /// stand for one the reader has yet to see.
+    own_sent: AtomicU64,
+    /// Counts the times one of our entries was overdue (see [`PROBE_TIMEOUT`]): a reader
+    /// waiting on its connection when it changes gives the connection up.
+    overdue: tokio::sync::watch::Sender<u64>,
     /// Messages queued or being published; the drain waits for zero.
     pending: AtomicUsize,
     /// Woken when `pending` drops to zero.
@@ -183,17 +211,21 @@ impl Broker {
                 client,
                 stream_key: format!("{}:stream", config.prefix),
                 epoch_key: format!("{}:epoch", config.prefix),
+                probe_key: format!("{}:probe:{fingerprint}", config.prefix),
                 fingerprint,
                 history_age: Duration::from_millis(limits.history_age_ms),
                 // Never so few that a reader a moment behind finds its entries trimmed.
                 max_entries: limits.history_entries.max(64),
                 max_bytes: limits.history_bytes,
+                instance_name_bytes: limits.instance_name_bytes,
                 metrics,
                 log,
                 publisher_up: Updown::default(),
                 reader_up: Updown::default(),
                 unseen_own: Mutex::new(None),
                 own_seen: AtomicU64::new(0),
+                own_sent: AtomicU64::new(0),
+                overdue: tokio::sync::watch::Sender::new(0),
                 pending: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),

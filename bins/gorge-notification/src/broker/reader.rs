@@ -1,45 +1,111 @@
 //! The reader: at start it loads the last `HISTORY_AGE_MS` of the stream into history and
 //! opens the history gate (`/readyz`, `replay`); then it reads the stream from the last id on
-//! its own connection (`XREAD BLOCK`), skips our own entries and takes the others in as
-//! relayed messages. On any failure it reconnects with a jittered backoff and resumes from
-//! the last id it read, so messages arrive late rather than never.
+//! its own connection, skips our own entries and takes the others in as relayed messages. On
+//! any failure it reconnects with a jittered backoff and resumes from the last id it read, so
+//! messages arrive late rather than never.
+//!
+//! Reading is two steps: catch up with size-aware reads ([`entries`](super::entries)) until
+//! nothing is left, then wait in one blocking `XREAD COUNT 1` on the stream and on this
+//! server's probe key, whose first entry ends the wait. An entry larger than any message can
+//! be is skipped by its id, counted and logged (at most once a minute per reason, with a
+//! count), as is an entry that is no message of this service.
 //!
 //! On every connection it compares the epoch key with the one it saw before: a different one
 //! means Redis restarted empty (the stream it resumed from is gone), counted and logged, and
-//! reading starts again from the new stream's beginning. It also replaces a connection that
-//! does not deliver our own entries back within [`PROBE_TIMEOUT`].
+//! reading starts again from the new stream's beginning.
+//!
+//! A watchdog beside it makes `broker_up` tell the truth: while one of our own entries has
+//! not been read back within [`PROBE_TIMEOUT`] the reader is reported down, whatever holds it
+//! (a connection that delivers nothing, a reply too large to arrive, a stalled hand-off to
+//! the fan-out); it is up again once it reads our entry. A reader waiting on its connection
+//! then gives the connection up.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use gorge_service::log_every::LogEvery;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::{
-    lock, within, Backoff, Shared, BLOCK, CALL_TIMEOUT, FIELD_FINGERPRINT, FIELD_INSTANCE,
-    FIELD_MESSAGE, FIELD_PROBE, FIELD_SEQ, HYDRATE_WAIT, PROBE_TIMEOUT,
-};
+use super::entries::{id_millis, read_page, read_reply, Direction, Fields, Item, StreamEntry};
+use super::origins::Origins;
+use super::{lock, within, Backoff, Shared, BLOCK, CALL_TIMEOUT, HYDRATE_WAIT, PROBE_TIMEOUT};
 use crate::events;
 use crate::ingest::{ingest_relayed, NotTaken};
 use crate::state::ServerState;
 use gorge_service::emit;
 
-/// Entries one `XREAD` returns at most.
-const READ_COUNT: usize = 256;
+/// What an entry carries besides the message and the instance name: field names, the
+/// fingerprint, the sequence number, and what stamping adds to the message (our fingerprint
+/// in `touched`).
+const ENTRY_OVERHEAD: usize = 1024;
 
-/// Origins (other servers' fingerprints) whose last sequence number is remembered; more are
-/// forgotten oldest first. Far more than any cluster has servers, restarts included.
-const MAX_ORIGINS: usize = 1024;
+/// A skipped entry's line, and a probe timeout's, are logged at most this often (per
+/// reason), with the count since the last line.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// How often the watchdog looks for an overdue entry of ours.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// What the reader keeps across connections.
 struct ReadState {
     /// The id to read after; `None` until the history was loaded.
     last_id: Option<String>,
+    /// The id of the last probe entry read from our probe key.
+    last_probe_id: String,
     /// The epoch key's value on the last connection.
     epoch: Option<String>,
     origins: Origins,
+    /// Bytes of fields above which an entry is not read (an admin POST cannot carry it).
+    entry_limit: usize,
+    skipped: Skipped,
+}
+
+/// Why entries were skipped: one metric label, one log rate each.
+#[derive(Debug, Clone, Copy)]
+enum Skip {
+    Oversized,
+    NoMessage,
+    Malformed,
+    InstanceName,
+}
+
+impl Skip {
+    const ALL: [Skip; 4] = [
+        Skip::Oversized,
+        Skip::NoMessage,
+        Skip::Malformed,
+        Skip::InstanceName,
+    ];
+
+    /// The `reason` label of `broker_skipped_total`.
+    fn label(self) -> &'static str {
+        match self {
+            Skip::Oversized => "oversized",
+            Skip::NoMessage => "no_message",
+            Skip::Malformed => "malformed",
+            Skip::InstanceName => "instance_name",
+        }
+    }
+}
+
+/// One [`LogEvery`] per [`Skip`].
+struct Skipped([LogEvery; 4]);
+
+impl Skipped {
+    fn new() -> Skipped {
+        Skipped(Skip::ALL.map(|_| LogEvery::new(LOG_EVERY)))
+    }
+
+    /// Counts entry `id` skipped for `why` (`detail` says more), logging when a line is due.
+    fn skip(&self, shared: &Shared, why: Skip, id: &str, detail: &str) {
+        shared.metrics.broker_skipped.with([why.label()]).inc();
+        if let Some(count) = self.0[why as usize].occurred() {
+            emit!(shared.log, events::NOTIFY_BROKER_BAD_ENTRY;
+                "id" => id, "reason" => why.label(), "detail" => detail, "count" => count);
+        }
+    }
 }
 
 pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
@@ -54,10 +120,16 @@ pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
             }
         });
     }
+    tokio::spawn(watchdog(shared.clone()));
     let mut cursor = ReadState {
         last_id: None,
+        last_probe_id: "0-0".into(),
         epoch: None,
         origins: Origins::default(),
+        entry_limit: state.limits.max_admin_body_bytes
+            + shared.instance_name_bytes
+            + ENTRY_OVERHEAD,
+        skipped: Skipped::new(),
     };
     let mut backoff = Backoff::new();
     let mut connected_before = false;
@@ -68,7 +140,7 @@ pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
                     shared.metrics.broker_reconnects.inc();
                 }
                 connected_before = true;
-                let error = session(
+                session(
                     &shared,
                     &state,
                     &mut conn,
@@ -76,8 +148,7 @@ pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
                     started,
                     &mut backoff,
                 )
-                .await;
-                error
+                .await
             }
             Err(error) => error,
         };
@@ -109,46 +180,129 @@ async fn session(
             Err(error) => return error,
         }
     }
-    shared.mark_up(&shared.reader_up, "reader");
     backoff.reset();
+    let mut overdue = shared.overdue.subscribe();
     loop {
+        // Catch up, in replies of bounded size.
+        loop {
+            let read = read_page(
+                conn,
+                &shared.stream_key,
+                Direction::Forward,
+                cursor.last_id.as_deref(),
+                cursor.entry_limit,
+            );
+            let items = match unless_overdue(&mut overdue, read).await {
+                Ok(items) => items,
+                Err(error) => return error,
+            };
+            if items.is_empty() {
+                break;
+            }
+            take_all(shared, state, cursor, items).await;
+        }
+        shared.metrics.broker_lag_seconds.set(0.0);
+        // Wait for the next entry, ours or anyone's.
         let last_id = cursor.last_id.clone().unwrap_or_else(|| "0-0".into());
         let mut xread = redis::cmd("XREAD");
         xread
             .arg("COUNT")
-            .arg(READ_COUNT)
+            .arg(1)
             .arg("BLOCK")
             .arg(BLOCK.as_millis() as u64)
             .arg("STREAMS")
             .arg(&shared.stream_key)
-            .arg(&last_id);
+            .arg(&shared.probe_key)
+            .arg(&last_id)
+            .arg(&cursor.last_probe_id);
         let read = within(BLOCK + CALL_TIMEOUT, xread.query_async::<Value>(conn));
-        let reply = tokio::select! {
-            reply = read => reply,
-            seq = probe_overdue(shared) => {
-                shared.metrics.broker_probe_timeouts.inc();
-                emit!(shared.log, events::NOTIFY_BROKER_PROBE_TIMEOUT;
-                    "seq" => seq, "timeout_ms" => PROBE_TIMEOUT.as_millis() as u64);
-                return super::timed_out();
-            }
-        };
-        let entries = match reply {
-            Ok(value) => read_reply(value),
+        let reply = match unless_overdue(&mut overdue, read).await {
+            Ok(reply) => reply,
             Err(error) => return error,
         };
-        if entries.is_empty() {
-            shared.metrics.broker_lag_seconds.set(0.0);
-        }
-        let now = wall_ms();
-        for entry in entries {
-            let id_ms = id_millis(&entry.id);
-            cursor.last_id = Some(entry.id.clone());
-            if take(shared, state, cursor, entry, 0).await {
-                shared.metrics.broker_received.inc();
-                let lag = now.saturating_sub(id_ms) as f64 / 1000.0;
-                shared.metrics.broker_lag_seconds.set(lag);
+        for (key, items) in read_reply(reply, cursor.entry_limit) {
+            if key == shared.probe_key.as_bytes() {
+                for item in items {
+                    cursor.last_probe_id = item.id().to_string();
+                    if let Item::Entry(entry) = item {
+                        if let Some(seq) = Fields::of(&entry.fields).seq {
+                            saw_own(shared, seq);
+                        }
+                    }
+                }
+            } else {
+                take_all(shared, state, cursor, items).await;
             }
         }
+    }
+}
+
+/// `read`, given up (as a timeout) if one of our entries becomes overdue meanwhile.
+async fn unless_overdue<T>(
+    overdue: &mut tokio::sync::watch::Receiver<u64>,
+    read: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    // Only what becomes overdue during this read counts: a reader held elsewhere (taking a
+    // long backlog in) has been reported down, but its connection is fine.
+    overdue.mark_unchanged();
+    tokio::select! {
+        result = read => result,
+        _ = overdue.changed() => Err(no_progress()),
+    }
+}
+
+/// The error of a reader that did not read our entry back in time.
+fn no_progress() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "no progress: our own entry was not read back within {} ms",
+            PROBE_TIMEOUT.as_millis()
+        ),
+    ))
+}
+
+/// Takes `items` in, in order, moving the cursor past each.
+async fn take_all(shared: &Shared, state: &ServerState, cursor: &mut ReadState, items: Vec<Item>) {
+    let now = wall_ms();
+    for item in items {
+        cursor.last_id = Some(item.id().to_string());
+        let id_ms = id_millis(item.id());
+        if take(shared, state, cursor, item, 0).await {
+            shared.metrics.broker_received.inc();
+            let lag = now.saturating_sub(id_ms) as f64 / 1000.0;
+            shared.metrics.broker_lag_seconds.set(lag);
+        }
+    }
+}
+
+/// Reports the reader down, and gives up a connection it waits on, each time one of our
+/// entries has been acknowledged by Redis for longer than [`PROBE_TIMEOUT`] without the
+/// reader reading it back; the entry is then forgotten, so the next one (a probe follows
+/// within a second) gets its own chance.
+async fn watchdog(shared: Arc<Shared>) {
+    let timeouts = LogEvery::new(LOG_EVERY);
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let overdue = {
+            let mut unseen = lock(&shared.unseen_own);
+            match *unseen {
+                Some((seq, since)) if since.elapsed() > PROBE_TIMEOUT => {
+                    *unseen = None;
+                    Some(seq)
+                }
+                _ => None,
+            }
+        };
+        let Some(seq) = overdue else { continue };
+        shared.metrics.broker_probe_timeouts.inc();
+        if let Some(count) = timeouts.occurred() {
+            emit!(shared.log, events::NOTIFY_BROKER_PROBE_TIMEOUT;
+                "seq" => seq, "timeout_ms" => PROBE_TIMEOUT.as_millis() as u64,
+                "count" => count);
+        }
+        shared.mark_down(&shared.reader_up, "reader", &no_progress());
+        shared.overdue.send_modify(|n| *n += 1);
     }
 }
 
@@ -180,6 +334,7 @@ async fn check_epoch(
             // The stream we resumed from is gone; everything in the new one is new to us.
             cursor.last_id = Some("0-0".into());
         }
+        cursor.last_probe_id = "0-0".into();
         // `origins` is kept: a fingerprint is one server process's, and its sequence
         // numbers only grow, whatever Redis lost. The new stream can hold an entry seen
         // before (a publisher retries an `XADD` whose answer the restart lost), and its
@@ -192,9 +347,10 @@ async fn check_epoch(
 /// Loads the entries of the last history age (by Redis's clock) into history, oldest first,
 /// each with its age. Returns how many were taken.
 ///
-/// Read newest first in pages of [`READ_COUNT`], and only as far back as the history keeps:
+/// Read newest first with the size-aware read, and only as far back as the history keeps:
 /// the age, the entries and the bytes of the history limits, so a stream holding large or
-/// many entries costs this server no more than its history would.
+/// many entries costs this server no more than its history would; an oversized entry is
+/// skipped unread.
 async fn hydrate(
     shared: &Shared,
     state: &ServerState,
@@ -205,48 +361,47 @@ async fn hydrate(
         within(CALL_TIMEOUT, redis::cmd("TIME").query_async(&mut *conn)).await?;
     let now_ms = seconds * 1000 + micros / 1000;
     let age_limit = shared.history_age.as_millis() as u64;
-    let mut kept: Vec<StreamEntry> = Vec::new();
+    let mut kept: Vec<Item> = Vec::new();
+    let mut entries = 0usize;
     let mut bytes = 0usize;
     let mut last_id: Option<String> = None;
-    let mut end = "+".to_string();
+    let mut before: Option<String> = None;
     'pages: loop {
-        let value = within(
-            CALL_TIMEOUT,
-            redis::cmd("XREVRANGE")
-                .arg(&shared.stream_key)
-                .arg(&end)
-                .arg("-")
-                .arg("COUNT")
-                .arg(READ_COUNT)
-                .query_async::<Value>(&mut *conn),
+        let page = read_page(
+            conn,
+            &shared.stream_key,
+            Direction::Reverse,
+            before.as_deref(),
+            cursor.entry_limit,
         )
         .await?;
-        let page = entries_of(value);
-        let full = page.len() == READ_COUNT;
-        for entry in page {
-            last_id.get_or_insert_with(|| entry.id.clone());
-            end = format!("({}", entry.id);
-            bytes += entry
-                .fields
-                .iter()
-                .map(|(n, v)| n.len() + v.len())
-                .sum::<usize>();
-            if now_ms.saturating_sub(id_millis(&entry.id)) > age_limit
-                || kept.len() >= shared.max_entries
-                || bytes > shared.max_bytes
-            {
+        if page.is_empty() {
+            break;
+        }
+        for item in page {
+            last_id.get_or_insert_with(|| item.id().to_string());
+            before = Some(item.id().to_string());
+            if now_ms.saturating_sub(id_millis(item.id())) > age_limit {
                 break 'pages;
             }
-            kept.push(entry);
-        }
-        if !full {
-            break;
+            if let Item::Entry(entry) = &item {
+                entries += 1;
+                bytes += entry
+                    .fields
+                    .iter()
+                    .map(|(n, v)| n.len() + v.len())
+                    .sum::<usize>();
+                if entries > shared.max_entries || bytes > shared.max_bytes {
+                    break 'pages;
+                }
+            }
+            kept.push(item);
         }
     }
     let mut taken = 0u64;
-    for entry in kept.into_iter().rev() {
-        let age = now_ms.saturating_sub(id_millis(&entry.id));
-        if take(shared, state, cursor, entry, age).await {
+    for item in kept.into_iter().rev() {
+        let age = now_ms.saturating_sub(id_millis(item.id()));
+        if take(shared, state, cursor, item, age).await {
             taken += 1;
         }
     }
@@ -255,14 +410,25 @@ async fn hydrate(
     Ok(taken)
 }
 
-/// Takes one entry in; returns whether it was another server's message, delivered here.
+/// Takes one item in; returns whether it was another server's message, delivered here.
 async fn take(
     shared: &Shared,
     state: &ServerState,
     cursor: &mut ReadState,
-    entry: StreamEntry,
+    item: Item,
     age_ms: u64,
 ) -> bool {
+    let entry: StreamEntry = match item {
+        Item::Entry(entry) => entry,
+        Item::Oversized { id, bytes } => {
+            let detail = format!(
+                "{bytes} bytes, over the {} an admin POST can carry",
+                cursor.entry_limit
+            );
+            cursor.skipped.skip(shared, Skip::Oversized, &id, &detail);
+            return false;
+        }
+    };
     let fields = Fields::of(&entry.fields);
     if fields.fingerprint == Some(shared.fingerprint.as_bytes()) {
         if let Some(seq) = fields.seq {
@@ -280,233 +446,59 @@ async fn take(
         }
     }
     if fields.probe {
+        // Another server's probe (servers of an earlier version add them to the stream).
         return false;
     }
     let (Some(instance), Some(message)) = (fields.instance, fields.message) else {
-        emit!(shared.log, events::NOTIFY_BROKER_BAD_ENTRY;
-            "id" => &entry.id, "reason" => "no instance or message field");
+        let detail = "no instance or message field";
+        cursor
+            .skipped
+            .skip(shared, Skip::NoMessage, &entry.id, detail);
         return false;
     };
     let instance = String::from_utf8_lossy(instance);
     match ingest_relayed(state, &instance, message, age_ms).await {
         Ok(()) => true,
         Err(NotTaken::AlreadySeen) => false,
-        Err(why) => {
-            emit!(shared.log, events::NOTIFY_BROKER_BAD_ENTRY;
-                "id" => &entry.id, "reason" => format!("{why:?}"));
+        Err(NotTaken::Malformed) => {
+            let detail = "the message is not a JSON object";
+            cursor
+                .skipped
+                .skip(shared, Skip::Malformed, &entry.id, detail);
+            false
+        }
+        Err(NotTaken::InstanceName) => {
+            let detail = "the instance name is over the limit";
+            cursor
+                .skipped
+                .skip(shared, Skip::InstanceName, &entry.id, detail);
             false
         }
     }
 }
 
-/// Our own entry `seq` came back: the connection delivers.
+/// Our own entry `seq` came back: the reader makes progress. It is up once it has read back
+/// the entry it was expected to (or any, when none is expected). A `seq` above every one
+/// the publisher sent is not ours (a forged entry): it must not stand for ours.
 fn saw_own(shared: &Shared, seq: u64) {
+    if seq > shared.own_sent.load(Ordering::Acquire) {
+        return;
+    }
     shared.own_seen.fetch_max(seq, Ordering::AcqRel);
-    let mut unseen = lock(&shared.unseen_own);
-    if unseen.is_some_and(|(expected, _)| expected <= seq) {
-        *unseen = None;
-    }
-}
-
-/// Completes (with its seq) once one of our entries has been acknowledged by Redis for longer
-/// than [`PROBE_TIMEOUT`] without coming back to this reader; it is then forgotten, so the
-/// next connection gets its own chance.
-async fn probe_overdue(shared: &Shared) -> u64 {
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let caught_up = {
         let mut unseen = lock(&shared.unseen_own);
-        if let Some((seq, since)) = *unseen {
-            if since.elapsed() > PROBE_TIMEOUT {
-                *unseen = None;
-                return seq;
-            }
+        if unseen.is_some_and(|(expected, _)| expected <= seq) {
+            *unseen = None;
         }
-    }
-}
-
-/// The last sequence number seen from each other server, to keep the first copy of an entry
-/// added twice.
-#[derive(Default)]
-struct Origins {
-    last: HashMap<Vec<u8>, u64>,
-    order: VecDeque<Vec<u8>>,
-}
-
-impl Origins {
-    fn first_time(&mut self, fingerprint: &[u8], seq: u64) -> bool {
-        if let Some(last) = self.last.get_mut(fingerprint) {
-            if seq <= *last {
-                return false;
-            }
-            *last = seq;
-            return true;
-        }
-        if self.order.len() >= MAX_ORIGINS {
-            if let Some(oldest) = self.order.pop_front() {
-                self.last.remove(&oldest);
-            }
-        }
-        self.order.push_back(fingerprint.to_vec());
-        self.last.insert(fingerprint.to_vec(), seq);
-        true
-    }
-}
-
-/// One stream entry: its id and its field/value pairs.
-struct StreamEntry {
-    id: String,
-    fields: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
-/// The fields this service writes, borrowed from an entry.
-#[derive(Default)]
-struct Fields<'a> {
-    fingerprint: Option<&'a [u8]>,
-    seq: Option<u64>,
-    instance: Option<&'a [u8]>,
-    message: Option<&'a [u8]>,
-    probe: bool,
-}
-
-impl<'a> Fields<'a> {
-    fn of(pairs: &'a [(Vec<u8>, Vec<u8>)]) -> Self {
-        let mut fields = Fields::default();
-        for (name, value) in pairs {
-            match std::str::from_utf8(name) {
-                Ok(FIELD_FINGERPRINT) => fields.fingerprint = Some(value),
-                Ok(FIELD_SEQ) => {
-                    fields.seq = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok())
-                }
-                Ok(FIELD_INSTANCE) => fields.instance = Some(value),
-                Ok(FIELD_MESSAGE) => fields.message = Some(value),
-                Ok(FIELD_PROBE) => fields.probe = true,
-                _ => {}
-            }
-        }
-        fields
-    }
-}
-
-/// The entries of an `XREAD` reply: nil, or `[[stream, [entry, …]]]` (RESP2) or a map of
-/// stream to entries (RESP3).
-fn read_reply(value: Value) -> Vec<StreamEntry> {
-    match value {
-        Value::Array(streams) => streams
-            .into_iter()
-            .flat_map(|stream| match stream {
-                Value::Array(mut pair) if pair.len() == 2 => entries_of(pair.remove(1)),
-                _ => Vec::new(),
-            })
-            .collect(),
-        Value::Map(streams) => streams
-            .into_iter()
-            .flat_map(|(_, entries)| entries_of(entries))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// The entries of an `XRANGE`/`XREVRANGE` reply: `[[id, [field, value, …]], …]`.
-fn entries_of(value: Value) -> Vec<StreamEntry> {
-    let Value::Array(items) = value else {
-        return Vec::new();
+        unseen.is_none()
     };
-    items
-        .into_iter()
-        .filter_map(|item| {
-            let Value::Array(mut parts) = item else {
-                return None;
-            };
-            if parts.len() != 2 {
-                return None;
-            }
-            let fields = parts.pop()?;
-            let id = bytes_of(parts.pop()?)?;
-            let Value::Array(flat) = fields else {
-                return None;
-            };
-            let mut values = flat.into_iter().filter_map(bytes_of);
-            let mut fields = Vec::new();
-            while let (Some(name), Some(value)) = (values.next(), values.next()) {
-                fields.push((name, value));
-            }
-            Some(StreamEntry {
-                id: String::from_utf8(id).ok()?,
-                fields,
-            })
-        })
-        .collect()
-}
-
-fn bytes_of(value: Value) -> Option<Vec<u8>> {
-    match value {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(text) => Some(text.into_bytes()),
-        _ => None,
+    if caught_up {
+        shared.mark_up(&shared.reader_up, "reader");
     }
-}
-
-/// The millisecond part of a stream id (`<ms>-<seq>`).
-fn id_millis(id: &str) -> u64 {
-    id.split('-')
-        .next()
-        .and_then(|ms| ms.parse().ok())
-        .unwrap_or(0)
 }
 
 fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn xread_replies_parse_into_entries() {
-        let entry = |id: &str, fields: &[&str]| {
-            Value::Array(vec![
-                bulk(id),
-                Value::Array(fields.iter().map(|f| bulk(f)).collect()),
-            ])
-        };
-        let reply = Value::Array(vec![Value::Array(vec![
-            bulk("s"),
-            Value::Array(vec![
-                entry("1-0", &["fingerprint", "a", "seq", "7", "probe", "1"]),
-                entry("2-5", &["instance", "x", "message", "{}"]),
-            ]),
-        ])]);
-        let entries = read_reply(reply);
-        assert_eq!(entries.len(), 2);
-        let first = Fields::of(&entries[0].fields);
-        assert_eq!(
-            (first.fingerprint, first.seq, first.probe),
-            (Some(&b"a"[..]), Some(7), true)
-        );
-        let second = Fields::of(&entries[1].fields);
-        assert_eq!(entries[1].id, "2-5");
-        assert_eq!(
-            (second.instance, second.message, second.probe),
-            (Some(&b"x"[..]), Some(&b"{}"[..]), false)
-        );
-        assert!(read_reply(Value::Nil).is_empty());
-        assert_eq!(id_millis("1733300000123-4"), 1_733_300_000_123);
-    }
-
-    #[test]
-    fn an_entry_added_twice_is_taken_once() {
-        let mut origins = Origins::default();
-        assert!(origins.first_time(b"a", 1));
-        assert!(origins.first_time(b"b", 1));
-        assert!(!origins.first_time(b"a", 1));
-        assert!(origins.first_time(b"a", 2));
-        assert!(!origins.first_time(b"a", 2));
-    }
 }

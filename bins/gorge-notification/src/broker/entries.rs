@@ -1,0 +1,339 @@
+//! Stream entries as the reader sees them, and the reads that bound what one reply may hold.
+//!
+//! `XREAD` and `XRANGE` bound a reply by a number of entries only (`COUNT`), never by bytes,
+//! so a reply can be `COUNT` times the largest entry, and one entry can be as large as
+//! Redis allows (512 MB): a 100 MB `XADD` made every reader pull 100 MB per read, and a read
+//! that could not finish in time was retried from the same id for ever. So every read but
+//! the blocking one goes through [`READ_SCRIPT`], which Redis runs: it walks the entries
+//! after (or, at start, before) an id and returns each one whose fields exceed the entry
+//! limit as its id and size only, and stops once the reply holds [`READ_BYTES`] (always at
+//! least one entry). An oversized entry is then skipped by its id without its bytes ever
+//! leaving Redis.
+//!
+//! Redis has no blocking read that returns ids only: the one entry that ends a blocking
+//! `XREAD` (`COUNT 1`) comes whole. A reader is idle, blocked there, most of the time, so
+//! an oversized entry added then is read once by each reader and then skipped by its size;
+//! if it cannot even arrive within the call's timeout, the next connection's first read is
+//! the script, which skips it unread.
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use super::{
+    within, CALL_TIMEOUT, FIELD_FINGERPRINT, FIELD_INSTANCE, FIELD_MESSAGE, FIELD_PROBE, FIELD_SEQ,
+};
+
+/// Entries one read returns at most.
+const READ_COUNT: usize = 256;
+
+/// Bytes of entries one read returns at most (but always at least one entry): a backlog is
+/// read in replies of this size, not in one reply of [`READ_COUNT`] times the largest entry.
+const READ_BYTES: usize = 1 << 20;
+
+/// The size-aware read, run by Redis (`EVAL`; the broker's ACL needs `+eval`, and `+xrange`
+/// and `+xrevrange` for the calls it makes). `KEYS[1]` the stream; `ARGV`: direction
+/// (`fwd` or `rev`), the first bound (`-`/`+` or an exclusive `(id`), most entries, the
+/// entry limit in bytes, most bytes. Returns `[[id, [field, value, …]] | [id, size], …]`,
+/// in pages of 16 so Redis never copies more than a few entries at a time.
+const READ_SCRIPT: &str = r"
+local key, rev, from = KEYS[1], ARGV[1] == 'rev', ARGV[2]
+local count, limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local out, used = {}, 0
+while #out < count do
+  local page
+  if rev then
+    page = redis.call('XREVRANGE', key, from, '-', 'COUNT', 16)
+  else
+    page = redis.call('XRANGE', key, from, '+', 'COUNT', 16)
+  end
+  if #page == 0 then return out end
+  for _, entry in ipairs(page) do
+    local size = 0
+    for _, part in ipairs(entry[2]) do size = size + #part end
+    if size > limit then
+      out[#out + 1] = {entry[1], size}
+    else
+      if used + size > budget and #out > 0 then return out end
+      used = used + size
+      out[#out + 1] = entry
+    end
+    if #out >= count then return out end
+  end
+  from = '(' .. page[#page][1]
+end
+return out
+";
+
+/// Which way [`read_page`] walks the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direction {
+    /// Oldest first, after an id (live reading).
+    Forward,
+    /// Newest first, before an id (loading history at start).
+    Reverse,
+}
+
+/// One read's entries through [`READ_SCRIPT`]: after `from` (an id, or `None` for the
+/// stream's start) going forward, before it (`None`: the newest) going back; each entry
+/// larger than `limit` bytes as [`Item::Oversized`].
+pub(super) async fn read_page(
+    conn: &mut MultiplexedConnection,
+    stream_key: &str,
+    direction: Direction,
+    from: Option<&str>,
+    limit: usize,
+) -> redis::RedisResult<Vec<Item>> {
+    let from = match (direction, from) {
+        (Direction::Forward, None) => "-".to_string(),
+        (Direction::Reverse, None) => "+".to_string(),
+        (_, Some(id)) => format!("({id}"),
+    };
+    let way = match direction {
+        Direction::Forward => "fwd",
+        Direction::Reverse => "rev",
+    };
+    let value = within(
+        CALL_TIMEOUT,
+        redis::cmd("EVAL")
+            .arg(READ_SCRIPT)
+            .arg(1)
+            .arg(stream_key)
+            .arg(way)
+            .arg(from)
+            .arg(READ_COUNT)
+            .arg(limit)
+            .arg(READ_BYTES)
+            .query_async::<Value>(conn),
+    )
+    .await?;
+    Ok(items_of(value, limit))
+}
+
+/// One stream entry: its id and its field/value pairs.
+#[derive(Debug)]
+pub(super) struct StreamEntry {
+    pub id: String,
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl StreamEntry {
+    /// Its fields' names and values together, in bytes (what [`READ_SCRIPT`] measures).
+    fn bytes(&self) -> usize {
+        self.fields.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+}
+
+/// What a read returns for one entry.
+#[derive(Debug)]
+pub(super) enum Item {
+    Entry(StreamEntry),
+    /// Larger than any message of this service can be: its id and size, never its fields.
+    Oversized {
+        id: String,
+        bytes: u64,
+    },
+}
+
+impl Item {
+    pub fn id(&self) -> &str {
+        match self {
+            Item::Entry(entry) => &entry.id,
+            Item::Oversized { id, .. } => id,
+        }
+    }
+
+    /// `entry`, or its id and size if it is larger than `limit`.
+    fn sized(entry: StreamEntry, limit: usize) -> Item {
+        let bytes = entry.bytes();
+        if bytes > limit {
+            Item::Oversized {
+                id: entry.id,
+                bytes: bytes as u64,
+            }
+        } else {
+            Item::Entry(entry)
+        }
+    }
+}
+
+/// The fields this service writes, borrowed from an entry.
+#[derive(Default)]
+pub(super) struct Fields<'a> {
+    pub fingerprint: Option<&'a [u8]>,
+    pub seq: Option<u64>,
+    pub instance: Option<&'a [u8]>,
+    pub message: Option<&'a [u8]>,
+    pub probe: bool,
+}
+
+impl<'a> Fields<'a> {
+    pub fn of(pairs: &'a [(Vec<u8>, Vec<u8>)]) -> Self {
+        let mut fields = Fields::default();
+        for (name, value) in pairs {
+            match std::str::from_utf8(name) {
+                Ok(FIELD_FINGERPRINT) => fields.fingerprint = Some(value),
+                Ok(FIELD_SEQ) => {
+                    fields.seq = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok())
+                }
+                Ok(FIELD_INSTANCE) => fields.instance = Some(value),
+                Ok(FIELD_MESSAGE) => fields.message = Some(value),
+                Ok(FIELD_PROBE) => fields.probe = true,
+                _ => {}
+            }
+        }
+        fields
+    }
+}
+
+/// The entries of an `XREAD` reply, per stream key: nil, or `[[stream, [entry, …]], …]`
+/// (RESP2) or a map of stream to entries (RESP3); each larger than `limit` as
+/// [`Item::Oversized`] (it was read whole, but goes no further).
+pub(super) fn read_reply(value: Value, limit: usize) -> Vec<(Vec<u8>, Vec<Item>)> {
+    let streams: Vec<(Value, Value)> = match value {
+        Value::Array(streams) => streams
+            .into_iter()
+            .filter_map(|stream| match stream {
+                Value::Array(mut pair) if pair.len() == 2 => {
+                    let entries = pair.pop()?;
+                    Some((pair.pop()?, entries))
+                }
+                _ => None,
+            })
+            .collect(),
+        Value::Map(streams) => streams,
+        _ => Vec::new(),
+    };
+    streams
+        .into_iter()
+        .filter_map(|(key, entries)| Some((bytes_of(key)?, items_of(entries, limit))))
+        .collect()
+}
+
+/// The items of an `XRANGE`-shaped reply, `[[id, [field, value, …]], …]`, where
+/// [`READ_SCRIPT`] puts `[id, size]` for an oversized entry.
+fn items_of(value: Value, limit: usize) -> Vec<Item> {
+    let Value::Array(items) = value else {
+        return Vec::new();
+    };
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let Value::Array(mut parts) = item else {
+                return None;
+            };
+            if parts.len() != 2 {
+                return None;
+            }
+            let fields = parts.pop()?;
+            let id = String::from_utf8(bytes_of(parts.pop()?)?).ok()?;
+            match fields {
+                Value::Int(bytes) => Some(Item::Oversized {
+                    id,
+                    bytes: bytes.max(0) as u64,
+                }),
+                Value::Array(flat) => {
+                    let mut values = flat.into_iter().filter_map(bytes_of);
+                    let mut fields = Vec::new();
+                    while let (Some(name), Some(value)) = (values.next(), values.next()) {
+                        fields.push((name, value));
+                    }
+                    Some(Item::sized(StreamEntry { id, fields }, limit))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn bytes_of(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.into_bytes()),
+        _ => None,
+    }
+}
+
+/// The millisecond part of a stream id (`<ms>-<seq>`).
+pub(super) fn id_millis(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn entry(id: &str, fields: &[&str]) -> Value {
+        Value::Array(vec![
+            bulk(id),
+            Value::Array(fields.iter().map(|f| bulk(f)).collect()),
+        ])
+    }
+
+    #[test]
+    fn xread_replies_parse_into_entries_per_stream() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                bulk("s"),
+                Value::Array(vec![
+                    entry("1-0", &["fingerprint", "a", "seq", "7", "probe", "1"]),
+                    entry("2-5", &["instance", "x", "message", "{}"]),
+                    // Read whole by a blocking read, but over the limit: only its id goes on.
+                    entry("3-0", &["message", &"x".repeat(100)]),
+                ]),
+            ]),
+            Value::Array(vec![
+                bulk("p"),
+                Value::Array(vec![entry("4-0", &["seq", "8"])]),
+            ]),
+        ]);
+        let streams = read_reply(reply, 64);
+        assert_eq!(streams.len(), 2);
+        let (key, items) = &streams[0];
+        assert_eq!((key.as_slice(), items.len()), (&b"s"[..], 3));
+        let Item::Entry(first) = &items[0] else {
+            panic!("{items:?}")
+        };
+        let first = Fields::of(&first.fields);
+        assert_eq!(
+            (first.fingerprint, first.seq, first.probe),
+            (Some(&b"a"[..]), Some(7), true)
+        );
+        let Item::Entry(second) = &items[1] else {
+            panic!("{items:?}")
+        };
+        assert_eq!(second.id, "2-5");
+        let second = Fields::of(&second.fields);
+        assert_eq!(
+            (second.instance, second.message, second.probe),
+            (Some(&b"x"[..]), Some(&b"{}"[..]), false)
+        );
+        assert!(
+            matches!(&items[2], Item::Oversized { id, bytes: 107 } if id == "3-0"),
+            "{items:?}"
+        );
+        assert_eq!(streams[1].0, b"p");
+        assert!(read_reply(Value::Nil, 64).is_empty());
+        assert_eq!(id_millis("1733300000123-4"), 1_733_300_000_123);
+    }
+
+    #[test]
+    fn the_script_marks_an_oversized_entry_by_id_and_size() {
+        let reply = Value::Array(vec![
+            entry("1-0", &["message", "{}"]),
+            Value::Array(vec![bulk("2-0"), Value::Int(104_857_600)]),
+        ]);
+        let items = items_of(reply, 1024);
+        assert!(matches!(&items[0], Item::Entry(e) if e.id == "1-0"));
+        assert!(
+            matches!(&items[1], Item::Oversized { id, bytes: 104_857_600 } if id == "2-0"),
+            "{items:?}"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! Broker mode against what anything that can write to the Redis stream may put there, and
+//! against a reader that cannot make progress (issue 30, items 2, 3 and 5): an entry larger
+//! than any message, a sequence number far ahead, garbage entries, probes that would crowd
+//! the history out, a reader wedged on every connection. Real processes on a
+//! `redis-server` of each test; entries are written with the test's own connection.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::broker::*;
+use common::redis::Redis;
+use common::{Server, PATIENCE};
+use gorge_testkit::eventually;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const STREAM: &str = "gorge:notification:stream";
+
+/// 100 MB: the entry of issue 30 that silenced a cluster.
+const HUGE: usize = 100_000_000;
+
+/// Adds an entry of `fields` to the stream; returns its id.
+fn xadd(redis: &Redis, fields: &[(&str, &[u8])]) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(STREAM).arg("*");
+    for (name, value) in fields {
+        cmd.arg(*name).arg(*value);
+    }
+    cmd.query(&mut redis.connection()).expect("XADD")
+}
+
+/// A message of 100 MB for the test's PHID, as a forged entry of the stream.
+fn add_huge_message(redis: &Redis) -> String {
+    let message = format!(
+        r#"{{"key":"huge","type":"notification","subscribers":["{PHID}"],"pad":"{}"}}"#,
+        "x".repeat(HUGE)
+    );
+    xadd(
+        redis,
+        &[
+            ("fingerprint", b"intruder"),
+            ("seq", b"1"),
+            ("instance", INSTANCE.as_bytes()),
+            ("message", message.as_bytes()),
+        ],
+    )
+}
+
+/// The entries of a key (`XLEN`).
+fn xlen(redis: &Redis, key: &str) -> u64 {
+    redis::cmd("XLEN")
+        .arg(key)
+        .query(&mut redis.connection())
+        .expect("XLEN")
+}
+
+/// The log lines of `server` for `event` whose `key` is `value`.
+fn events_where(server: &Server, event: &str, key: &str, value: &str) -> usize {
+    server
+        .log_events(event)
+        .iter()
+        .filter(|line| line[key] == value)
+        .count()
+}
+
+const SKIPPED_OVERSIZED: &str = "gorge_notification_broker_skipped_total{reason=\"oversized\"}";
+
+/// Issue 30, item 2: a reader waiting for entries when a 100 MB one is added reads it once
+/// (the blocking read returns its one entry whole), skips it by its size, counts and logs it
+/// once, and the next message arrives. Before, it was taken in (or re-read for ever when it
+/// could not arrive within the read's timeout): the browser got a 100 MB frame, if any.
+#[tokio::test]
+async fn an_oversized_entry_is_skipped_counted_logged_once_and_later_messages_flow() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    let huge = add_huge_message(&redis);
+    post(&a, "after").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["after"]);
+    assert_eq!(metric(&b, SKIPPED_OVERSIZED).await, 1.0);
+    let logged = b.log_events("NOTIFY_BROKER_BAD_ENTRY");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["id"], huge.as_str());
+    assert_eq!(logged[0]["reason"], "oversized");
+    assert_eq!(logged[0]["count"], 1);
+    eventually(PATIENCE, "broker_up is 1", || async {
+        metric(&b, "gorge_notification_broker_up").await == 1.0
+    })
+    .await;
+}
+
+/// A TCP proxy in front of Redis counting the bytes Redis sends through it.
+async fn counting_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
+    let received = Arc::new(AtomicU64::new(0));
+    let counted = received.clone();
+    let port = tcp_proxy(upstream, move |client, server| {
+        let counted = counted.clone();
+        async move {
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let up = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+                counted.fetch_add(n as u64, Ordering::SeqCst);
+                if client_write.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            up.abort();
+        }
+    })
+    .await;
+    (port, received)
+}
+
+/// A server that starts with a 100 MB entry in the stream's last minute loads the messages
+/// on both sides of it and skips it by its id, without its bytes ever leaving Redis (the
+/// size-aware read). Before, loading history read it whole; being over the history's bytes
+/// it ended the load, and the older message was not replayed.
+#[tokio::test]
+async fn a_starting_server_loads_the_history_around_an_oversized_entry_without_reading_it() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    post(&a, "first").await;
+    add_huge_message(&redis);
+    post(&a, "second").await;
+    eventually(PATIENCE, "both messages are in the stream", || async {
+        metric(&a, "gorge_notification_broker_own_skipped_total").await == 2.0
+    })
+    .await;
+    let (port, received) = counting_proxy(redis.port).await;
+    let c = node(&proxy_url(port)).await;
+    assert_eq!(replayed(&c).await, ["first", "second"]);
+    assert_eq!(metric(&c, SKIPPED_OVERSIZED).await, 1.0);
+    let bytes = received.load(Ordering::SeqCst);
+    assert!(
+        bytes < (HUGE / 100) as u64,
+        "{bytes} bytes came from Redis while loading a stream holding a {HUGE}-byte entry"
+    );
+}
+
+/// Issue 30, item 2: a reader that makes no progress — here every connection it opens goes
+/// silent once it waits for entries — reports the broker down and keeps it down, however
+/// often it reconnects, until it reads its own entries again. Before, each new connection
+/// reported it up at once (`NOTIFY_BROKER_UP` per reconnect) while nothing was relayed.
+#[tokio::test]
+async fn a_reader_that_makes_no_progress_reports_the_broker_down_until_it_does() {
+    let redis = Redis::start();
+    let proxy = WedgingProxy::start(redis.port).await;
+    let a = node(&proxy.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_a = subscribed(&a).await;
+    post(&b, "before").await;
+    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+    eventually(PATIENCE, "broker_up is 1", || async {
+        metric(&a, "gorge_notification_broker_up").await == 1.0
+    })
+    .await;
+
+    proxy.wedge_all_readers();
+    post(&b, "during").await;
+    eventually(PATIENCE, "broker_up turned 0", || async {
+        metric(&a, "gorge_notification_broker_up").await == 0.0
+    })
+    .await;
+    let ups = events_where(&a, "NOTIFY_BROKER_UP", "connection", "reader");
+    let reconnects = metric(&a, "gorge_notification_broker_reconnects_total").await;
+    // Two more connections, each given up for making no progress.
+    eventually(PATIENCE, "the reader reconnected twice", || async {
+        metric(&a, "gorge_notification_broker_reconnects_total").await >= reconnects + 2.0
+    })
+    .await;
+    assert_eq!(metric(&a, "gorge_notification_broker_up").await, 0.0);
+    assert_eq!(
+        events_where(&a, "NOTIFY_BROKER_UP", "connection", "reader"),
+        ups
+    );
+
+    proxy.release();
+    assert_eq!(keys(&mut on_a, 1).await, ["during"], "late, not lost");
+    eventually(PATIENCE, "broker_up back to 1", || async {
+        metric(&a, "gorge_notification_broker_up").await == 1.0
+    })
+    .await;
+}
+
+/// Issue 30, item 3: one entry carrying another server's fingerprint and the highest
+/// sequence number delays none of that server's messages. Before, every other server took
+/// it as the bar for A's later entries and dropped them all until A restarted.
+#[tokio::test]
+async fn a_sequence_number_far_ahead_delays_no_message() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    post(&a, "before").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["before"]);
+    let max = u64::MAX.to_string();
+    xadd(
+        &redis,
+        &[
+            ("fingerprint", a.fingerprint.as_bytes()),
+            ("seq", max.as_bytes()),
+            ("probe", b"1"),
+        ],
+    );
+    post(&a, "after").await;
+    post(&a, "later").await;
+    assert_eq!(keys(&mut on_b, 2).await, ["after", "later"]);
+    // A's own reader does not take the forged entry for its own.
+    assert_eq!(metric(&a, "gorge_notification_broker_up").await, 1.0);
+}
+
+/// Issue 30, item 5: idle servers' probes go to each server's own probe key, so they never
+/// take the places of the history in the stream (past about 68 idle servers, the 4 096
+/// entries held less than 60 s before); messages still go to the stream.
+#[tokio::test]
+async fn idle_servers_add_nothing_to_the_stream() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    for server in [&a, &b] {
+        let probe_key = format!("gorge:notification:probe:{}", server.fingerprint);
+        // Three probes each: the first at start, then one per idle second.
+        eventually(PATIENCE, "three probes were added", || async {
+            let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+                .arg(&probe_key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query(&mut redis.connection())
+                .unwrap();
+            last.first()
+                .and_then(|(_, fields)| fields.iter().find(|(name, _)| name == "seq"))
+                .is_some_and(|(_, seq)| seq.parse::<u64>().unwrap() >= 3)
+        })
+        .await;
+        // One entry, expiring.
+        assert_eq!(xlen(&redis, &probe_key), 1);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&probe_key)
+            .query(&mut redis.connection())
+            .unwrap();
+        assert!(ttl > 0, "{ttl}");
+    }
+    assert_eq!(xlen(&redis, STREAM), 0);
+    let mut on_b = subscribed(&b).await;
+    post(&a, "message").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["message"]);
+    assert_eq!(xlen(&redis, STREAM), 1);
+}
+
+/// Issue 30, item 5: garbage entries are counted each and logged once per interval with a
+/// count, not once per entry (200 000 of them made 39.7 MB of log).
+#[tokio::test]
+async fn garbage_entries_are_counted_and_logged_once_per_interval() {
+    let redis = Redis::start();
+    let a = node(&redis.url()).await;
+    let b = node(&redis.url()).await;
+    let mut on_b = subscribed(&b).await;
+    let mut pipe = redis::pipe();
+    for i in 0..1000 {
+        pipe.cmd("XADD")
+            .arg(STREAM)
+            .arg("*")
+            .arg("junk")
+            .arg(i)
+            .ignore();
+    }
+    pipe.query::<()>(&mut redis.connection()).unwrap();
+    post(&a, "marker").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["marker"]);
+    assert_eq!(
+        metric(
+            &b,
+            "gorge_notification_broker_skipped_total{reason=\"no_message\"}"
+        )
+        .await,
+        1000.0
+    );
+    let logged = b.log_events("NOTIFY_BROKER_BAD_ENTRY");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["reason"], "no_message");
+    assert_eq!(logged[0]["count"], 1);
+}
