@@ -14,9 +14,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use gorge_service::config::{env_value, CheckLine};
+use gorge_service::logging::LogVars;
 use gorge_service::settings::{
-    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, LogVars,
-    Millis, Port, Seconds, SecondsOrZero, SecretText, Text,
+    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, Millis,
+    Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 use gorge_service::{ConfigError, Secret};
 

@@ -17,7 +17,6 @@ use crate::config::{
     env_value, is_service_link, refuse_service_link, unknown_key_reason, CheckLine, ConfigError,
     Secret, Source,
 };
-use crate::logging::{level_name, parse_format, parse_level_spec, LevelSpec, LogFormat};
 
 /// What a setting's text must be, in plain words, and how it parses and prints. The kind of a
 /// setting decides all of it, so two settings of one kind can never disagree.
@@ -203,41 +202,6 @@ impl<K: Kind> Kind for Optional<K> {
     }
     fn to_file(value: &Self::Value) -> Value {
         value.as_ref().map_or(Value::Null, K::to_file)
-    }
-}
-
-/// `GORGE_LOG_LEVEL`: a level, optionally followed by per-component levels.
-#[derive(Debug)]
-pub struct LogLevel;
-
-impl Kind for LogLevel {
-    type Value = LevelSpec;
-    const VALID: &'static str = crate::logging::LEVEL_VALID;
-    fn parse(text: &str) -> Option<LevelSpec> {
-        parse_level_spec(Some(text)).ok()
-    }
-    fn show(value: &LevelSpec) -> String {
-        let mut text = level_name(value.default).to_string();
-        for (component, level) in &value.components {
-            text.push_str(&format!(",{component}={}", level_name(*level)));
-        }
-        text
-    }
-}
-
-/// `GORGE_LOG_FORMAT`: `json` or `text`.
-#[derive(Debug)]
-pub struct LogFormatKind;
-
-impl Kind for LogFormatKind {
-    type Value = LogFormat;
-    const VALID: &'static str = "json or text";
-    const SHAPE: Shape = Shape::OneOf(&["json", "text"]);
-    fn parse(text: &str) -> Option<LogFormat> {
-        parse_format(Some(text)).ok()
-    }
-    fn show(value: &LogFormat) -> String {
-        format!("{value:?}").to_lowercase()
     }
 }
 
@@ -711,7 +675,7 @@ pub fn toml_file<S: Declared>(header: &str, values: &S) -> String {
 }
 
 /// The rows of `S` in a docs table (`| Variable | Default | Meaning |`), one per setting.
-fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
+pub fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
     let defaults = S::default().shown();
     S::SETTINGS
         .iter()
@@ -732,70 +696,6 @@ fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The settings catalog the Helm chart validates `env` values with at template time
-/// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
-/// service's tests): every variable of `S` and the logging variables, with what is valid in
-/// words and, where it can be checked without the binary, as a range or a list of words.
-pub fn chart_catalog<S: Declared>() -> String {
-    let mut catalog = serde_json::Map::new();
-    let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
-    let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
-    for (info, prefix) in settings.chain(logging) {
-        let mut entry = serde_json::Map::new();
-        entry.insert("valid".into(), Value::from(info.valid));
-        match info.shape {
-            Shape::Free => {}
-            Shape::Range(min, max) => {
-                entry.insert("min".into(), Value::from(min));
-                entry.insert("max".into(), Value::from(max));
-            }
-            Shape::OneOf(words) => {
-                entry.insert("oneOf".into(), Value::from(words.to_vec()));
-            }
-        }
-        catalog.insert(info.env_var(prefix), Value::Object(entry));
-    }
-    let catalog = serde_json::json!({ "prefix": S::PREFIX, "settings": catalog });
-    serde_json::to_string_pretty(&catalog).expect("a catalog serializes") + "\n"
-}
-
-/// A service's settings table in docs/: `S`, then the logging variables every service reads.
-pub fn docs_table<S: Declared>() -> String {
-    let mut rows = docs_rows::<S>();
-    rows.extend(docs_rows::<LogVars>());
-    crate::docs::table(&["Variable", "Default", "Meaning"], &rows)
-}
-
-settings! {
-    /// `GORGE_LOG_LEVEL` and `GORGE_LOG_FORMAT`, which both services read from the environment.
-    pub struct LogVars, prefix "GORGE_LOG_" {
-        #[env_only]
-        #[env(crate::logging::LEVEL_VAR)]
-        level: LogLevel = LevelSpec::new(slog::Level::Info),
-            "`trace`, `debug`, `info`, `warn`, `error`, `critical`, optionally followed by \
-             per-component levels, `info,<component>=debug` (components: the Component column of \
-             the Log events table; another name is refused)";
-        #[env_only]
-        #[env(crate::logging::FORMAT_VAR)]
-        #[doc_default("`text` on a terminal, else `json`")]
-        format: Optional<LogFormatKind> = None, "`json` or `text`";
-    }
-}
-
-impl Layered<LogVars> {
-    /// The `--check-config` lines of the logging variables; an unset format says what it is
-    /// here (text on a terminal, else JSON).
-    pub fn log_check_lines(&self) -> Vec<CheckLine> {
-        self.check_lines(|key| match (key, self.values.format) {
-            ("format", None) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
-                Some("text (stdout is a terminal)".to_string())
-            }
-            ("format", None) => Some("json (stdout is not a terminal)".to_string()),
-            _ => None,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,36 +710,6 @@ mod tests {
             #[env_only]
             file: Optional<Text> = None, "a file";
         }
-    }
-
-    #[test]
-    fn the_chart_catalog_has_every_variable_with_what_is_valid() {
-        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
-        assert_eq!(catalog["prefix"], "DEMO_");
-        let settings = &catalog["settings"];
-        assert_eq!(
-            settings["DEMO_PORT"],
-            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
-        );
-        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
-        assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
-        assert_eq!(
-            settings["GORGE_LOG_FORMAT"],
-            serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
-        );
-        let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
-        assert_eq!(
-            names,
-            [
-                "DEMO_PORT",
-                "DEMO_NAME",
-                "DEMO_PASS",
-                "SHARED_ADDR",
-                "DEMO_FILE",
-                "GORGE_LOG_LEVEL",
-                "GORGE_LOG_FORMAT"
-            ]
-        );
     }
 
     fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
@@ -1022,22 +892,5 @@ mod tests {
         bounds_match_the_text::<SecondsOrZero>();
         bounds_match_the_text::<Millis>();
         assert_eq!(SecondsOrZero::parse("18446744073709551616"), None);
-    }
-
-    #[test]
-    fn log_variables_parse_and_print() {
-        let l = Layered::<LogVars>::default();
-        assert_eq!(l.values.level, LevelSpec::new(slog::Level::Info));
-        let mut l = Layered::<LogVars>::default();
-        l.apply_env(&env(&[("GORGE_LOG_LEVEL", "warn,peers=debug")]), &[])
-            .unwrap();
-        assert_eq!(LogLevel::show(&l.values.level), "warn,peers=debug");
-        let err = Layered::<LogVars>::default()
-            .apply_env(&env(&[("GORGE_LOG_FORMAT", "xml")]), &[])
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid configuration: GORGE_LOG_FORMAT=\"xml\": expected json or text"
-        );
     }
 }

@@ -25,7 +25,8 @@ use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
 use gorge_service::config::{env_value, CheckLine, Secret, Source};
-use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
+use gorge_service::logging::LogVars;
+use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
 use gorge_service::ConfigError;
 use serde_json::Value;
 
