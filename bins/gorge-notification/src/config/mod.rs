@@ -9,9 +9,11 @@
 //! - [`settings`]: the flat settings, each named once;
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
+//! - [`broker`]: broker mode's Redis URL, password and CA;
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
 mod aphlict_file;
+mod broker;
 mod peer_url;
 pub mod settings;
 
@@ -24,17 +26,19 @@ use std::time::Duration;
 use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
-use gorge_service::config::{env_value, CheckLine, Secret, Source};
+use gorge_service::config::{env_value, CheckLine, Source};
 use gorge_service::logging::LogVars;
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
 use gorge_service::ConfigError;
 use serde_json::Value;
 
+pub use broker::BrokerConfig;
 #[allow(unused_imports)] // PeerProtocol: for the peer relay's tests
 pub use peer_url::{PeerProtocol, PeerUrl};
 pub use settings::Settings;
 
 use aphlict_file::{parse_file, parse_listen, read_file, FileLayer};
+use broker::broker_config;
 use peer_url::{parse_peer_url, parse_port_text, split_host_port};
 
 /// Default client (WebSocket) port, as Aphlict.
@@ -101,20 +105,55 @@ pub struct PeerConfig {
     pub keep_for: Duration,
 }
 
-/// Broker mode (spec §8b): the Redis that carries messages between nodes and keeps history.
+impl PeerConfig {
+    /// The relay of `static_peers` and `dns`, with the relay settings of `settings`.
+    pub fn new(
+        static_peers: Vec<PeerUrl>,
+        dns: Option<(String, u16)>,
+        settings: &Settings,
+    ) -> PeerConfig {
+        PeerConfig {
+            static_peers,
+            dns,
+            dns_refresh: Duration::from_secs(settings.peer_dns_refresh_seconds),
+            queue_capacity: usize_of(settings.peer_queue_capacity),
+            timeout: Duration::from_millis(settings.peer_timeout_ms),
+            keep_for: Duration::from_millis(settings.history_age_ms),
+        }
+    }
+}
+
+impl Default for PeerConfig {
+    /// No peers yet, and the declared defaults of the relay settings.
+    fn default() -> PeerConfig {
+        PeerConfig::new(Vec::new(), None, &Settings::default())
+    }
+}
+
+/// How this server reaches the other servers of its cluster, chosen once from the settings
+/// (peers and a broker exclude each other: both would deliver every message). The service
+/// starts the matching [`crate::cluster::Cluster`]; nothing else tells the modes apart.
 #[derive(Debug, Clone)]
-pub struct BrokerConfig {
-    /// The URL as given (it may hold a password: printed masked).
-    pub url: Secret,
-    /// From `BROKER_PASSWORD_FILE`; wins over a password in the URL.
-    pub password: Option<Secret>,
-    /// From `BROKER_CA_FILE`: the PEM of the CA(s) a `rediss://` broker's certificate must
-    /// chain to, instead of the system's roots.
-    pub ca_pem: Option<Vec<u8>>,
-    /// Keys are `<prefix>:stream` and `<prefix>:epoch`.
-    pub prefix: String,
-    /// Messages waiting to be published, at most.
-    pub queue_capacity: usize,
+pub enum ClusterConfig {
+    /// No peers and no broker: messages reach the browsers of this server only, and history
+    /// is warm from the start.
+    Alone,
+    /// Messages are relayed to peers (the file's `cluster[]`, `PEERS`, `PEER_DNS`), and a
+    /// starting server fills its history from one of them.
+    Mesh(PeerConfig),
+    /// Messages go through a Redis stream (`BROKER_URL`), which is also the history a
+    /// starting server loads.
+    Broker(BrokerConfig),
+}
+
+impl ClusterConfig {
+    /// The peers listed in the configuration (none unless in a mesh).
+    pub fn static_peers(&self) -> &[PeerUrl] {
+        match self {
+            ClusterConfig::Mesh(peers) => &peers.static_peers,
+            ClusterConfig::Alone | ClusterConfig::Broker(_) => &[],
+        }
+    }
 }
 
 /// A file key that was accepted but ignored; logged once at startup.
@@ -140,9 +179,7 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Close frames are spread over this window on SIGTERM.
     pub drain_window: Duration,
-    pub peers: PeerConfig,
-    /// Broker mode, when `BROKER_URL` is set (never together with peers).
-    pub broker: Option<BrokerConfig>,
+    pub cluster: ClusterConfig,
     pub config_file: Option<PathBuf>,
     pub ignored: Vec<IgnoredKey>,
     /// Logged at startup and printed by `--check-config`.
@@ -161,6 +198,22 @@ impl Config {
             .iter()
             .find(|s| s.kind == ServerKind::Admin)
             .map(|s| s.addr)
+    }
+
+    /// Admin listeners on a non-loopback address that nobody chose for the admin port (the
+    /// shared `LISTEN_ADDR`, or a file entry without `listen`). PHP cannot authenticate, so
+    /// anyone who reaches the admin port can post to every browser; operators should know
+    /// when it is exposed by accident. An address set for the admin port itself (its
+    /// `listen`, or `ADMIN_LISTEN_ADDR`, as the chart does next to its NetworkPolicy) is a
+    /// decision, and a warning at every start would only teach operators to ignore warnings.
+    pub fn exposed_admin_addrs(&self) -> Vec<SocketAddr> {
+        self.servers
+            .iter()
+            .filter(|s| {
+                s.kind == ServerKind::Admin && !s.listen_chosen && !s.addr.ip().is_loopback()
+            })
+            .map(|s| s.addr)
+            .collect()
     }
 
     /// Hard bound of the whole drain: the window plus five seconds.
@@ -344,7 +397,12 @@ fn build(
         None => None,
     };
 
-    let broker = broker_config(settings, !static_peers.is_empty() || dns.is_some())?;
+    let has_peers = !static_peers.is_empty() || dns.is_some();
+    let cluster = match broker_config(settings, has_peers)? {
+        Some(broker) => ClusterConfig::Broker(broker),
+        None if has_peers => ClusterConfig::Mesh(PeerConfig::new(static_peers, dns, settings)),
+        None => ClusterConfig::Alone,
+    };
 
     let s = settings;
     let hub = Limits {
@@ -395,15 +453,7 @@ fn build(
         ping_interval: Duration::from_secs(s.ping_interval_seconds),
         idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
         drain_window: Duration::from_secs(s.drain_seconds),
-        peers: PeerConfig {
-            static_peers,
-            dns,
-            dns_refresh: Duration::from_secs(s.peer_dns_refresh_seconds),
-            queue_capacity: usize_of(s.peer_queue_capacity),
-            timeout: Duration::from_millis(s.peer_timeout_ms),
-            keep_for: Duration::from_millis(s.history_age_ms),
-        },
-        broker,
+        cluster,
         config_file,
         ignored: file.ignored,
         warnings: Vec::new(),
@@ -411,80 +461,6 @@ fn build(
         log: Layered::default(),
         servers_source,
     })
-}
-
-/// Broker mode's settings, validated: a `redis://` or `rediss://` URL the client accepts, a
-/// readable password file, a usable prefix, and no peers (both would deliver every message).
-fn broker_config(
-    settings: &Settings,
-    has_peers: bool,
-) -> Result<Option<BrokerConfig>, ConfigError> {
-    let url_key = env_key("broker_url");
-    let Some(url) = settings.broker_url.clone().filter(|url| !url.is_empty()) else {
-        return Ok(None);
-    };
-    if has_peers {
-        return Err(ConfigError::new(
-            &url_key,
-            &url,
-            "cannot be combined with peers (GORGE_NOTIFICATION_PEERS, GORGE_NOTIFICATION_PEER_DNS \
-             or the file's cluster[]): both would deliver every message; use one",
-        ));
-    }
-    let password = match &settings.broker_password_file {
-        Some(path) => {
-            let key = env_key("broker_password_file");
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
-            let line = text.trim_end_matches(['\r', '\n']);
-            if line.is_empty() || line.contains('\n') {
-                return Err(ConfigError::new(&key, path, "must hold one non-empty line"));
-            }
-            Some(Secret::new(line))
-        }
-        None => None,
-    };
-    let ca_pem = match &settings.broker_ca_file {
-        Some(path) => {
-            let key = env_key("broker_ca_file");
-            let pem = std::fs::read(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
-            if !url.expose().starts_with("rediss://") {
-                return Err(ConfigError::new(
-                    &key,
-                    path,
-                    "is only for a rediss:// (TLS) GORGE_NOTIFICATION_BROKER_URL",
-                ));
-            }
-            Some(pem)
-        }
-        None => None,
-    };
-    let broker = BrokerConfig {
-        url,
-        password,
-        ca_pem,
-        prefix: settings.broker_prefix.trim().to_string(),
-        queue_capacity: usize_of(settings.broker_queue_capacity),
-    };
-    if let Err(why) = crate::broker::connection_info(&broker) {
-        return Err(ConfigError::new(&url_key, &broker.url, why));
-    }
-    // Only a CA can make the client unusable once the URL is valid: build it now with the
-    // CA, so that a file that is no usable CA stops startup here.
-    if let Some(path) = settings.broker_ca_file.as_deref() {
-        if let Err(why) = crate::broker::client(&broker) {
-            return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
-        }
-    }
-    if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
-        return Err(ConfigError::new(
-            env_key("broker_prefix"),
-            &settings.broker_prefix,
-            "must be non-empty, without spaces (e.g. gorge:notification)",
-        ));
-    }
-    Ok(Some(broker))
 }
 
 /// The `--check-config` lines: servers, peers, every flat setting with its source, then the
@@ -508,8 +484,8 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
         });
     }
     let peers: Vec<String> = config
-        .peers
-        .static_peers
+        .cluster
+        .static_peers()
         .iter()
         .map(ToString::to_string)
         .collect();
@@ -539,14 +515,12 @@ pub fn check_warnings(config: &Config) -> Vec<String> {
         .iter()
         .map(|k| format!("{} (in {file}) is ignored: {}", k.key, k.reason));
     // The same warning NOTIFY_ADMIN_NOT_LOOPBACK logs at start.
-    let exposed = crate::service::exposed_admin_addrs(config)
-        .into_iter()
-        .map(|addr| {
-            format!(
-                "the admin server listens on {addr}, not loopback: it has no authentication; \
+    let exposed = config.exposed_admin_addrs().into_iter().map(|addr| {
+        format!(
+            "the admin server listens on {addr}, not loopback: it has no authentication; \
                  keep it off public networks"
-            )
-        });
+        )
+    });
     config
         .warnings
         .iter()
@@ -578,8 +552,8 @@ pub fn print_config(config: &Config) -> Value {
         .collect();
     out.insert("servers".into(), Value::from(servers));
     let cluster: Vec<Value> = config
-        .peers
-        .static_peers
+        .cluster
+        .static_peers()
         .iter()
         .map(|p| serde_json::json!({"host": p.host, "port": p.port, "protocol": p.protocol.to_string()}))
         .collect();
@@ -634,10 +608,15 @@ mod tests {
 
     #[test]
     fn broker_settings_are_validated() {
-        assert!(load_env(&[]).unwrap().broker.is_none());
+        assert!(matches!(
+            load_env(&[]).unwrap().cluster,
+            ClusterConfig::Alone
+        ));
         let c =
             load_env(&[("GORGE_NOTIFICATION_BROKER_URL", "rediss://u:p@redis:6380/2")]).unwrap();
-        let broker = c.broker.unwrap();
+        let ClusterConfig::Broker(broker) = c.cluster else {
+            panic!("not broker mode: {:?}", c.cluster)
+        };
         assert_eq!(broker.prefix, "gorge:notification");
         assert_eq!(broker.queue_capacity, 4096);
         // The URL may hold a password: never printed.
@@ -686,7 +665,10 @@ mod tests {
             ),
         ])
         .unwrap();
-        let info = crate::broker::connection_info(&c.broker.unwrap()).unwrap();
+        let ClusterConfig::Broker(broker) = c.cluster else {
+            panic!("not broker mode: {:?}", c.cluster)
+        };
+        let info = broker.connection_info().unwrap();
         assert_eq!(info.redis_settings().password(), Some("from-file"));
         assert_eq!(info.redis_settings().username(), Some("user"));
         std::fs::write(&file, "\n").unwrap();
@@ -717,8 +699,8 @@ mod tests {
         assert_eq!(c.max_admin_body_bytes, 1 << 20);
         assert_eq!(c.drain_window, Duration::from_secs(10));
         assert_eq!(c.drain_deadline(), Duration::from_secs(15));
-        assert_eq!(c.peers.timeout, Duration::from_secs(5));
-        assert!(c.peers.static_peers.is_empty());
+        assert!(matches!(c.cluster, ClusterConfig::Alone), "{:?}", c.cluster);
+        assert_eq!(PeerConfig::default().timeout, Duration::from_secs(5));
         assert_eq!(DEFAULT_HEALTH_PORT, 22281);
     }
 
@@ -736,7 +718,10 @@ mod tests {
         });
         let c = build_with(Settings::default(), Some(file)).unwrap();
         assert_eq!(c.servers[1].addr, "127.0.0.1:22281".parse().unwrap());
-        assert_eq!(c.peers.static_peers[0].to_string(), "http://peer-a:22281");
+        assert_eq!(
+            c.cluster.static_peers()[0].to_string(),
+            "http://peer-a:22281"
+        );
         let ignored: Vec<_> = c.ignored.iter().map(|k| k.key.as_str()).collect();
         assert_eq!(ignored, ["logs", "pidfile", "memory.hint"]);
     }
@@ -967,18 +952,16 @@ mod tests {
         };
         let file = json!({"cluster": [{"host": "peer-a", "port": 22281}]});
         let c = build_with(settings, Some(file)).unwrap();
-        let peers: Vec<_> = c
-            .peers
-            .static_peers
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let ClusterConfig::Mesh(mesh) = c.cluster else {
+            panic!("not a mesh: {:?}", c.cluster)
+        };
+        let peers: Vec<_> = mesh.static_peers.iter().map(ToString::to_string).collect();
         assert_eq!(
             peers,
             ["http://peer-a:22281", "http://a:1", "https://[::1]:2"]
         );
         assert_eq!(
-            c.peers.dns,
+            mesh.dns,
             Some(("gorge-notification-headless".to_string(), 22281))
         );
         let e = build_with(
@@ -999,5 +982,30 @@ mod tests {
             (e.key.as_str(), e.value.as_str()),
             ("GORGE_NOTIFICATION_QUEUE_FRAMES", "0")
         );
+    }
+
+    #[test]
+    fn only_unchosen_non_loopback_admin_listeners_are_warned_about() {
+        let mut config = load_env(&[]).unwrap();
+        let server = |kind, addr: &str| ServerConfig::new(kind, addr.parse().unwrap());
+        let chosen = |addr: &str| ServerConfig {
+            listen_chosen: true,
+            ..server(ServerKind::Admin, addr)
+        };
+        config.servers = vec![
+            server(ServerKind::Admin, "127.0.0.1:1"),
+            server(ServerKind::Admin, "[::1]:2"),
+            server(ServerKind::Admin, "0.0.0.0:3"),
+            server(ServerKind::Admin, "10.1.2.3:4"),
+            server(ServerKind::Client, "0.0.0.0:5"),
+            chosen("0.0.0.0:6"),
+            chosen("10.1.2.3:7"),
+        ];
+        let exposed: Vec<String> = config
+            .exposed_admin_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(exposed, ["0.0.0.0:3", "10.1.2.3:4"]);
     }
 }
