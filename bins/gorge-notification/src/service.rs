@@ -113,10 +113,11 @@ impl Server {
         };
         let history_gate = Arc::new(history_gate);
         let probes = Probes::new(registry, history_gate.readiness());
-        let (hub, publisher) = Hub::new(config.hub.clone(), clock);
+        // The publisher holds the hub too; the fan-out thread takes both.
+        let (_, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
         let state = Arc::new(ServerState {
-            hub,
+            hub: fanout.hub_now(),
             fanout,
             fingerprint,
             metrics,

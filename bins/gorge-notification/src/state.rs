@@ -5,14 +5,13 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gorge_hub::Hub;
 use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
 use crate::budget::InboundLimits;
 use crate::cluster::Cluster;
-use crate::fanout::Fanout;
+use crate::fanout::{Fanout, HubNow};
 use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
 use crate::recent_ids::RecentIds;
@@ -31,8 +30,8 @@ pub struct ConnectionLimits {
 pub struct ServerState {
     /// The hub as it is now, for what does not depend on messages still in the hand-off
     /// (leaving, queue bounds, drain, gauges, counting a POST in). Whatever must see every POST
-    /// already answered takes the hub from [`Fanout::settled`] instead.
-    pub hub: Arc<Hub>,
+    /// already answered takes the hub from [`Fanout::settled`], the only way to the rest.
+    pub hub: HubNow,
     /// Where the admin port hands accepted messages (it never delivers them itself), and the
     /// settled hub.
     pub fanout: Fanout,

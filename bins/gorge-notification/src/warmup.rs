@@ -201,17 +201,15 @@ pub async fn run(state: Arc<ServerState>, relay: Arc<PeerRelay>, deadline: Durat
         let (mut entries, bad) = parse(&body);
         // Settled first, so a relayed message already taken in is in history for the
         // identity check; one taken in from now on is caught by its `uniqueID`.
-        state.fanout.settled().await;
-        let now_ms = state.hub.now_ms();
+        let hub = state.fanout.settled().await;
+        let now_ms = hub.now_ms();
         let before = entries.len();
         entries.retain(|warmed| {
             crate::ingest::unique_id(&frames::payload(&warmed.frame))
                 .is_none_or(|id| state.recent_ids.first_time(id, now_ms))
         });
         let already_here = before - entries.len();
-        let mut counts = state
-            .hub
-            .warm_history(entries, |frame| identity(&frames::payload(frame)));
+        let mut counts = hub.warm_history(entries, |frame| identity(&frames::payload(frame)));
         counts.duplicates += already_here;
         state
             .metrics
