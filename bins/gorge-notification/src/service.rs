@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
+use gorge_service::settings::Declared;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
     RunError, RunOptions, Shutdown,
@@ -18,7 +19,7 @@ use tokio::sync::Notify;
 
 use crate::broker::{self, Broker, BrokerMetrics};
 use crate::cluster::Cluster;
-use crate::config::{ClusterConfig, Config, ServerKind};
+use crate::config::{ClusterConfig, Config, ServerKind, Settings};
 use crate::events;
 use crate::fanout::Fanout;
 use crate::history_gate::HistoryGate;
@@ -142,10 +143,11 @@ impl Server {
             tokio::spawn(broker::reader::run(link, state.clone()));
         }
         for addr in config.exposed_admin_addrs() {
+            let variable = Settings::env_var(Settings::KEYS.admin_listen_addr);
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
-                "hint" => "the admin port has no authentication: keep it off public networks, \
-                    and set GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR (or the admin server's \
-                    listen) to say this address is meant");
+                "hint" => format!("the admin port has no authentication: keep it off public \
+                    networks, and set {variable} (or the admin server's listen) to say this \
+                    address is meant"));
         }
         let specs = config
             .servers

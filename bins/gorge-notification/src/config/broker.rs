@@ -8,7 +8,9 @@ use gorge_service::ConfigError;
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
-use super::{env_key, usize_of, Settings};
+use gorge_service::settings::{Declared, Layered};
+
+use super::{usize_of, Settings};
 
 /// Broker mode (spec §8b): the Redis that carries messages between nodes and keeps history.
 #[derive(Debug, Clone)]
@@ -78,30 +80,34 @@ impl BrokerConfig {
 
 /// Broker mode's settings, validated: a `redis://` or `rediss://` URL the client accepts, a
 /// readable password file, a usable prefix, and no peers (both would deliver every message).
+/// Each error names the setting as the operator wrote it.
 pub(super) fn broker_config(
-    settings: &Settings,
+    layered: &Layered<Settings>,
     has_peers: bool,
 ) -> Result<Option<BrokerConfig>, ConfigError> {
-    let url_key = env_key("broker_url");
+    let (settings, k) = (&layered.values, Settings::KEYS);
     let Some(url) = settings.broker_url.clone().filter(|url| !url.is_empty()) else {
         return Ok(None);
     };
     if has_peers {
-        return Err(ConfigError::new(
-            &url_key,
-            &url,
-            "cannot be combined with peers (GORGE_NOTIFICATION_PEERS, GORGE_NOTIFICATION_PEER_DNS \
-             or the file's cluster[]): both would deliver every message; use one",
+        return Err(layered.refuse(
+            k.broker_url,
+            format!(
+                "cannot be combined with peers ({}, {} or the file's cluster[]): both would \
+                 deliver every message; use one",
+                Settings::env_var(k.peers),
+                Settings::env_var(k.peer_dns)
+            ),
         ));
     }
     let password = match &settings.broker_password_file {
         Some(path) => {
-            let key = env_key("broker_password_file");
+            let refuse = |reason: String| layered.refuse(k.broker_password_file, reason);
             let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
+                .map_err(|e| refuse(format!("cannot be read: {e}")))?;
             let line = text.trim_end_matches(['\r', '\n']);
             if line.is_empty() || line.contains('\n') {
-                return Err(ConfigError::new(&key, path, "must hold one non-empty line"));
+                return Err(refuse("must hold one non-empty line".into()));
             }
             Some(Secret::new(line))
         }
@@ -109,15 +115,13 @@ pub(super) fn broker_config(
     };
     let ca_pem = match &settings.broker_ca_file {
         Some(path) => {
-            let key = env_key("broker_ca_file");
-            let pem = std::fs::read(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
+            let refuse = |reason: String| layered.refuse(k.broker_ca_file, reason);
+            let pem = std::fs::read(path).map_err(|e| refuse(format!("cannot be read: {e}")))?;
             if !url.expose().starts_with("rediss://") {
-                return Err(ConfigError::new(
-                    &key,
-                    path,
-                    "is only for a rediss:// (TLS) GORGE_NOTIFICATION_BROKER_URL",
-                ));
+                return Err(refuse(format!(
+                    "is only for a rediss:// (TLS) {}",
+                    layered.name(k.broker_url)
+                )));
             }
             Some(pem)
         }
@@ -131,19 +135,18 @@ pub(super) fn broker_config(
         queue_capacity: usize_of(settings.broker_queue_capacity),
     };
     if let Err(why) = broker.connection_info() {
-        return Err(ConfigError::new(&url_key, &broker.url, why));
+        return Err(layered.refuse(k.broker_url, why));
     }
     // Only a CA can make the client unusable once the URL is valid: build it now with the
     // CA, so that a file that is no usable CA stops startup here.
-    if let Some(path) = settings.broker_ca_file.as_deref() {
+    if settings.broker_ca_file.is_some() {
         if let Err(why) = broker.client() {
-            return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
+            return Err(layered.refuse(k.broker_ca_file, why));
         }
     }
     if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
-        return Err(ConfigError::new(
-            env_key("broker_prefix"),
-            &settings.broker_prefix,
+        return Err(layered.refuse(
+            k.broker_prefix,
             "must be non-empty, without spaces (e.g. gorge:notification)",
         ));
     }
