@@ -33,7 +33,7 @@ impl<W: io::Write> Drain for TextLines<W> {
     type Err = io::Error;
 
     fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> io::Result<()> {
-        let line = format_line(&crate::logging::timestamp(), record, values);
+        let line = format_line(&timestamp(), record, values);
         let mut out = self
             .out
             .lock()
@@ -41,6 +41,11 @@ impl<W: io::Write> Drain for TextLines<W> {
         out.write_all(line.as_bytes())?;
         out.flush()
     }
+}
+
+/// RFC 3339 UTC timestamp with milliseconds: the `ts` of JSON lines, the start of text lines.
+pub(crate) fn timestamp() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// The line of `record` at `time`: the record's own keys, then its logger's.
@@ -74,29 +79,36 @@ impl slog::Serializer for Line {
 
 #[cfg(test)]
 mod tests {
-    use crate::logging::tests::Capture;
-    use crate::logging::{build, LogFormat};
+    use super::*;
     use slog::Level;
 
     #[test]
     fn a_line_has_the_full_time_the_event_and_no_absent_values() {
-        let capture = Capture::default();
-        let logging = build(capture.clone(), LogFormat::Text, Level::Info, "svc", "1.0");
-        let none: Option<String> = None;
-        slog::warn!(logging.logger, "PEERS_CHANGED";
-            "dns" => none, "peers" => Some(2), "error" => %"timed out");
-        drop(logging);
-        let out = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-        let (time, rest) = out.split_once(' ').unwrap();
         // The year, milliseconds and the zone (UTC), as the JSON format's `ts`.
+        let now = timestamp();
         assert!(
-            time.len() == "2025-01-02T03:04:05.678Z".len() && time.ends_with('Z'),
-            "{out}"
+            now.len() == "2025-01-02T03:04:05.678Z".len() && now.ends_with('Z'),
+            "{now}"
         );
-        humantime::parse_rfc3339(time).unwrap();
+        humantime::parse_rfc3339(&now).unwrap();
+
+        let none: Option<String> = None;
+        let args = format_args!("PEERS_CHANGED");
+        let logger_kv = OwnedKVList::from(slog::o!("service" => "svc", "version" => "1.0"));
+        let line = format_line(
+            "2025-01-02T03:04:05.678Z",
+            &slog::record!(
+                Level::Warning,
+                "",
+                &args,
+                slog::b!("dns" => none, "peers" => Some(2), "error" => %"timed out")
+            ),
+            &logger_kv,
+        );
         assert_eq!(
-            rest,
-            "WARN PEERS_CHANGED, error: timed out, peers: 2, version: 1.0, service: svc\n"
+            line,
+            "2025-01-02T03:04:05.678Z WARN PEERS_CHANGED, error: timed out, peers: 2, \
+             version: 1.0, service: svc\n"
         );
     }
 }

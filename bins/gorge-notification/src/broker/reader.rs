@@ -30,7 +30,9 @@ use redis::Value;
 
 use super::entries::{id_millis, read_page, read_reply, Direction, Fields, Item, StreamEntry};
 use super::origins::Origins;
-use super::{lock, within, Backoff, Shared, BLOCK, CALL_TIMEOUT, HYDRATE_WAIT, PROBE_TIMEOUT};
+use super::{
+    lock, within, Backoff, ReaderLink, Shared, BLOCK, CALL_TIMEOUT, HYDRATE_WAIT, PROBE_TIMEOUT,
+};
 use crate::events;
 use crate::ingest::{ingest_relayed, NotTaken};
 use crate::state::ServerState;
@@ -108,7 +110,10 @@ impl Skipped {
     }
 }
 
-pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
+/// The reader task: history first, then the live stream. `state.history_gate` opens once
+/// the history is loaded (or [`HYDRATE_WAIT`] passed). Runs until the process ends.
+pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
+    let ReaderLink(shared) = link;
     let started = Instant::now();
     {
         let (state, log) = (state.clone(), shared.log.clone());
