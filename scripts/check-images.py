@@ -550,12 +550,14 @@ def mariadb(sql, database=None):
 
 class PhorgeDatabase:
     """`{namespace}_herald` made from compat/herald-schema.sql, with one hook and one row
-    handed over as the kit hands it over (the marker appended to `properties`)."""
+    handed over as the kit hands it over (the marker appended to `properties`); dropped by
+    the step it adds to `teardown`."""
 
-    def __init__(self, receiver_port):
+    def __init__(self, receiver_port, teardown):
         self.namespace = f"gimg{secrets.token_hex(6)}"
         self.database = f"{self.namespace}_herald"
         schema = (ROOT / "compat/herald-schema.sql").read_text()
+        teardown.append(self.drop)
         mariadb(schema.replace("{$NAMESPACE}", self.namespace))
         self.hmac_key = secrets.token_hex(16)
         self.hook = f"PHID-HWBH-{self.namespace}"
@@ -612,33 +614,35 @@ def exercise(service, tag, config, log_dir):
     """Runs the image: --version, HEALTHCHECK before and after start, its job, SIGTERM."""
     entrypoint = config["Entrypoint"]
     healthcheck = config["Healthcheck"]["Test"][1:]
-    job_teardown = []
-    if service == "gorge-notification":
-        ports = {"client": free_port(), "admin": free_port()}
-        env = {"GORGE_NOTIFICATION_CLIENT_PORT": ports["client"],
-               "GORGE_NOTIFICATION_ADMIN_PORT": ports["admin"],
-               "GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR": "127.0.0.1",
-               "GORGE_NOTIFICATION_DRAIN_SECONDS": "2"}
-    elif service == "gorge-webhook":
-        receiver = Receiver()
-        job_teardown.append(receiver.close)
-        db = PhorgeDatabase(receiver.port)
-        job_teardown.append(db.drop)
-        env = {"GORGE_WEBHOOK_MYSQL_HOST": "127.0.0.1", "GORGE_WEBHOOK_MYSQL_PORT": "3306",
-               "GORGE_WEBHOOK_MYSQL_USER": "root", "GORGE_WEBHOOK_MYSQL_PASS": "",
-               "GORGE_WEBHOOK_NAMESPACE": db.namespace,
-               # The receiver is on loopback, which the default blacklist refuses.
-               "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
-               "GORGE_WEBHOOK_POLL_INTERVAL_MS": "200",
-               "GORGE_LISTEN_ADDR": f"127.0.0.1:{free_port()}"}
-    else:
-        raise RuntimeError(f"{service}: no job known for this service (scripts/check-images.py)")
-    env = {k: str(v) for k, v in env.items()}
-    env["GORGE_LOG_FORMAT"] = "json"
-    runner = Container(tag, f"gorge-ci-{service}-run-{os.getpid()}")
-    probe = Container(tag, f"gorge-ci-{service}-probe-{os.getpid()}")
+    teardown = []
     server = None
     try:
+        if service == "gorge-notification":
+            ports = {"client": free_port(), "admin": free_port()}
+            env = {"GORGE_NOTIFICATION_CLIENT_PORT": ports["client"],
+                   "GORGE_NOTIFICATION_ADMIN_PORT": ports["admin"],
+                   "GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR": "127.0.0.1",
+                   "GORGE_NOTIFICATION_DRAIN_SECONDS": "2"}
+        elif service == "gorge-webhook":
+            receiver = Receiver()
+            teardown.append(receiver.close)
+            db = PhorgeDatabase(receiver.port, teardown)
+            env = {"GORGE_WEBHOOK_MYSQL_HOST": "127.0.0.1", "GORGE_WEBHOOK_MYSQL_PORT": "3306",
+                   "GORGE_WEBHOOK_MYSQL_USER": "root", "GORGE_WEBHOOK_MYSQL_PASS": "",
+                   "GORGE_WEBHOOK_NAMESPACE": db.namespace,
+                   # The receiver is on loopback, which the default blacklist refuses.
+                   "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
+                   "GORGE_WEBHOOK_POLL_INTERVAL_MS": "200",
+                   "GORGE_LISTEN_ADDR": f"127.0.0.1:{free_port()}"}
+        else:
+            raise RuntimeError(f"{service}: no job known for this service "
+                               f"(scripts/check-images.py)")
+        env = {k: str(v) for k, v in env.items()}
+        env["GORGE_LOG_FORMAT"] = "json"
+        runner = Container(tag, f"gorge-ci-{service}-run-{os.getpid()}")
+        teardown.append(runner.close)
+        probe = Container(tag, f"gorge-ci-{service}-probe-{os.getpid()}")
+        teardown.append(probe.close)
         version = runner.run(entrypoint + ["--version"])
         if version.returncode != 0 or not version.stdout.startswith(f"{service} "):
             raise RuntimeError(f"{' '.join(entrypoint)} --version: exit {version.returncode}: "
@@ -677,10 +681,11 @@ def exercise(service, tag, config, log_dir):
     finally:
         if server:
             server.stop()
-        runner.close()
-        probe.close()
-        for teardown in job_teardown:
-            teardown()
+        for step in reversed(teardown):
+            try:
+                step()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+                say(f"cleaning up after {service}: {err}")
 
 
 def image_size(tag):
