@@ -163,6 +163,16 @@ expect_refusal 'webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS="true": expected
     -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS=true
 expect_refusal 'notification.env.GORGE_LOG_FORMAT="xml": expected json or text' \
     -f "${minimal}" --set notification.env.GORGE_LOG_FORMAT=xml
+# GORGE_LOG_LEVEL: the level words and each service's own components (files/settings/).
+expect_refusal 'notification.env.GORGE_LOG_LEVEL="loud": expected one of trace, debug, info, warn, error, critical' \
+    -f "${minimal}" --set notification.env.GORGE_LOG_LEVEL=loud
+expect_refusal 'webhook.env.GORGE_LOG_LEVEL="info,peers=debug": unknown component "peers"; gorge-webhook'"'"'s components: claim, delivery, poll (gorge-webhook would refuse to start)' \
+    -f "${minimal}" --set-json 'webhook.env.GORGE_LOG_LEVEL="info,peers=debug"'
+expect_refusal 'notification.env.GORGE_LOG_LEVEL="info,debug": expected one of' \
+    -f "${minimal}" --set-json 'notification.env.GORGE_LOG_LEVEL="info,debug"'
+expect_rendered notification-configmap.yaml 'GORGE_LOG_LEVEL: "WARN,peers=debug"' \
+    --set-json 'notification.env.GORGE_LOG_LEVEL="WARN,peers=debug"'
+expect_rendered webhook-configmap.yaml 'GORGE_LOG_LEVEL: "poll=trace"' --set webhook.env.GORGE_LOG_LEVEL=poll=trace
 expect_refusal 'notification.env.GORGE_NOTIFICATION_MAX_SOKETS is not a setting of gorge-notification, which would ignore it (settings: docs/notification.md)' \
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_MAX_SOKETS=5000
 expect_refusal 'webhook.env.GORGE_LOG_LEVL is not a setting of gorge-webhook' \

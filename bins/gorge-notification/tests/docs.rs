@@ -83,6 +83,6 @@ fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-notification.json"),
-        &settings::chart_catalog::<Settings>(),
+        &settings::chart_catalog::<Settings>(gorge_notification::events::ALL),
     );
 }

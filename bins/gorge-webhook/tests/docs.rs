@@ -53,6 +53,6 @@ fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-webhook.json"),
-        &settings::chart_catalog::<RawSettings>(),
+        &settings::chart_catalog::<RawSettings>(gorge_webhook::events::ALL),
     );
 }

@@ -51,6 +51,12 @@ pub fn dropped_lines() -> &'static Counter {
 pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical, \
      optionally followed by component overrides such as info,peers=debug";
 
+/// The words a level may be written as (any case), as `level_word` reads them; the chart's
+/// settings catalog checks `GORGE_LOG_LEVEL` against them at template time.
+pub const LEVEL_WORDS: &[&str] = &[
+    "trace", "debug", "info", "warn", "warning", "error", "critical",
+];
+
 /// How records are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -421,6 +427,18 @@ pub(crate) mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_level_words_are_the_ones_read() {
+        for word in LEVEL_WORDS {
+            assert!(level_word(word).is_some(), "{word}");
+            assert!(level_word(&word.to_uppercase()).is_some(), "{word}");
+        }
+        for level in (1..=6).filter_map(slog::Level::from_usize) {
+            assert!(LEVEL_WORDS.contains(&level_name(level)), "{level:?}");
+        }
+        assert_eq!(level_word("loud"), None);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub enum Shape {
     Range(u64, u64),
     /// One of these words.
     OneOf(&'static [&'static str]),
+    /// A log level list (`GORGE_LOG_LEVEL`): comma-separated parts, each a level word
+    /// ([`crate::logging::LEVEL_WORDS`], any case) or `component=level` with a component of
+    /// the service; only the first part may be a bare level.
+    LogLevels,
 }
 
 /// The reason for a file value that is not valid for a kind whose values are numbers.
@@ -213,6 +217,7 @@ pub struct LogLevel;
 impl Kind for LogLevel {
     type Value = LevelSpec;
     const VALID: &'static str = crate::logging::LEVEL_VALID;
+    const SHAPE: Shape = Shape::LogLevels;
     fn parse(text: &str) -> Option<LevelSpec> {
         parse_level_spec(Some(text)).ok()
     }
@@ -735,8 +740,9 @@ fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
 /// The settings catalog the Helm chart validates `env` values with at template time
 /// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
 /// service's tests): every variable of `S` and the logging variables, with what is valid in
-/// words and, where it can be checked without the binary, as a range or a list of words.
-pub fn chart_catalog<S: Declared>() -> String {
+/// words and, where it can be checked without the binary, as a range or a list of words (for
+/// the log level, the level words and the components of the service's `events`).
+pub fn chart_catalog<S: Declared>(events: &[crate::events::Event]) -> String {
     let mut catalog = serde_json::Map::new();
     let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
     let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
@@ -751,6 +757,14 @@ pub fn chart_catalog<S: Declared>() -> String {
             }
             Shape::OneOf(words) => {
                 entry.insert("oneOf".into(), Value::from(words.to_vec()));
+            }
+            Shape::LogLevels => {
+                entry.insert(
+                    "levels".into(),
+                    Value::from(crate::logging::LEVEL_WORDS.to_vec()),
+                );
+                let components = crate::events::components(events);
+                entry.insert("components".into(), Value::from(components));
             }
         }
         catalog.insert(info.env_var(prefix), Value::Object(entry));
@@ -814,7 +828,12 @@ mod tests {
 
     #[test]
     fn the_chart_catalog_has_every_variable_with_what_is_valid() {
-        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
+        let events = [crate::events::Event {
+            name: "DEMO_EVENT",
+            component: Some("demo"),
+            ..crate::events::RUNTIME[0]
+        }];
+        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>(&events)).unwrap();
         assert_eq!(catalog["prefix"], "DEMO_");
         let settings = &catalog["settings"];
         assert_eq!(
@@ -826,6 +845,17 @@ mod tests {
         assert_eq!(
             settings["GORGE_LOG_FORMAT"],
             serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
+        );
+        let mut components = crate::events::components(&events);
+        assert!(components.contains(&"demo"), "{components:?}");
+        components.sort_unstable();
+        assert_eq!(
+            settings["GORGE_LOG_LEVEL"],
+            serde_json::json!({
+                "valid": crate::logging::LEVEL_VALID,
+                "levels": ["trace", "debug", "info", "warn", "warning", "error", "critical"],
+                "components": components,
+            })
         );
         let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
         assert_eq!(

@@ -289,6 +289,23 @@ Arguments: (list component service envMap catalogJson).
 {{- if not (has (lower (trim $text)) $setting.oneOf) -}}
 {{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
 {{- end -}}
+{{- else if hasKey $setting "levels" -}}
+{{- /* LEVEL[,COMPONENT=LEVEL...], as the service reads it: every part's syntax and level
+first (only the first part may be a bare level), then the components. */ -}}
+{{- $parts := splitList "," $text -}}
+{{- range $i, $part := $parts -}}
+{{- $pair := splitn "=" 2 (trim $part) -}}
+{{- $level := ternary $pair._0 (default "" $pair._1) (eq (len $pair) 1) -}}
+{{- if or (and (eq (len $pair) 1) (gt $i 0)) (and (eq (len $pair) 2) (eq (trim $pair._0) "")) (not (has (lower (trim $level)) $setting.levels)) -}}
+{{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
+{{- end -}}
+{{- end -}}
+{{- range $part := $parts -}}
+{{- $pair := splitn "=" 2 (trim $part) -}}
+{{- if and (eq (len $pair) 2) (not (has (trim $pair._0) $setting.components)) -}}
+{{- fail (printf "%s: unknown component %q; %s's components: %s (%s would refuse to start)" $where (trim $pair._0) $service (join ", " $setting.components) $service) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- else if or (hasPrefix $catalog.prefix $key) (hasPrefix "GORGE_LOG_" $key) -}}
 {{- fail (printf "%s.env.%s is not a setting of %s, which would ignore it (settings: docs/%s.md)" $component $key $service (trimPrefix "gorge-" $service)) -}}
