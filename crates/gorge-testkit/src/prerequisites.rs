@@ -33,7 +33,11 @@ pub const ALL: &[Prerequisite] = &[
         name: "MariaDB",
         needed_by: "the database tests (gorge-claim, gorge-webhook): 127.0.0.1:3306 as root \
                     with an empty password, or GORGE_TEST_MYSQL_URL",
-        install: "apt-get install mariadb-server && service mariadb start",
+        // Debian's root@localhost logs in through the unix socket only; the tests connect
+        // over TCP.
+        install: "apt-get install mariadb-server && service mariadb start && mariadb -e \
+                  'CREATE USER IF NOT EXISTS root@127.0.0.1; \
+                  GRANT ALL ON *.* TO root@127.0.0.1 WITH GRANT OPTION'",
         check: Check::Server,
     },
     Prerequisite {
