@@ -10,7 +10,7 @@ use gorge_notification::broker::BrokerMetrics;
 use gorge_notification::config::Settings;
 use gorge_notification::metrics::{Metrics, PREFIX};
 use gorge_notification::peers::PeerMetrics;
-use gorge_service::{docs, events, metrics, settings};
+use gorge_service::{docs, events, metrics, variables};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/notification.md")
@@ -18,7 +18,7 @@ fn page() -> PathBuf {
 
 #[test]
 fn the_settings_table_is_the_declaration() {
-    docs::check_table(&page(), &settings::docs_table::<Settings>());
+    docs::check_table(&page(), &variables::docs_table::<Settings>());
 }
 
 #[test]
@@ -32,7 +32,10 @@ fn the_metrics_table_is_the_declaration() {
 /// The prose names the components a per-component `GORGE_LOG_LEVEL` accepts, as declared.
 #[test]
 fn the_log_components_are_the_declared_ones() {
-    docs::check_components(&page(), gorge_notification::events::ALL);
+    docs::check_components(
+        &page(),
+        &events::components(gorge_notification::events::ALL),
+    );
 }
 
 #[test]
@@ -83,6 +86,6 @@ fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-notification.json"),
-        &settings::chart_catalog::<Settings>(gorge_notification::events::ALL),
+        &variables::chart_catalog::<Settings>(gorge_notification::events::ALL),
     );
 }

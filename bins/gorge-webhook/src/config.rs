@@ -14,9 +14,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use gorge_service::config::{env_value, CheckLine};
+use gorge_service::logging::LogVars;
 use gorge_service::settings::{
-    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, LogVars,
-    Millis, Port, Seconds, SecondsOrZero, SecretText, Text,
+    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, Millis,
+    Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 use gorge_service::{ConfigError, Secret};
 
@@ -200,7 +201,8 @@ impl Settings {
 
     fn validate(layered: Layered<RawSettings>) -> Result<Settings, ConfigError> {
         let raw = &layered.values;
-        let var = RawSettings::env_var;
+        // Each setting as the operator wrote it: `namespace (in PATH)` for a file's value.
+        let var = |key: &str| layered.name(key);
         // The namespace becomes part of a database name in every query.
         if raw.namespace.is_empty()
             || !raw
@@ -567,6 +569,30 @@ mod tests {
         let err =
             load_env(&[("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "18446744073709551615")]).unwrap_err();
         assert_eq!(err.key, "GORGE_WEBHOOK_RETRY_BACKOFF_SEC");
+    }
+
+    /// A value from the file is named by its file key; a variable's spelling there gets the key.
+    #[test]
+    fn file_values_are_named_as_the_operator_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            let path = dir.path().join("webhook.toml");
+            std::fs::write(&path, text).unwrap();
+            (
+                Settings::load_from(Some(&path), &|_| None).unwrap_err(),
+                path,
+            )
+        };
+        let (err, path) = load("namespace = \"x; DROP\"\n");
+        assert_eq!(
+            (err.key, err.value),
+            (
+                format!("namespace (in {})", path.display()),
+                "x; DROP".into()
+            )
+        );
+        let (err, _) = load("gorge_listen_addr = \"127.0.0.1:8160\"\n");
+        assert_eq!(err.reason, "unknown key (did you mean `listen_addr`?)");
     }
 
     #[test]

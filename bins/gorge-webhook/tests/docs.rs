@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gorge_service::{docs, events, metrics, settings};
+use gorge_service::{docs, events, metrics, variables};
 use gorge_webhook::config::RawSettings;
 use gorge_webhook::metrics::{Metrics, PREFIX};
 
@@ -14,7 +14,7 @@ fn page() -> PathBuf {
 
 #[test]
 fn the_settings_table_is_the_declaration() {
-    docs::check_table(&page(), &settings::docs_table::<RawSettings>());
+    docs::check_table(&page(), &variables::docs_table::<RawSettings>());
 }
 
 #[test]
@@ -25,7 +25,7 @@ fn the_metrics_table_is_the_declaration() {
 /// The prose names the components a per-component `GORGE_LOG_LEVEL` accepts, as declared.
 #[test]
 fn the_log_components_are_the_declared_ones() {
-    docs::check_components(&page(), gorge_webhook::events::ALL);
+    docs::check_components(&page(), &events::components(gorge_webhook::events::ALL));
 }
 
 #[test]
@@ -53,6 +53,6 @@ fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-webhook.json"),
-        &settings::chart_catalog::<RawSettings>(gorge_webhook::events::ALL),
+        &variables::chart_catalog::<RawSettings>(gorge_webhook::events::ALL),
     );
 }

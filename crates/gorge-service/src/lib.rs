@@ -5,6 +5,7 @@
 //! - [`envfile`]: `--env-file`, read exactly as systemd's `EnvironmentFile=` reads it;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
+//! - [`variables`]: every variable a service reads, as the docs table and the chart's catalog;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
@@ -36,6 +37,7 @@ pub mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod takeover;
+pub mod variables;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};
