@@ -4,6 +4,8 @@
 //! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
 //! - [`envfile`]: `--env-file`, read exactly as systemd's `EnvironmentFile=` reads it;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
+//! - [`derived`]: what follows from the settings (how long a stop may take, effective values),
+//!   declared once and printed, logged, documented and handed to the chart from there;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
@@ -23,6 +25,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod derived;
 pub mod docs;
 pub mod envfile;
 pub mod events;

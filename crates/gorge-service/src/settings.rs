@@ -363,8 +363,42 @@ pub trait Declared: Default + Clone + Debug {
 ///     }
 /// }
 /// ```
+///
+/// With `, keys NAME` after the prefix, it also declares the struct `NAME` with one
+/// `&'static str` field per setting, and `KEY: NAME` holding each key: code outside the
+/// declaration names a setting as `Settings::KEY.poll_interval_ms`, so a typo does not compile.
 #[macro_export]
 macro_rules! settings {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident, prefix $prefix:literal, keys $keys:ident {
+            $(
+                $(#[$attr:ident $( ( $($arg:expr),* ) )?])*
+                $field:ident : $kind:ty = $default:expr, $help:literal;
+            )*
+        }
+    ) => {
+        $crate::settings! {
+            $(#[$meta])*
+            $vis struct $name, prefix $prefix {
+                $(
+                    $(#[$attr $( ( $($arg),* ) )?])*
+                    $field : $kind = $default, $help;
+                )*
+            }
+        }
+
+        /// Each setting's key (see `KEY`).
+        #[derive(Debug, Clone, Copy)]
+        $vis struct $keys {
+            $( #[doc = $help] pub $field: &'static str, )*
+        }
+
+        impl $name {
+            /// Each setting's key, by field.
+            pub const KEY: $keys = $keys { $( $field: stringify!($field), )* };
+        }
+    };
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident, prefix $prefix:literal {
@@ -735,14 +769,21 @@ fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
 /// The settings catalog the Helm chart validates `env` values with at template time
 /// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
 /// service's tests): every variable of `S` and the logging variables, with what is valid in
-/// words and, where it can be checked without the binary, as a range or a list of words.
+/// words and, where it can be checked without the binary, as a range or a list of words, and
+/// its default (secrets and absent values have none).
 pub fn chart_catalog<S: Declared>() -> String {
     let mut catalog = serde_json::Map::new();
     let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
     let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
-    for (info, prefix) in settings.chain(logging) {
+    let defaults = S::default().file_values().into_iter();
+    let defaults = defaults.chain(LogVars::default().file_values());
+    for ((info, prefix), default) in settings.chain(logging).zip(defaults) {
         let mut entry = serde_json::Map::new();
         entry.insert("valid".into(), Value::from(info.valid));
+        // What an empty or absent variable means (formulas evaluate it: `crate::derived`).
+        if !info.secret && !default.is_null() {
+            entry.insert("default".into(), default);
+        }
         match info.shape {
             Shape::Free => {}
             Shape::Range(min, max) => {
@@ -819,9 +860,15 @@ mod tests {
         let settings = &catalog["settings"];
         assert_eq!(
             settings["DEMO_PORT"],
-            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
+            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535, "default": 80})
         );
-        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
+        assert_eq!(
+            settings["DEMO_NAME"],
+            serde_json::json!({"valid": "text", "default": "x"})
+        );
+        // A secret's default is never written, nor an absent one.
+        assert_eq!(settings["DEMO_PASS"], serde_json::json!({"valid": "text"}));
+        assert_eq!(settings["DEMO_FILE"], serde_json::json!({"valid": "text"}));
         assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
         assert_eq!(
             settings["GORGE_LOG_FORMAT"],
