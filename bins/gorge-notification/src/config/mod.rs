@@ -9,9 +9,11 @@
 //! - [`settings`]: the flat settings, each named once;
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
+//! - [`derived`]: what follows from the settings (the stop bound);
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
 mod aphlict_file;
+pub mod derived;
 mod peer_url;
 pub mod settings;
 
@@ -161,11 +163,6 @@ impl Config {
             .find(|s| s.kind == ServerKind::Admin)
             .map(|s| s.addr)
     }
-
-    /// Hard bound of the whole drain: the window plus five seconds.
-    pub fn drain_deadline(&self) -> Duration {
-        self.drain_window + Duration::from_secs(5)
-    }
 }
 
 /// The environment variable of a setting.
@@ -188,7 +185,7 @@ pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-fn load_from(
+pub(crate) fn load_from(
     cli_file: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
@@ -521,7 +518,11 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
         },
         source: Source::Default,
     });
-    lines.extend(config.settings.check_lines(|_| None));
+    // The flat settings, then each derived fact on its line.
+    lines.extend(gorge_service::derived::check_lines(
+        config,
+        &config.settings,
+    ));
     lines.extend(config.log.log_check_lines());
     lines
 }
@@ -601,6 +602,11 @@ pub fn print_config(config: &Config) -> Value {
             out.insert(info.key.into(), value);
         }
     }
+    // Not settings: what follows from them (a file with this key loads back unchanged).
+    out.insert(
+        aphlict_file::DERIVED_KEY.into(),
+        gorge_service::derived::json(config, &config.settings),
+    );
     Value::Object(out)
 }
 

@@ -16,7 +16,7 @@ gorge_service::number_kind!(
 
 gorge_service::settings! {
     /// The flat settings' values.
-    pub struct Settings, prefix "GORGE_NOTIFICATION_" {
+    pub struct Settings, prefix "GORGE_NOTIFICATION_", keys Keys {
         #[env_only]
         config_file: Optional<Text> = None,
             "Aphlict-format JSON file (same as `--config`, which wins when both are given)";
@@ -97,7 +97,8 @@ gorge_service::settings! {
             "Close a socket with no inbound traffic (not even a pong) for this long; must \
              exceed the ping interval";
         drain_seconds: SecondsOrZero = 10,
-            "Drain window on SIGTERM (hard deadline: window + 5 s)";
+            "Drain window on SIGTERM (the whole stop's bound: `stop_within_sec`, see Derived \
+             facts)";
     }
 }
 
