@@ -346,6 +346,54 @@ if errors:
 print("systemd units: ok (restart policy, limits, loopback admin, hardening)")
 PY
 
+say "Compose stop_grace_period vs the services' stop_within_sec"
+# Each service's stop bound is the formula of its catalog (generated from the binary and
+# checked against it by its tests/docs.rs), evaluated on the Compose service's environment;
+# the grace period must be that + 10 s, as the units' TimeoutStopSec (tests/deploy.rs).
+python3 - deploy/compose/docker-compose.yml "${chart}/files/settings" <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+compose = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+catalogs = pathlib.Path(sys.argv[2])
+
+
+def evaluate(formula, env, catalog):
+    if "setting" in formula:
+        text = str(env.get(formula["setting"]) or "").strip()
+        return int(text) if text else int(catalog["settings"][formula["setting"]]["default"])
+    if "constant" in formula:
+        return int(formula["constant"])
+    if "sum" in formula:
+        return sum(evaluate(term, env, catalog) for term in formula["sum"])
+    if "max" in formula:
+        return max(evaluate(term, env, catalog) for term in formula["max"])
+    if "times" in formula:
+        return int(formula["times"]) * evaluate(formula["of"], env, catalog)
+    raise SystemExit(f"check-deploy: cannot evaluate {formula}")
+
+
+errors = []
+for service in ("gorge-notification", "gorge-webhook"):
+    catalog = json.loads((catalogs / f"{service}.json").read_text(encoding="utf-8"))
+    spec = compose["services"][service]
+    stop = evaluate(catalog["derived"]["stop_within_sec"], spec.get("environment") or {}, catalog)
+    grace = re.fullmatch(r"([0-9]+)s", str(spec.get("stop_grace_period", "")))
+    if not grace or int(grace.group(1)) != stop + 10:
+        errors.append(f"{sys.argv[1]}: {service}: stop_grace_period must be {stop + 10}s "
+                      f"(stop_within_sec {stop} + 10 s), found {spec.get('stop_grace_period')!r}")
+    else:
+        print(f"compose: {service}: stop_grace_period {stop + 10}s = stop_within_sec {stop} + 10 s")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+PY
+
 say "chart values that are a setting's default"
 # A chart value that sets a variable of the service (the managed settings, _helpers.tpl)
 # and holds a number or a word must hold the service's own default: the settings catalogs
