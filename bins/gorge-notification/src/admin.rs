@@ -81,7 +81,7 @@ pub async fn handle(
         ANNOUNCE_PATH if request.method() == Method::POST => {
             // A sibling found through DNS says it is here: its address is where the
             // connection comes from, on the port every sibling's admin listener uses.
-            if state.relay.announced(peer.ip()) {
+            if state.cluster.announced(peer.ip()) {
                 receipt(&state)
             } else {
                 error_response(StatusCode::NOT_FOUND, "no peer discovery here")
@@ -160,10 +160,7 @@ async fn post_message(state: &ServerState, request: Request<Incoming>) -> Respon
     let accepted_at = Instant::now();
     match ingest::accept(state, instance.clone(), &body, accepted_at) {
         Ok(Ingested::Accepted { payload, touched }) => {
-            if let Some(broker) = &state.broker {
-                broker.publish(&instance, payload.clone(), &touched);
-            }
-            state.relay.relay(&instance, payload, &touched);
+            state.cluster.pass_on(&instance, payload, &touched);
             receipt(state)
         }
         Ok(Ingested::AlreadySeen) => receipt(state),

@@ -55,15 +55,10 @@ pub async fn drain(state: Arc<ServerState>, window: Duration) {
         sockets.shuffle(&mut rng);
         close_offsets(sockets.len(), window, &mut rng)
     };
-    let relay = state.relay.clone();
-    let peers = tokio::spawn(async move { relay.shutdown(window).await });
-    // What PHP posted here last still goes to the stream (the publisher runs until exit).
-    let broker = state.broker.clone();
-    let published = tokio::spawn(async move {
-        if let Some(broker) = broker {
-            broker.flush(window).await;
-        }
-    });
+    // What PHP posted here last still goes to the peers or the stream (relaying and
+    // publishing go on until exit).
+    let flushing = state.clone();
+    let flushed = tokio::spawn(async move { flushing.cluster.flush(window).await });
     for (send_queue, offset) in sockets.iter().zip(offsets) {
         tokio::time::sleep_until(started + offset).await;
         send_queue.close(CloseReason::GoingAway);
@@ -86,8 +81,7 @@ pub async fn drain(state: Arc<ServerState>, window: Duration) {
             break;
         }
     }
-    let _ = peers.await;
-    let _ = published.await;
+    let _ = flushed.await;
     emit!(state.log, events::NOTIFY_DRAIN_DONE;
         "open_sockets" => state.hub.open_sockets(),
         "elapsed_ms" => started.elapsed().as_millis() as u64);

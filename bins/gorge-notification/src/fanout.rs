@@ -14,7 +14,10 @@
 //! what publishing depends on (a socket joining, its commands, a status read) gets the hub
 //! only from [`Fanout::settled`], once every message accepted before has been delivered. So
 //! a `pong` still proves every earlier POST's frame went first, and a socket that subscribes
-//! after a POST was answered does not get that message live.
+//! after a POST was answered does not get that message live. What does not depend on
+//! messages in the hand-off (counting a POST in, leaving, queue bounds, the drain, gauges)
+//! uses [`HubNow`], which offers nothing else: there is no way to the whole hub around
+//! `settled`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -22,7 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use gorge_hub::{Hub, Publication, Publisher, MAX_BATCH};
+use gorge_hub::{
+    Hub, HubUsage, Limits, Publication, Publisher, QueueCaps, Released, SendQueue, SocketHandle,
+    MAX_BATCH,
+};
 use slog::Logger;
 use tokio::sync::watch;
 
@@ -108,6 +114,11 @@ impl Fanout {
             let _ = self.delivered.subscribe().wait_for(|n| *n >= target).await;
         }
         &self.hub
+    }
+
+    /// The hub as it is now, for what does not depend on the hand-off ([`HubNow`]).
+    pub fn hub_now(&self) -> HubNow {
+        HubNow(self.hub.clone())
     }
 
     /// Hands a message over without waiting.
@@ -201,5 +212,76 @@ fn deliver(publisher: &mut Publisher, m: &Metrics, log: &Logger, batch: &[Job]) 
     // The totals after the batch's last message are the history's size now.
     if let Some((entries, bytes)) = history {
         m.set_history(entries, bytes);
+    }
+}
+/// The hub as it is now, without waiting for the messages still in the hand-off: only what
+/// does not depend on them. Whatever must see every POST already answered (a socket joining,
+/// its commands, `/status/`, `/history/`, warming history) takes the hub from
+/// [`Fanout::settled`]; this type offers none of that, so no handler can skip the wait.
+///
+/// ```compile_fail
+/// // Subscribing needs the settled hub: `HubNow` has no way to it.
+/// fn subscribe(state: &gorge_notification::state::ServerState, socket: &gorge_hub::SocketHandle) {
+///     let _ = state.hub.subscribe(socket, vec!["PHID-X".to_string()]);
+/// }
+/// ```
+///
+/// ```
+/// // What compiles instead.
+/// async fn subscribe(state: &gorge_notification::state::ServerState, socket: &gorge_hub::SocketHandle) {
+///     let _ = state.fanout.settled().await.subscribe(socket, vec!["PHID-X".to_string()]);
+/// }
+/// ```
+#[derive(Clone)]
+pub struct HubNow(Arc<Hub>);
+
+impl HubNow {
+    /// The hub's clock, in milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+
+    /// The hub's limits.
+    pub fn limits(&self) -> &Limits {
+        self.0.limits()
+    }
+
+    /// The bounds of every socket's send queue.
+    pub fn caps(&self) -> QueueCaps {
+        self.0.caps()
+    }
+
+    /// Whether `name` is a usable instance name (not over the length limit).
+    pub fn instance_name_ok(&self, name: &str) -> bool {
+        self.0.instance_name_ok(name)
+    }
+
+    /// Counts one message in (`/status/`'s `messages.in`).
+    pub fn count_message_in(&self) {
+        self.0.count_message_in()
+    }
+
+    /// A socket leaves.
+    pub fn disconnect(&self, handle: &SocketHandle) {
+        self.0.disconnect(handle)
+    }
+
+    /// Every open socket's send queue (the drain closes them).
+    pub fn send_queues(&self) -> Vec<Arc<SendQueue>> {
+        self.0.send_queues()
+    }
+
+    pub fn open_sockets(&self) -> usize {
+        self.0.open_sockets()
+    }
+
+    /// What the hub holds, for the gauges.
+    pub fn usage(&self) -> HubUsage {
+        self.0.usage()
+    }
+
+    /// Memory released by closed sockets (when to hand it back to the system).
+    pub fn released(&self) -> Released {
+        self.0.released()
     }
 }

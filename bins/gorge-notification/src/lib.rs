@@ -12,6 +12,7 @@
 //!   browsers' sockets' threads, at a lower scheduling priority;
 //! - [`ingest`]: taking a message in (parse, stamp, count, hand to the fan-out), from PHP, a
 //!   peer or the broker;
+//! - [`recent_ids`]: the `uniqueID`s taken in recently, so each message is taken in once;
 //! - [`warmup`]: a starting server fills its history from a ready peer;
 //! - [`client_port`]: WebSocket upgrades and the exact 501;
 //! - [`session`]: one task per socket (reads, and the writes the fan-out could not finish);
@@ -19,6 +20,7 @@
 //! - [`fanout`]: the thread that delivers accepted messages, so the admin POST never waits;
 //! - [`frames`]: WebSocket frames encoded once, and the bounded reader of client frames;
 //! - [`drain`]: the graceful drain on SIGTERM;
+//! - [`cluster`]: alone, a mesh of peers or a broker, chosen once at startup;
 //! - [`peers`]: relaying to the other servers of a cluster;
 //! - [`broker`]: broker mode, the cluster on a Redis stream instead of peers;
 //! - [`history_gate`]: `/readyz` and client commands wait until the history is filled;
@@ -31,6 +33,7 @@ pub mod admin;
 pub mod broker;
 pub mod budget;
 pub mod client_port;
+pub mod cluster;
 pub mod config;
 pub mod drain;
 pub mod events;
@@ -43,6 +46,7 @@ pub mod inspect;
 pub mod memory;
 pub mod metrics;
 pub mod peers;
+pub mod recent_ids;
 pub mod runtimes;
 pub mod service;
 pub mod session;

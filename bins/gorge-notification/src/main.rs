@@ -109,6 +109,9 @@ fn main() {
         let text = serde_json::to_string_pretty(&config::print_config(&config))
             .expect("configuration serializes");
         println!("{text}");
+        for note in config::print_config_notes(&config) {
+            eprintln!("note: {note}");
+        }
         return;
     }
     let logging =

@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use prometheus_client::registry::Registry;
 use slog::Logger;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -110,7 +109,7 @@ impl PeerRelay {
     pub fn start(
         cfg: PeerConfig,
         own_fingerprint: String,
-        registry: &mut Registry,
+        metrics: PeerMetrics,
         log: Logger,
     ) -> Arc<PeerRelay> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -129,7 +128,7 @@ impl PeerRelay {
             queue_capacity: cfg.queue_capacity.max(1),
             keep_for: cfg.keep_for,
             dns_port: cfg.dns.as_ref().map(|(_, port)| *port),
-            metrics: PeerMetrics::register(registry),
+            metrics,
             log,
             peers: Mutex::new(PeerSet {
                 peers: Vec::new(),

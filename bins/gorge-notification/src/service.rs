@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use gorge_hub::{Hub, MillisClock};
 use gorge_service::server::HEADER_READ_TIMEOUT;
+use gorge_service::settings::Declared;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
     RunError, RunOptions, Shutdown,
@@ -16,13 +17,15 @@ use rand::RngCore;
 use slog::Logger;
 use tokio::sync::Notify;
 
-use crate::broker::{Broker, BrokerMetrics};
-use crate::config::{Config, ServerKind};
+use crate::broker::{self, Broker, BrokerMetrics};
+use crate::cluster::Cluster;
+use crate::config::{ClusterConfig, Config, ServerKind, Settings};
 use crate::events;
 use crate::fanout::Fanout;
 use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
-use crate::peers::PeerRelay;
+use crate::peers::{PeerMetrics, PeerRelay};
+use crate::recent_ids::RecentIds;
 use crate::runtimes::OwnRuntime;
 use crate::state::{ConnectionLimits, ServerState};
 use crate::{admin, client_port, drain, fdlimit, warmup};
@@ -49,7 +52,7 @@ pub struct Server {
     admin_runtime: OwnRuntime,
     /// Serves the client listeners and their sockets, at a lower priority.
     client_runtime: OwnRuntime,
-    /// Bounds the warm-up from peers (the gate opens by then whatever happened).
+    /// Bounds the warm-up from peers in a mesh (the gate opens by then whatever happened).
     warmup_deadline: Duration,
 }
 
@@ -74,48 +77,55 @@ impl Server {
             env!("CARGO_PKG_VERSION"),
         );
         let metrics = Metrics::register(&mut registry);
-        let relay = PeerRelay::start(
-            config.peers.clone(),
-            fingerprint.clone(),
-            &mut registry,
-            log.clone(),
-        );
+        // Both kinds of families exist whatever the mode, so dashboards and alert rules find
+        // the same series everywhere (`broker_enabled` tells the modes apart).
+        let peer_metrics = PeerMetrics::register(&mut registry);
         let broker_metrics = BrokerMetrics::register(&mut registry);
-        let broker = config.broker.as_ref().map(|broker| {
-            broker_metrics.broker_enabled.set(1);
-            Broker::new(
-                broker,
-                fingerprint.clone(),
-                &config.hub,
-                broker_metrics,
-                log.clone(),
-            )
-        });
-        // History is filled at start from a peer (mesh) or from the stream (broker mode,
-        // which refuses peers); with neither, it is warm at once, as before.
-        let has_peers = !config.peers.static_peers.is_empty() || config.peers.dns.is_some();
-        let history_gate = Arc::new(match (&broker, has_peers) {
-            (Some(_), _) => HistoryGate::new(
-                false,
-                "loading history from the broker",
-                metrics.history_warm.clone(),
-            ),
-            (None, true) => {
-                HistoryGate::new(false, "history is warming up", metrics.history_warm.clone())
+        let warm = metrics.history_warm.clone();
+        // History is filled at start from a peer (mesh) or from the stream (broker); alone,
+        // it is warm at once.
+        let mut reader = None;
+        let mut warmup_deadline = Duration::ZERO;
+        let (cluster, history_gate) = match &config.cluster {
+            ClusterConfig::Alone => (Cluster::Alone, HistoryGate::new(true, "", warm)),
+            ClusterConfig::Mesh(peers) => {
+                // One peer's full timeout, and another's: a hung peer costs at most one.
+                warmup_deadline = peers.timeout * 2;
+                let relay = PeerRelay::start(
+                    peers.clone(),
+                    fingerprint.clone(),
+                    peer_metrics,
+                    log.clone(),
+                );
+                let gate = HistoryGate::new(false, "history is warming up", warm);
+                (Cluster::Mesh(relay), gate)
             }
-            (None, false) => HistoryGate::new(true, "", metrics.history_warm.clone()),
-        });
+            ClusterConfig::Broker(broker) => {
+                broker_metrics.broker_enabled.set(1);
+                let (broker, link) = Broker::start(
+                    broker,
+                    fingerprint.clone(),
+                    &config.hub,
+                    broker_metrics,
+                    log.clone(),
+                );
+                reader = Some(link);
+                let gate = HistoryGate::new(false, "loading history from the broker", warm);
+                (Cluster::Broker(broker), gate)
+            }
+        };
+        let history_gate = Arc::new(history_gate);
         let probes = Probes::new(registry, history_gate.readiness());
-        let (hub, publisher) = Hub::new(config.hub.clone(), clock);
+        // The publisher holds the hub too; the fan-out thread takes both.
+        let (_, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
         let state = Arc::new(ServerState {
-            hub,
+            hub: fanout.hub_now(),
             fanout,
             fingerprint,
             metrics,
             probes,
-            relay,
-            broker: broker.clone(),
+            cluster,
             limits: ConnectionLimits {
                 max_frame_bytes: config.max_frame_bytes,
                 inbound: config.inbound,
@@ -128,21 +138,18 @@ impl Server {
             session_ended: Notify::new(),
             drain_ends: std::sync::OnceLock::new(),
             history_gate,
-            recent_ids: crate::ingest::RecentIds::new(
-                config.hub.history_entries,
-                config.hub.history_age_ms,
-            ),
+            recent_ids: RecentIds::new(config.hub.history_entries, config.hub.history_age_ms),
             history_exports: std::sync::atomic::AtomicUsize::new(0),
         });
-        if let Some(broker) = &broker {
-            broker.start_publisher();
-            broker.start_reader(state.clone());
+        if let Some(link) = reader {
+            tokio::spawn(broker::reader::run(link, state.clone()));
         }
-        for addr in exposed_admin_addrs(&config) {
+        for addr in config.exposed_admin_addrs() {
+            let variable = Settings::env_var(Settings::KEYS.admin_listen_addr);
             emit!(log, events::NOTIFY_ADMIN_NOT_LOOPBACK; "addr" => %addr,
-                "hint" => "the admin port has no authentication: keep it off public networks, \
-                    and set GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR (or the admin server's \
-                    listen) to say this address is meant");
+                "hint" => format!("the admin port has no authentication: keep it off public \
+                    networks, and set {variable} (or the admin server's listen) to say this \
+                    address is meant"));
         }
         let specs = config
             .servers
@@ -202,12 +209,11 @@ impl Server {
             listeners,
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
-            static_peers: config.peers.static_peers.len(),
+            static_peers: config.cluster.static_peers().len(),
             derived: crate::config::derived::started(&config),
             admin_runtime,
             client_runtime,
-            // One peer's full timeout, and another's: a hung peer costs at most one.
-            warmup_deadline: config.peers.timeout * 2,
+            warmup_deadline,
         })
     }
 
@@ -252,8 +258,12 @@ impl Server {
             self.client_runtime.handle(),
         ));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
-        if state.broker.is_none() && !state.history_gate.is_open() {
-            tokio::spawn(warmup::run(state.clone(), self.warmup_deadline));
+        if let Cluster::Mesh(relay) = &state.cluster {
+            tokio::spawn(warmup::run(
+                state.clone(),
+                relay.clone(),
+                self.warmup_deadline,
+            ));
         }
         let options = RunOptions {
             drain_deadline: self.drain_deadline.saturating_sub(REQUEST_GRACE),
@@ -272,21 +282,6 @@ impl Server {
     }
 }
 
-/// Admin listeners on a non-loopback address that nobody chose for the admin port (the
-/// shared `LISTEN_ADDR`, or a file entry without `listen`). PHP cannot authenticate, so anyone
-/// who reaches the admin port can post to every browser; operators should know when it is
-/// exposed by accident. An address set for the admin port itself (its `listen`, or
-/// `ADMIN_LISTEN_ADDR`, as the chart does next to its NetworkPolicy) is a decision, and a
-/// warning at every start would only teach operators to ignore warnings.
-pub fn exposed_admin_addrs(config: &Config) -> Vec<SocketAddr> {
-    config
-        .servers
-        .iter()
-        .filter(|s| s.kind == ServerKind::Admin && !s.listen_chosen && !s.addr.ip().is_loopback())
-        .map(|s| s.addr)
-        .collect()
-}
-
 fn handler(state: Arc<ServerState>, kind: ServerKind) -> Handler {
     Arc::new(move |request, peer| {
         let state = state.clone();
@@ -295,34 +290,4 @@ fn handler(state: Arc<ServerState>, kind: ServerKind) -> Handler {
             ServerKind::Client => Box::pin(client_port::handle(state, request)),
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ServerConfig;
-
-    #[test]
-    fn only_unchosen_non_loopback_admin_listeners_are_warned_about() {
-        let mut config = crate::config::load(None).unwrap();
-        let server = |kind, addr: &str| ServerConfig::new(kind, addr.parse().unwrap());
-        let chosen = |addr: &str| ServerConfig {
-            listen_chosen: true,
-            ..server(ServerKind::Admin, addr)
-        };
-        config.servers = vec![
-            server(ServerKind::Admin, "127.0.0.1:1"),
-            server(ServerKind::Admin, "[::1]:2"),
-            server(ServerKind::Admin, "0.0.0.0:3"),
-            server(ServerKind::Admin, "10.1.2.3:4"),
-            server(ServerKind::Client, "0.0.0.0:5"),
-            chosen("0.0.0.0:6"),
-            chosen("10.1.2.3:7"),
-        ];
-        let exposed: Vec<String> = exposed_admin_addrs(&config)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(exposed, ["0.0.0.0:3", "10.1.2.3:4"]);
-    }
 }

@@ -1,21 +1,20 @@
 //! What the admin and client handlers share: the hub, this server's fingerprint, metrics,
-//! probes, the peer relay or the broker, the limits that apply per request or per socket, and
+//! probes, the way to the other servers (alone, peers or a broker), the limits that apply per request or per socket, and
 //! the history gate (is the history warm yet).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gorge_hub::Hub;
 use gorge_service::Probes;
 use slog::Logger;
 use tokio::sync::Notify;
 
-use crate::broker::Broker;
 use crate::budget::InboundLimits;
-use crate::fanout::Fanout;
+use crate::cluster::Cluster;
+use crate::fanout::{Fanout, HubNow};
 use crate::history_gate::HistoryGate;
 use crate::metrics::Metrics;
-use crate::peers::PeerRelay;
+use crate::recent_ids::RecentIds;
 
 /// Per-request and per-socket limits (the `GORGE_NOTIFICATION_MAX_*`, ping and idle settings).
 #[derive(Debug, Clone)]
@@ -31,8 +30,8 @@ pub struct ConnectionLimits {
 pub struct ServerState {
     /// The hub as it is now, for what does not depend on messages still in the hand-off
     /// (leaving, queue bounds, drain, gauges, counting a POST in). Whatever must see every POST
-    /// already answered takes the hub from [`Fanout::settled`] instead.
-    pub hub: Arc<Hub>,
+    /// already answered takes the hub from [`Fanout::settled`], the only way to the rest.
+    pub hub: HubNow,
     /// Where the admin port hands accepted messages (it never delivers them itself), and the
     /// settled hub.
     pub fanout: Fanout,
@@ -40,9 +39,8 @@ pub struct ServerState {
     pub fingerprint: String,
     pub metrics: Metrics,
     pub probes: Arc<Probes>,
-    pub relay: Arc<PeerRelay>,
-    /// Broker mode's publishing side, when `BROKER_URL` is set.
-    pub broker: Option<Arc<Broker>>,
+    /// Alone, a mesh of peers, or a broker: chosen once at startup.
+    pub cluster: Cluster,
     pub limits: ConnectionLimits,
     pub started: Instant,
     pub log: Logger,
@@ -55,7 +53,7 @@ pub struct ServerState {
     /// peers or a broker to fill it from).
     pub history_gate: Arc<HistoryGate>,
     /// Messages taken in recently, by `uniqueID`: each is taken in once.
-    pub recent_ids: crate::ingest::RecentIds,
+    pub recent_ids: RecentIds,
     /// `GET /history/` exports being built now (each holds up to the history's bytes).
     pub history_exports: std::sync::atomic::AtomicUsize,
 }

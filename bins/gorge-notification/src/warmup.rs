@@ -28,6 +28,7 @@ use serde_json::Value;
 
 use crate::events;
 use crate::frames;
+use crate::peers::PeerRelay;
 use crate::state::ServerState;
 use gorge_service::emit;
 
@@ -160,21 +161,21 @@ fn ask(agent: &ureq::Agent, base_url: &str, age_ms: u64, limit: u64) -> Answer {
     }
 }
 
-/// Warms history from the first ready peer, then opens the history gate. `deadline` bounds
-/// the whole warm-up (a server never stays unready because a peer hangs).
-pub async fn run(state: Arc<ServerState>, deadline: Duration) {
+/// Warms history from the first ready peer of `relay`, then opens the history gate.
+/// `deadline` bounds the whole warm-up (a server never stays unready because a peer hangs).
+pub async fn run(state: Arc<ServerState>, relay: Arc<PeerRelay>, deadline: Duration) {
     let started = Instant::now();
     let limits = state.hub.limits();
     let age_ms = limits.history_age_ms;
     // Room for every retained message and its line's framing.
     let limit = (limits.history_bytes as u64).saturating_mul(2) + (1 << 20);
     // DNS peers are known only after the first lookup.
-    let mut peers = state.relay.base_urls();
-    while peers.is_empty() && state.relay.uses_dns() && started.elapsed() < deadline {
+    let mut peers = relay.base_urls();
+    while peers.is_empty() && relay.uses_dns() && started.elapsed() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        peers = state.relay.base_urls();
+        peers = relay.base_urls();
     }
-    let agent = state.relay.agent();
+    let agent = relay.agent();
     let mut reasons = Vec::new();
     for base_url in peers {
         let Some(left) = deadline.checked_sub(started.elapsed()) else {
@@ -200,17 +201,15 @@ pub async fn run(state: Arc<ServerState>, deadline: Duration) {
         let (mut entries, bad) = parse(&body);
         // Settled first, so a relayed message already taken in is in history for the
         // identity check; one taken in from now on is caught by its `uniqueID`.
-        state.fanout.settled().await;
-        let now_ms = state.hub.now_ms();
+        let hub = state.fanout.settled().await;
+        let now_ms = hub.now_ms();
         let before = entries.len();
         entries.retain(|warmed| {
             crate::ingest::unique_id(&frames::payload(&warmed.frame))
                 .is_none_or(|id| state.recent_ids.first_time(id, now_ms))
         });
         let already_here = before - entries.len();
-        let mut counts = state
-            .hub
-            .warm_history(entries, |frame| identity(&frames::payload(frame)));
+        let mut counts = hub.warm_history(entries, |frame| identity(&frames::payload(frame)));
         counts.duplicates += already_here;
         state
             .metrics

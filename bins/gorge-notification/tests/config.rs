@@ -120,6 +120,10 @@ fn other_invalid_values_are_refused() {
         ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "0"),
         // Below the largest frame (64 KiB): such a frame could never be read.
         ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "65535"),
+        // Over the burst's default (1 MiB): the frame size is what the operator set.
+        ("GORGE_NOTIFICATION_MAX_FRAME_BYTES", "4294967297"),
+        // Not below the idle timeout's default (75 s).
+        ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "100"),
         ("GORGE_LOG_LEVEL", "loud"),
     ];
     for &(key, value) in cases {
@@ -156,6 +160,15 @@ fn empty_variables_mean_default_and_check_config_prints_the_result() {
     );
     assert_eq!(value_of(out, "GORGE_NOTIFICATION_MAX_FRAME_BYTES"), "65536");
     assert_eq!(value_of(out, "peers (cluster[] and PEERS)"), "(none)");
+    // The ports and addresses in force, not `(unset)`.
+    for (name, value) in [
+        ("GORGE_NOTIFICATION_CLIENT_PORT", "22280"),
+        ("GORGE_NOTIFICATION_ADMIN_PORT", "22281"),
+        ("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "0.0.0.0"),
+        ("GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR", "127.0.0.1"),
+    ] {
+        assert_eq!(checked(out, name), (value.into(), "default".into()));
+    }
 }
 
 #[test]
@@ -413,6 +426,12 @@ fn file_values_are_described_in_plain_words_and_unknown_entry_keys_refused() {
             "max_sockets",
             "a number, not a string",
         ),
+        // Named by the file key the operator wrote, not by its variable.
+        (
+            r#"{"peer_dns":"headless"}"#,
+            "peer_dns (in ",
+            "expected host:port",
+        ),
     ];
     for (json, key, reason) in cases {
         let file = config_file(json);
@@ -486,6 +505,65 @@ fn print_config_writes_an_aphlict_file_that_loads_back() {
     assert_eq!(
         checked(&loaded.stdout, "GORGE_NOTIFICATION_DRAIN_SECONDS").1,
         format!("file {}", path.display())
+    );
+}
+
+#[test]
+fn a_broker_url_is_shown_and_printed_with_only_its_password_kept_out() {
+    let var = "GORGE_NOTIFICATION_BROKER_URL";
+    let output = run(
+        &["--check-config"],
+        &[(var, "redis://user:hunter2@redis.example:6379/0")],
+    );
+    assert_ok(&output);
+    assert_eq!(
+        value_of(&output.stdout, var),
+        "redis://user:********@redis.example:6379/0"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("hunter2"));
+    let output = run(
+        &["--print-config"],
+        &[(var, "redis://user:hunter2@redis.example:6379/0")],
+    );
+    assert_ok(&output);
+    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(printed["broker_url"], "redis://user@redis.example:6379/0");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "note: the password of GORGE_NOTIFICATION_BROKER_URL is not printed: put it in \
+         GORGE_NOTIFICATION_BROKER_PASSWORD_FILE, or into the printed URL yourself\n"
+    );
+    // Without a password, the URL prints and loads back as it is: broker mode stays on.
+    let url = "redis://redis.example:6379/0";
+    let output = run(&["--print-config"], &[(var, url)]);
+    assert_ok(&output);
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let file = config_file(&String::from_utf8_lossy(&output.stdout));
+    let path = file.path().to_str().unwrap();
+    let loaded = run(&["--check-config", "--config", path], &[]);
+    assert_ok(&loaded);
+    assert_eq!(
+        checked(&loaded.stdout, var),
+        (url.to_string(), format!("file {path}"))
+    );
+}
+
+#[test]
+fn a_variable_spelt_as_a_file_key_is_warned_about_with_the_key() {
+    let file = config_file(r#"{"gorge_listen_addr": "127.0.0.1"}"#);
+    let path = file.path().to_str().unwrap();
+    let output = run(&["--check-config", "--config", path], &[]);
+    assert_ok(&output);
+    assert_eq!(
+        other_warnings(&output.stdout),
+        [format!(
+            "warning: gorge_listen_addr (in {path}) is ignored: unknown key (did you mean \
+             `listen_addr`?)"
+        )]
     );
 }
 

@@ -10,7 +10,7 @@ use gorge_notification::broker::BrokerMetrics;
 use gorge_notification::config::{Config, Settings};
 use gorge_notification::metrics::{Metrics, PREFIX};
 use gorge_notification::peers::PeerMetrics;
-use gorge_service::{derived, docs, events, metrics, settings};
+use gorge_service::{derived, docs, events, metrics, variables};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/notification.md")
@@ -18,7 +18,7 @@ fn page() -> PathBuf {
 
 #[test]
 fn the_settings_table_is_the_declaration() {
-    docs::check_table(&page(), &settings::docs_table::<Settings>());
+    docs::check_table(&page(), &variables::docs_table::<Settings>());
 }
 
 /// What follows from the settings, with the values the defaults give.
@@ -38,7 +38,10 @@ fn the_metrics_table_is_the_declaration() {
 /// The prose names the components a per-component `GORGE_LOG_LEVEL` accepts, as declared.
 #[test]
 fn the_log_components_are_the_declared_ones() {
-    docs::check_components(&page(), gorge_notification::events::ALL);
+    docs::check_components(
+        &page(),
+        &events::components(gorge_notification::events::ALL),
+    );
 }
 
 #[test]

@@ -12,6 +12,7 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use common::{Server, Ws, PATIENCE};
+use gorge_notification::config::{ClusterConfig, PeerConfig, PeerProtocol, PeerUrl};
 use gorge_testkit::browser::{self, Browser};
 use gorge_testkit::http;
 use serde_json::Value;
@@ -284,7 +285,10 @@ async fn a_node_that_joins_through_dns_announces_itself_to_the_siblings_it_resol
     let sibling = sibling();
     let port = sibling.port();
     let _joining = common::InProcess::start(|config| {
-        config.peers.dns = Some(("127.0.0.1".to_owned(), port));
+        config.cluster = ClusterConfig::Mesh(PeerConfig {
+            dns: Some(("127.0.0.1".to_owned(), port)),
+            ..PeerConfig::default()
+        });
     })
     .await;
     // It also asks the sibling for its history (warm-up); the order is not fixed.
@@ -302,7 +306,10 @@ async fn an_announced_sibling_is_relayed_to_at_once() {
     let port = sibling.port();
     // DNS does not answer (yet): only the announce can make the sibling known.
     let server = common::InProcess::start(|config| {
-        config.peers.dns = Some(("sibling.invalid".to_owned(), port));
+        config.cluster = ClusterConfig::Mesh(PeerConfig {
+            dns: Some(("sibling.invalid".to_owned(), port)),
+            ..PeerConfig::default()
+        });
     })
     .await;
     let announced = http::request(server.admin_port, "POST", "/peers/announce", &[], b"").await;
@@ -365,11 +372,14 @@ async fn a_replay_waits_until_history_is_warm() {
     });
     let peer_port = peer.port();
     let server = common::InProcess::start(|config| {
-        config.peers.static_peers = vec![gorge_notification::config::PeerUrl {
-            protocol: gorge_notification::config::PeerProtocol::Http,
-            host: "127.0.0.1".to_owned(),
-            port: peer_port,
-        }];
+        config.cluster = ClusterConfig::Mesh(PeerConfig {
+            static_peers: vec![PeerUrl {
+                protocol: PeerProtocol::Http,
+                host: "127.0.0.1".to_owned(),
+                port: peer_port,
+            }],
+            ..PeerConfig::default()
+        });
     })
     .await;
     let readyz = || async {

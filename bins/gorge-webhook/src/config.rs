@@ -21,9 +21,10 @@ use gorge_claim::{ClaimTiming, StoreOptions};
 use gorge_service::config::{env_value, CheckLine};
 use gorge_service::derived::{self, Adjustment, Derived, Derives, Formula};
 use gorge_service::events::Event;
+use gorge_service::logging::LogVars;
 use gorge_service::settings::{
-    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, LogVars,
-    Millis, Port, Seconds, SecondsOrZero, SecretText, Text,
+    self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, Millis,
+    Port, Seconds, SecondsOrZero, SecretText, Text,
 };
 use gorge_service::{ConfigError, Secret};
 
@@ -112,13 +113,13 @@ gorge_service::settings! {
 }
 
 /// Each setting's key, as code outside the declaration names it.
-const KEY: Keys = RawSettings::KEY;
+const KEYS: Keys = RawSettings::KEYS;
 
 /// The effective claim lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
 const CLAIM_LEASE: Formula = Formula::Max(&[
-    Formula::Setting(KEY.claim_lease_sec),
+    Formula::Setting(KEYS.claim_lease_sec),
     Formula::Sum(&[
-        Formula::Setting(KEY.delivery_timeout),
+        Formula::Setting(KEYS.delivery_timeout),
         Formula::Constant(LEASE_MARGIN_SEC),
     ]),
 ]);
@@ -128,7 +129,7 @@ const CLAIM_LEASE: Formula = Formula::Max(&[
 /// inside the lease, may wait one query timeout for a connection and one for the statement.
 const DRAIN: Formula = Formula::Sum(&[
     CLAIM_LEASE,
-    Formula::Times(2, &Formula::Setting(KEY.mysql_query_timeout_sec)),
+    Formula::Times(2, &Formula::Setting(KEYS.mysql_query_timeout_sec)),
 ]);
 
 /// The longest a stop takes after SIGTERM: the drain, then the grace for status requests.
@@ -140,7 +141,7 @@ const STOP_WITHIN: Formula = Formula::Sum(&[DRAIN, Formula::Constant(REQUEST_GRA
 /// write, each bounded by the query timeout.
 const LOCK_SESSION_TIMEOUT: Formula = Formula::Sum(&[
     CLAIM_LEASE,
-    Formula::Times(5, &Formula::Setting(KEY.mysql_query_timeout_sec)),
+    Formula::Times(5, &Formula::Setting(KEYS.mysql_query_timeout_sec)),
 ]);
 
 /// Where MariaDB is and how the service uses it.
@@ -261,7 +262,7 @@ impl Derives for Config {
             "deliveries in flight at most: one per lock connection",
         )
         .adjusting(
-            KEY.max_concurrent,
+            KEYS.max_concurrent,
             "lowered to the lock connections: each delivery holds one",
         ),
         Derived::formula(
@@ -270,7 +271,7 @@ impl Derives for Config {
             "how long a claimed row is invisible to other claimants: never shorter than a POST \
              may take, so a POST still running is never claimed again",
         )
-        .adjusting(KEY.claim_lease_sec, "raised to cover the delivery timeout"),
+        .adjusting(KEYS.claim_lease_sec, "raised to cover the delivery timeout"),
         Derived::formula(
             "stop_within_sec",
             STOP_WITHIN,
@@ -386,10 +387,10 @@ impl Loaded {
             let mut entries = settings::read_file(path, "--config", &FILE_FORMATS)?;
             // A list is what TOML (and the chart's value) makes natural for the blacklist;
             // read it as the variable's comma-separated text.
-            if let Some(serde_json::Value::Array(items)) = entries.get(KEY.outbound_blacklist) {
+            if let Some(serde_json::Value::Array(items)) = entries.get(KEYS.outbound_blacklist) {
                 if let Some(texts) = items.iter().map(|i| i.as_str()).collect::<Option<Vec<_>>>() {
                     let joined = texts.join(", ");
-                    entries.insert(KEY.outbound_blacklist.into(), joined.into());
+                    entries.insert(KEYS.outbound_blacklist.into(), joined.into());
                 }
             }
             let mut unknown = layered.apply_file(path, &entries)?;
@@ -404,7 +405,7 @@ impl Loaded {
         }
         layered.apply_env(env, &[])?;
         Ok(Loaded {
-            config: validate(&layered.values)?,
+            config: validate(&layered)?,
             layered,
             log: Layered::default(),
             unknown_variables: Vec::new(),
@@ -431,7 +432,7 @@ impl Loaded {
                 "{}={NO_BLACKLIST}: webhooks may reach any address, including this network's \
                  private ones and cloud metadata (SSRF); mirror Phorge's \
                  security.outbound-blacklist instead",
-                var(KEY.outbound_blacklist)
+                var(KEYS.outbound_blacklist)
             ));
         }
         let poll_ms = config.poll_interval.as_millis() as u64;
@@ -439,7 +440,7 @@ impl Loaded {
             out.push(format!(
                 "{}={} is shorter than the poll interval ({poll_ms} ms): an idle queue retries \
                  only once per poll",
-                var(KEY.retry_backoff_sec),
+                var(KEYS.retry_backoff_sec),
                 config.retry_backoff.as_secs()
             ));
         }
@@ -447,7 +448,7 @@ impl Loaded {
             out.push(format!(
                 "{}={} is shorter than the poll interval ({poll_ms} ms): the breaker window \
                  closes between polls",
-                var(KEY.error_backoff_sec),
+                var(KEYS.error_backoff_sec),
                 config.breaker_window.as_secs()
             ));
         }
@@ -487,8 +488,10 @@ impl Loaded {
 }
 
 /// Validates the settings into the [`Config`] the service runs with.
-fn validate(raw: &RawSettings) -> Result<Config, ConfigError> {
-    let var = RawSettings::env_var;
+fn validate(layered: &Layered<RawSettings>) -> Result<Config, ConfigError> {
+    let raw = &layered.values;
+    // Each setting as the operator wrote it: `namespace (in PATH)` for a file's value.
+    let var = |key: &str| layered.name(key);
     // The namespace becomes part of a database name in every query.
     if raw.namespace.is_empty()
         || !raw
@@ -497,28 +500,28 @@ fn validate(raw: &RawSettings) -> Result<Config, ConfigError> {
             .all(|c| c.is_ascii_alphanumeric() || c == '_')
     {
         return Err(ConfigError::new(
-            var(KEY.namespace),
+            var(KEYS.namespace),
             &raw.namespace,
             "expected letters, digits and underscores",
         ));
     }
     if raw.mysql_host.trim().is_empty() {
         return Err(ConfigError::new(
-            var(KEY.mysql_host),
+            var(KEYS.mysql_host),
             &raw.mysql_host,
             "must not be empty",
         ));
     }
     let outbound_policy = OutboundPolicy::parse(&raw.outbound_blacklist).map_err(|bad| {
         ConfigError::new(
-            var(KEY.outbound_blacklist),
+            var(KEYS.outbound_blacklist),
             bad,
             "expected CIDRs or IP addresses separated by commas or spaces, or none",
         )
     })?;
     let listen_addr: SocketAddr = raw.listen_addr.parse().map_err(|_| {
         ConfigError::new(
-            var(KEY.listen_addr),
+            var(KEYS.listen_addr),
             &raw.listen_addr,
             "expected IP:PORT, e.g. 0.0.0.0:8160",
         )
@@ -529,7 +532,7 @@ fn validate(raw: &RawSettings) -> Result<Config, ConfigError> {
     let extra_roots = match &ca_file {
         Some(path) => ExtraRoots::load(path).map_err(|reason| {
             ConfigError::new(
-                var(KEY.ca_file),
+                var(KEYS.ca_file),
                 path.display(),
                 format!("{reason} (expected a readable PEM file of CA certificates)"),
             )
@@ -740,6 +743,27 @@ mod tests {
         let err =
             load_env(&[("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "18446744073709551615")]).unwrap_err();
         assert_eq!(err.key, "GORGE_WEBHOOK_RETRY_BACKOFF_SEC");
+    }
+
+    /// A value from the file is named by its file key; a variable's spelling there gets the key.
+    #[test]
+    fn file_values_are_named_as_the_operator_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            let path = dir.path().join("webhook.toml");
+            std::fs::write(&path, text).unwrap();
+            (Loaded::load_from(Some(&path), &|_| None).unwrap_err(), path)
+        };
+        let (err, path) = load("namespace = \"x; DROP\"\n");
+        assert_eq!(
+            (err.key, err.value),
+            (
+                format!("namespace (in {})", path.display()),
+                "x; DROP".into()
+            )
+        );
+        let (err, _) = load("gorge_listen_addr = \"127.0.0.1:8160\"\n");
+        assert_eq!(err.reason, "unknown key (did you mean `listen_addr`?)");
     }
 
     #[test]

@@ -49,7 +49,7 @@ fn var(key: &str) -> String {
 
 impl fmt::Display for DbEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let key = RawSettings::KEY;
+        let key = RawSettings::KEYS;
         match self.socket {
             true => write!(
                 f,
@@ -91,7 +91,7 @@ pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
                  password and grants, or set {socket} to the server's socket \
                  (e.g. /run/mysqld/mysqld.sock)",
                 user = at.user,
-                socket = var(RawSettings::KEY.mysql_socket)
+                socket = var(RawSettings::KEYS.mysql_socket)
             )
         }
         ClaimError::Database(mysql_async::Error::Server(server))

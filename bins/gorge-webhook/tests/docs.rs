@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gorge_service::{derived, docs, events, metrics, settings};
+use gorge_service::{derived, docs, events, metrics, variables};
 use gorge_webhook::config::{Config, Loaded, RawSettings};
 use gorge_webhook::metrics::{Metrics, PREFIX};
 
@@ -14,7 +14,7 @@ fn page() -> PathBuf {
 
 #[test]
 fn the_settings_table_is_the_declaration() {
-    docs::check_table(&page(), &settings::docs_table::<RawSettings>());
+    docs::check_table(&page(), &variables::docs_table::<RawSettings>());
 }
 
 /// What follows from the settings, with the values the defaults give.
@@ -31,7 +31,7 @@ fn the_metrics_table_is_the_declaration() {
 /// The prose names the components a per-component `GORGE_LOG_LEVEL` accepts, as declared.
 #[test]
 fn the_log_components_are_the_declared_ones() {
-    docs::check_components(&page(), gorge_webhook::events::ALL);
+    docs::check_components(&page(), &events::components(gorge_webhook::events::ALL));
 }
 
 #[test]

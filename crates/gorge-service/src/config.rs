@@ -105,15 +105,25 @@ pub fn check_config_text(lines: &[CheckLine], warnings: &[String]) -> String {
     out
 }
 
-/// A known name within a few edits of `name` (a typo), if any.
+/// A known name within a few edits of `name` (a typo), if any; else the longest known name
+/// `name` ends with after an underscore: the variable's spelling in a file
+/// (`gorge_listen_addr`, `GORGE_NOTIFICATION_CLIENT_PORT`) names the file key at its end.
 pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let name = name.to_ascii_lowercase();
-    known
-        .into_iter()
-        .map(|k| (strsim::levenshtein(&name, &k.to_ascii_lowercase()), k))
+    let known: Vec<&str> = known.into_iter().collect();
+    let typo = known
+        .iter()
+        .map(|k| (strsim::levenshtein(&name, &k.to_ascii_lowercase()), *k))
         .filter(|(distance, k)| *distance <= 2.max(k.len() / 5))
         .min()
-        .map(|(_, k)| k)
+        .map(|(_, k)| k);
+    typo.or_else(|| {
+        known
+            .iter()
+            .filter(|k| name.ends_with(&format!("_{}", k.to_ascii_lowercase())))
+            .max_by_key(|k| k.len())
+            .copied()
+    })
 }
 
 /// `unknown key (did you mean `x`?)` or `unknown key`.
@@ -181,6 +191,46 @@ pub fn refuse_service_link(var: &str, value: &str) -> Result<(), ConfigError> {
 pub fn exit_config_error(err: &ConfigError) -> ! {
     eprintln!("{err}");
     std::process::exit(CONFIG_EXIT_CODE)
+}
+
+/// Where the password of `url` is (`scheme://user:PASSWORD@host…`), if it has one; `None`
+/// also when `url` is not shaped like a URL.
+fn url_password(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = url.find("://")? + 3;
+    let authority = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |end| start + end);
+    let at = start + url[start..authority].rfind('@')?;
+    let colon = start + url[start..at].find(':')?;
+    Some(colon + 1..at).filter(|password| !password.is_empty())
+}
+
+/// `url` with its password masked (`redis://user:********@host:6379/0`) and the rest as it
+/// is. Text with an `@` that is not shaped like a URL is masked whole: it may be a password.
+pub fn mask_url_password(url: &str) -> String {
+    match url_password(url) {
+        Some(password) => format!("{}********{}", &url[..password.start], &url[password.end..]),
+        None if url.contains('@') && !url.contains("://") => mask_secret(url).to_string(),
+        None => url.to_string(),
+    }
+}
+
+/// `url` without its password (`redis://user@host:6379/0`; `redis://host` when no user is
+/// left either), for a file that must not hold it.
+pub fn without_url_password(url: &str) -> String {
+    match url_password(url) {
+        Some(password) => {
+            let user_start = url.find("://").map_or(0, |i| i + 3);
+            // The colon before the password goes too, and the `@` when no user is left.
+            let (cut_start, cut_end) = match password.start - 1 == user_start {
+                true => (user_start, password.end + 1),
+                false => (password.start - 1, password.end),
+            };
+            format!("{}{}", &url[..cut_start], &url[cut_end..])
+        }
+        None if url.contains('@') && !url.contains("://") => String::new(),
+        None => url.to_string(),
+    }
 }
 
 /// What to print in place of a secret: whether it is set, never what it is.
@@ -288,6 +338,64 @@ mod tests {
             text,
             "A_PORT   = 1  # default\nA_LONGER = x  # env A_LONGER\nwarning: careful\n"
         );
+    }
+
+    #[test]
+    fn a_variable_spelt_in_a_file_suggests_the_file_key() {
+        let keys = ["listen_addr", "client_listen_addr", "client_port", "peers"];
+        assert_eq!(did_you_mean("gorge_listen_addr", keys), Some("listen_addr"));
+        assert_eq!(
+            did_you_mean("GORGE_NOTIFICATION_CLIENT_PORT", keys),
+            Some("client_port")
+        );
+        assert_eq!(
+            did_you_mean("gorge_notification_client_listen_addr", keys),
+            Some("client_listen_addr")
+        );
+        assert_eq!(did_you_mean("listen", keys), None);
+        assert_eq!(did_you_mean("xpeers", keys), Some("peers"));
+        assert_eq!(
+            unknown_key_reason("gorge_listen_addr", keys),
+            "unknown key (did you mean `listen_addr`?)"
+        );
+    }
+
+    #[test]
+    fn only_the_password_of_a_url_is_masked() {
+        let cases = [
+            // (URL, shown, in a file)
+            (
+                "redis://redis:6379/0",
+                "redis://redis:6379/0",
+                "redis://redis:6379/0",
+            ),
+            (
+                "rediss://user:hunter2@redis:6380/2",
+                "rediss://user:********@redis:6380/2",
+                "rediss://user@redis:6380/2",
+            ),
+            (
+                "redis://:hunter2@redis",
+                "redis://:********@redis",
+                "redis://redis",
+            ),
+            (
+                "redis://user@redis/0",
+                "redis://user@redis/0",
+                "redis://user@redis/0",
+            ),
+            (
+                "redis://u:p@ss@redis/0?x=a@b",
+                "redis://u:********@redis/0?x=a@b",
+                "redis://u@redis/0?x=a@b",
+            ),
+            ("user:hunter2@redis", "********", ""),
+            ("", "", ""),
+        ];
+        for (url, shown, file) in cases {
+            assert_eq!(mask_url_password(url), shown, "{url}");
+            assert_eq!(without_url_password(url), file, "{url}");
+        }
     }
 
     #[test]

@@ -274,14 +274,22 @@ pub fn check_lines<C: Derives>(config: &C, layered: &Layered<C::Settings>) -> Ve
             None => effective.to_string(),
         })
     });
-    for fact in C::DERIVED.iter().filter(|f| f.adjusts.is_none()) {
-        lines.push(CheckLine {
+    lines.extend(fact_lines(config, layered));
+    lines
+}
+
+/// The `--check-config` lines of the facts that adjust no setting, `name = value  # derived…`
+/// (for a service that prints its settings' lines itself).
+pub fn fact_lines<C: Derives>(config: &C, layered: &Layered<C::Settings>) -> Vec<CheckLine> {
+    C::DERIVED
+        .iter()
+        .filter(|f| f.adjusts.is_none())
+        .map(|fact| CheckLine {
             name: fact.name.to_string(),
             value: fact.value(config, layered).to_string(),
             source: source_of(fact),
-        });
-    }
-    lines
+        })
+        .collect()
 }
 
 /// An effective value that differs from the configured one.
@@ -516,10 +524,10 @@ pub fn chart_formulas<C: Derives>() -> Value {
     Value::Object(out)
 }
 
-/// The chart's settings catalog of `C`'s settings ([`crate::settings::chart_catalog`]) with
+/// The chart's settings catalog of `C`'s settings ([`crate::variables::chart_catalog`]) with
 /// its formulas ([`chart_formulas`]).
 pub fn chart_catalog<C: Derives>() -> String {
-    let text = crate::settings::chart_catalog::<C::Settings>();
+    let text = crate::variables::chart_catalog::<C::Settings>();
     let mut catalog: Value = serde_json::from_str(&text).expect("the catalog is JSON");
     catalog["derived"] = chart_formulas::<C>();
     serde_json::to_string_pretty(&catalog).expect("a catalog serializes") + "\n"

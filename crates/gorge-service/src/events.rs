@@ -9,6 +9,21 @@
 
 pub use slog::Level;
 
+/// The logger key whose value a per-component level matches.
+pub const COMPONENT_KEY: &str = "component";
+
+/// The lower-case level name written in JSON records and the docs tables.
+pub fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Critical => "critical",
+        Level::Error => "error",
+        Level::Warning => "warn",
+        Level::Info => "info",
+        Level::Debug => "debug",
+        Level::Trace => "trace",
+    }
+}
+
 /// One declared log event.
 #[derive(Debug, Clone, Copy)]
 pub struct Event {
@@ -62,7 +77,7 @@ impl slog::KV for Component {
         serializer: &mut dyn slog::Serializer,
     ) -> slog::Result {
         match self.0 {
-            Some(component) => serializer.emit_str(crate::logging::COMPONENT_KEY, component),
+            Some(component) => serializer.emit_str(COMPONENT_KEY, component),
             None => Ok(()),
         }
     }
@@ -226,7 +241,7 @@ pub fn docs_table(events: &[Event]) -> String {
             let fields: Vec<String> = event.fields.iter().map(|f| format!("`{f}`")).collect();
             vec![
                 format!("`{}`", event.name),
-                crate::logging::level_name(event.level).to_string(),
+                level_name(event.level).to_string(),
                 event
                     .component
                     .map(|c| format!("`{c}`"))

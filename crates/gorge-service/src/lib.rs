@@ -7,6 +7,7 @@
 //! - [`derived`]: what follows from the settings (how long a stop may take, effective values),
 //!   declared once and printed, logged, documented and handed to the chart from there;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
+//! - [`variables`]: every variable a service reads, as the docs table and the chart's catalog;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
 //! - [`logging`]: slog JSON or text, levels (per component) from the environment, async drain;
 //! - [`http`]: response helpers, the `{"error":…}` envelope, bounded body reading;
@@ -39,6 +40,7 @@ pub mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod takeover;
+pub mod variables;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};

@@ -5,7 +5,7 @@
 //!
 //! Logging never panics and never stops for good: a line that cannot be written (stdout is a
 //! pipe whose reader went away, journald is restarting) is dropped and counted in
-//! [`dropped_lines`], and the next line is tried afresh. slog's usual `Fuse` would panic the
+//! [`dropped_log_lines`], and the next line is tried afresh. slog's usual `Fuse` would panic the
 //! log thread on the first `BrokenPipe`, and every record after it would be lost while the
 //! service went on serving.
 //!
@@ -15,22 +15,18 @@
 
 use std::fmt;
 use std::io::{self, IsTerminal};
-use std::sync::OnceLock;
 
 use slog::{o, Drain, Level, Logger, OwnedKVList, Record, KV};
 
-use crate::config::{did_you_mean, env_value, ConfigError};
-use crate::events::Event;
-use crate::metrics::Counter;
-use crate::settings::{Layered, LogVars};
+use crate::config::{did_you_mean, env_value, CheckLine, ConfigError};
+use crate::events::{level_name, Event, COMPONENT_KEY};
+use crate::metrics::dropped_log_lines;
+use crate::settings::{Kind, Layered, Optional, Shape};
 
 /// Environment variable with the log level and per-component overrides.
 pub const LEVEL_VAR: &str = "GORGE_LOG_LEVEL";
 /// Environment variable with the log format (`json` or `text`).
 pub const FORMAT_VAR: &str = "GORGE_LOG_FORMAT";
-
-/// The logger key whose value a per-component level matches.
-pub const COMPONENT_KEY: &str = "component";
 
 /// How many records the async drain buffers before it drops (and counts) new ones.
 const ASYNC_CHANNEL_SIZE: usize = 4096;
@@ -38,14 +34,6 @@ const ASYNC_CHANNEL_SIZE: usize = 4096;
 /// A record longer than this is written out in pieces rather than held whole (records are
 /// a few hundred bytes; this only bounds the buffer).
 const MAX_RECORD_BYTES: usize = 64 * 1024;
-
-/// Log lines dropped because writing them failed, in this process (stdout is the process's).
-/// Every service registry exposes it (`<prefix>_log_lines_dropped_total`, registered with the
-/// probes' families).
-pub fn dropped_lines() -> &'static Counter {
-    static DROPPED: OnceLock<Counter> = OnceLock::new();
-    DROPPED.get_or_init(Counter::default)
-}
 
 /// What `GORGE_LOG_LEVEL` may be, in plain words.
 pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical, \
@@ -82,6 +70,71 @@ impl LevelSpec {
         component
             .and_then(|c| self.components.iter().find(|(name, _)| name == c))
             .map_or(self.default, |(_, level)| *level)
+    }
+}
+
+/// `GORGE_LOG_LEVEL`: a level, optionally followed by per-component levels.
+#[derive(Debug)]
+pub struct LogLevel;
+
+impl Kind for LogLevel {
+    type Value = LevelSpec;
+    const VALID: &'static str = LEVEL_VALID;
+    fn parse(text: &str) -> Option<LevelSpec> {
+        parse_level_spec(Some(text)).ok()
+    }
+    fn show(value: &LevelSpec) -> String {
+        let mut text = level_name(value.default).to_string();
+        for (component, level) in &value.components {
+            text.push_str(&format!(",{component}={}", level_name(*level)));
+        }
+        text
+    }
+}
+
+/// `GORGE_LOG_FORMAT`: `json` or `text`.
+#[derive(Debug)]
+pub struct LogFormatKind;
+
+impl Kind for LogFormatKind {
+    type Value = LogFormat;
+    const VALID: &'static str = "json or text";
+    const SHAPE: Shape = Shape::OneOf(&["json", "text"]);
+    fn parse(text: &str) -> Option<LogFormat> {
+        parse_format(Some(text)).ok()
+    }
+    fn show(value: &LogFormat) -> String {
+        format!("{value:?}").to_lowercase()
+    }
+}
+
+crate::settings! {
+    /// `GORGE_LOG_LEVEL` and `GORGE_LOG_FORMAT`, which both services read from the environment.
+    pub struct LogVars, prefix "GORGE_LOG_" {
+        #[env_only]
+        #[env(LEVEL_VAR)]
+        level: LogLevel = LevelSpec::new(slog::Level::Info),
+            "`trace`, `debug`, `info`, `warn`, `error`, `critical`, optionally followed by \
+             per-component levels, `info,<component>=debug` (components: the Component column of \
+             the Log events table; another name is refused)";
+        #[env_only]
+        #[env(FORMAT_VAR)]
+        #[doc_default("`text` on a terminal, else `json`")]
+        format: Optional<LogFormatKind> = None, "`json` or `text`";
+    }
+}
+
+impl Layered<LogVars> {
+    /// The `--check-config` lines of the logging variables; an unset format says what it is
+    /// here (text on a terminal, else JSON).
+    pub fn log_check_lines(&self) -> Vec<CheckLine> {
+        self.check_lines(|key| match (key, self.values.format) {
+            ("format", None) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+                Some("text (stdout is a terminal)".to_string())
+            }
+            ("format", None) => Some("json (stdout is not a terminal)".to_string()),
+            _ => None,
+        })
     }
 }
 
@@ -228,18 +281,6 @@ pub fn parse_format(value: Option<&str>) -> Result<LogFormat, ConfigError> {
     }
 }
 
-/// The lower-case level name written in JSON records.
-pub fn level_name(level: Level) -> &'static str {
-    match level {
-        Level::Critical => "critical",
-        Level::Error => "error",
-        Level::Warning => "warn",
-        Level::Info => "info",
-        Level::Debug => "debug",
-        Level::Trace => "trace",
-    }
-}
-
 /// Builds a logger writing to `out` without terminal colours; exposed so tests can capture
 /// output.
 pub fn build<W: io::Write + Send + 'static>(
@@ -294,7 +335,7 @@ where
     }
 }
 
-/// Drops, and counts in [`dropped_lines`], a record its drain could not write, instead of
+/// Drops, and counts in [`dropped_log_lines`], a record its drain could not write, instead of
 /// failing (which `Fuse` would turn into a panic of the log thread).
 struct DropFailed<D>(D);
 
@@ -304,7 +345,7 @@ impl<D: Drain<Ok = ()>> Drain for DropFailed<D> {
 
     fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
         if self.0.log(record, values).is_err() {
-            dropped_lines().inc();
+            dropped_log_lines().inc();
         }
         Ok(())
     }
@@ -473,7 +514,7 @@ pub(crate) mod tests {
             .build();
         // Synchronous, so each record's fate is known when `log` returns.
         let logger = Logger::root(Mutex::new(DropFailed(json)).fuse(), o!());
-        let dropped = || dropped_lines().get();
+        let dropped = || dropped_log_lines().get();
         slog::info!(logger, "BEFORE"; "n" => 1);
         out.open.store(false, SeqCst);
         let before = dropped();
@@ -541,5 +582,30 @@ pub(crate) mod tests {
         assert_eq!(parse_level_spec(Some("loud")).unwrap_err().key, LEVEL_VAR);
         assert_eq!(parse_format(Some("text")).unwrap(), LogFormat::Text);
         assert_eq!(parse_format(Some("xml")).unwrap_err().key, FORMAT_VAR);
+    }
+
+    fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |var| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn log_variables_parse_and_print() {
+        let l = Layered::<LogVars>::default();
+        assert_eq!(l.values.level, LevelSpec::new(slog::Level::Info));
+        let mut l = Layered::<LogVars>::default();
+        l.apply_env(&env(&[("GORGE_LOG_LEVEL", "warn,peers=debug")]), &[])
+            .unwrap();
+        assert_eq!(LogLevel::show(&l.values.level), "warn,peers=debug");
+        let err = Layered::<LogVars>::default()
+            .apply_env(&env(&[("GORGE_LOG_FORMAT", "xml")]), &[])
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_LOG_FORMAT=\"xml\": expected json or text"
+        );
     }
 }

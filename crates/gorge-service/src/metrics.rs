@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Deref;
+use std::sync::OnceLock;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
@@ -245,10 +246,18 @@ crate::metrics! {
             "Times GET /readyz changed between ready and not ready (draining counts as not \
              ready), as seen by whoever probes it: the kubelet every few seconds, nobody on a \
              VM unless something probes";
-            log_lines_dropped: SharedCounter(crate::logging::dropped_lines()),
+            log_lines_dropped: SharedCounter(dropped_log_lines()),
             "Log lines that could not be written to stdout (a closed pipe, journald \
              restarting) and were dropped; the next line is tried afresh";
     }
+}
+
+/// Log lines dropped because writing them failed, in this process (stdout is the process's):
+/// the log writer counts here, and every service registry exposes it
+/// (`<prefix>_log_lines_dropped_total`, registered with the probes' families).
+pub fn dropped_log_lines() -> &'static Counter {
+    static DROPPED: OnceLock<Counter> = OnceLock::new();
+    DROPPED.get_or_init(Counter::default)
 }
 
 /// A counter owned by the process rather than by one registry (the log writer's, which

@@ -14,10 +14,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    env_value, is_service_link, refuse_service_link, unknown_key_reason, CheckLine, ConfigError,
-    Secret, Source,
+    env_value, is_service_link, mask_url_password, refuse_service_link, unknown_key_reason,
+    without_url_password, CheckLine, ConfigError, Secret, Source,
 };
-use crate::logging::{level_name, parse_format, parse_level_spec, LevelSpec, LogFormat};
 
 /// What a setting's text must be, in plain words, and how it parses and prints. The kind of a
 /// setting decides all of it, so two settings of one kind can never disagree.
@@ -47,6 +46,13 @@ pub trait Kind {
     /// As `--print-config` writes it into a file (secrets empty).
     fn to_file(value: &Self::Value) -> Value {
         Value::from(Self::show(value))
+    }
+    /// Text of this kind as an error about it shows it (a secret masked).
+    fn mask(text: &str) -> String {
+        match Self::SECRET {
+            true => Secret::new(text).to_string(),
+            false => text.to_string(),
+        }
     }
 }
 
@@ -177,6 +183,30 @@ impl Kind for SecretText {
     }
 }
 
+/// A URL that may hold a password (`redis://user:PASSWORD@host:6379/0`): the password is a
+/// secret, the rest of the URL is not. `--check-config` and errors show the URL with only the
+/// password masked; `--print-config` writes it without the password, so a URL that has none
+/// prints and loads back exactly as it is.
+#[derive(Debug)]
+pub struct SecretUrl;
+
+impl Kind for SecretUrl {
+    type Value = Secret;
+    const VALID: &'static str = "text";
+    fn parse(text: &str) -> Option<Secret> {
+        Some(Secret::new(text))
+    }
+    fn show(value: &Secret) -> String {
+        mask_url_password(value.expose())
+    }
+    fn to_file(value: &Secret) -> Value {
+        Value::from(without_url_password(value.expose()))
+    }
+    fn mask(text: &str) -> String {
+        mask_url_password(text)
+    }
+}
+
 /// A setting that may be absent (no default value).
 #[derive(Debug)]
 pub struct Optional<K>(std::marker::PhantomData<K>);
@@ -204,40 +234,8 @@ impl<K: Kind> Kind for Optional<K> {
     fn to_file(value: &Self::Value) -> Value {
         value.as_ref().map_or(Value::Null, K::to_file)
     }
-}
-
-/// `GORGE_LOG_LEVEL`: a level, optionally followed by per-component levels.
-#[derive(Debug)]
-pub struct LogLevel;
-
-impl Kind for LogLevel {
-    type Value = LevelSpec;
-    const VALID: &'static str = crate::logging::LEVEL_VALID;
-    fn parse(text: &str) -> Option<LevelSpec> {
-        parse_level_spec(Some(text)).ok()
-    }
-    fn show(value: &LevelSpec) -> String {
-        let mut text = level_name(value.default).to_string();
-        for (component, level) in &value.components {
-            text.push_str(&format!(",{component}={}", level_name(*level)));
-        }
-        text
-    }
-}
-
-/// `GORGE_LOG_FORMAT`: `json` or `text`.
-#[derive(Debug)]
-pub struct LogFormatKind;
-
-impl Kind for LogFormatKind {
-    type Value = LogFormat;
-    const VALID: &'static str = "json or text";
-    const SHAPE: Shape = Shape::OneOf(&["json", "text"]);
-    fn parse(text: &str) -> Option<LogFormat> {
-        parse_format(Some(text)).ok()
-    }
-    fn show(value: &LogFormat) -> String {
-        format!("{value:?}").to_lowercase()
+    fn mask(text: &str) -> String {
+        K::mask(text)
     }
 }
 
@@ -260,6 +258,7 @@ pub struct SettingInfo {
     pub shape: Shape,
     env: Option<&'static str>,
     doc_default: Option<&'static str>,
+    mask: fn(&str) -> String,
 }
 
 impl SettingInfo {
@@ -274,6 +273,7 @@ impl SettingInfo {
             env_only: false,
             env: None,
             doc_default: None,
+            mask: K::mask,
         }
     }
 
@@ -307,6 +307,11 @@ impl SettingInfo {
     pub fn env_var(&self, prefix: &str) -> String {
         self.env
             .map_or_else(|| self.prefixed_var(prefix), str::to_string)
+    }
+
+    /// Text given for this setting as an error shows it (its kind's [`Kind::mask`]).
+    pub fn masked(&self, text: &str) -> String {
+        (self.mask)(text)
     }
 
     /// The prefix + the key in upper case, which is the variable unless `#[env]` says otherwise.
@@ -356,17 +361,19 @@ pub trait Declared: Default + Clone + Debug {
 /// use gorge_service::settings::{Millis, Text};
 /// gorge_service::settings! {
 ///     /// The example's settings.
-///     pub struct Example, prefix "GORGE_EXAMPLE_" {
+///     pub struct Example, prefix "GORGE_EXAMPLE_", keys ExampleKeys {
 ///         poll_interval_ms: Millis = 1000, "idle poll period";
 ///         #[env("GORGE_LISTEN_ADDR")]
 ///         listen_addr: Text = "0.0.0.0:8160".into(), "status listener";
 ///     }
 /// }
+/// assert_eq!(Example::KEYS.poll_interval_ms, "poll_interval_ms");
 /// ```
 ///
-/// With `, keys NAME` after the prefix, it also declares the struct `NAME` with one
-/// `&'static str` field per setting, and `KEY: NAME` holding each key: code outside the
-/// declaration names a setting as `Settings::KEY.poll_interval_ms`, so a typo does not compile.
+/// With `keys NAME`, it also declares `NAME`, a struct of every key as a field, and
+/// `Example::KEYS`: code that names a setting (in an error, a `--check-config` line) writes
+/// `Example::KEYS.listen_addr` rather than the text, so a misspelt or renamed key does not
+/// compile.
 #[macro_export]
 macro_rules! settings {
     (
@@ -388,15 +395,17 @@ macro_rules! settings {
             }
         }
 
-        /// Each setting's key (see `KEY`).
+        #[doc = concat!("The key of every setting of [`", stringify!($name), "`], as a field.")]
         #[derive(Debug, Clone, Copy)]
+        // Code names only the keys it refers to.
+        #[allow(dead_code)]
         $vis struct $keys {
             $( #[doc = $help] pub $field: &'static str, )*
         }
 
         impl $name {
-            /// Each setting's key, by field.
-            pub const KEY: $keys = $keys { $( $field: stringify!($field), )* };
+            /// The key of every setting (`KEYS.x` is `"x"`).
+            pub const KEYS: $keys = $keys { $( $field: stringify!($field), )* };
         }
     };
     (
@@ -537,10 +546,7 @@ impl<S: Declared> Layered<S> {
     ) -> Result<(), ConfigError> {
         for (i, info) in S::SETTINGS.iter().enumerate() {
             let (var, prefixed) = (info.env_var(S::PREFIX), info.prefixed_var(S::PREFIX));
-            let shown = |text: &str| match info.secret {
-                true => Secret::new(text).to_string(),
-                false => text.to_string(),
-            };
+            let shown = |text: &str| info.masked(text);
             if skip.contains(&info.key) {
                 continue;
             }
@@ -571,6 +577,41 @@ impl<S: Declared> Layered<S> {
                 source: source.clone(),
             })
             .collect()
+    }
+
+    /// `key` as the operator wrote it, for an error about its value: `key (in PATH)` when the
+    /// file set it, the option or variable that set it, else its variable. An operator who
+    /// wrote `peer_dns` in a file looks for that, not for the variable's name.
+    pub fn name(&self, key: &str) -> String {
+        match self.source(key) {
+            Source::File(path) => in_file(key, Path::new(&path)),
+            Source::Env(name) | Source::Option(name) => name,
+            Source::Default | Source::Derived(_) => S::env_var(key),
+        }
+    }
+
+    /// Whether the operator set `key` (in the file, the environment or an option).
+    pub fn is_set(&self, key: &str) -> bool {
+        self.source(key) != Source::Default
+    }
+
+    /// Of two settings that a rule between them refuses, the one an error names: `other` when
+    /// the operator set it and not `preferred`, else `preferred`. An operator who changed one
+    /// of them hears about that one, not about a default they never wrote.
+    pub fn blame<'k>(&self, preferred: &'k str, other: &'k str) -> &'k str {
+        match (self.is_set(preferred), self.is_set(other)) {
+            (false, true) => other,
+            _ => preferred,
+        }
+    }
+
+    /// The error refusing the value of `key`: named as the operator wrote it
+    /// ([`Layered::name`]), its value as `--check-config` shows it (secrets masked).
+    pub fn refuse(&self, key: &str, reason: impl Into<String>) -> ConfigError {
+        let shown = Self::index(key)
+            .map(|i| self.values.shown().swap_remove(i))
+            .unwrap_or_default();
+        ConfigError::new(self.name(key), shown, reason)
     }
 }
 
@@ -745,7 +786,7 @@ pub fn toml_file<S: Declared>(header: &str, values: &S) -> String {
 }
 
 /// The rows of `S` in a docs table (`| Variable | Default | Meaning |`), one per setting.
-fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
+pub fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
     let defaults = S::default().shown();
     S::SETTINGS
         .iter()
@@ -766,77 +807,6 @@ fn docs_rows<S: Declared>() -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The settings catalog the Helm chart validates `env` values with at template time
-/// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
-/// service's tests): every variable of `S` and the logging variables, with what is valid in
-/// words and, where it can be checked without the binary, as a range or a list of words, and
-/// its default (secrets and absent values have none).
-pub fn chart_catalog<S: Declared>() -> String {
-    let mut catalog = serde_json::Map::new();
-    let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
-    let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
-    let defaults = S::default().file_values().into_iter();
-    let defaults = defaults.chain(LogVars::default().file_values());
-    for ((info, prefix), default) in settings.chain(logging).zip(defaults) {
-        let mut entry = serde_json::Map::new();
-        entry.insert("valid".into(), Value::from(info.valid));
-        // What an empty or absent variable means (formulas evaluate it: `crate::derived`).
-        if !info.secret && !default.is_null() {
-            entry.insert("default".into(), default);
-        }
-        match info.shape {
-            Shape::Free => {}
-            Shape::Range(min, max) => {
-                entry.insert("min".into(), Value::from(min));
-                entry.insert("max".into(), Value::from(max));
-            }
-            Shape::OneOf(words) => {
-                entry.insert("oneOf".into(), Value::from(words.to_vec()));
-            }
-        }
-        catalog.insert(info.env_var(prefix), Value::Object(entry));
-    }
-    let catalog = serde_json::json!({ "prefix": S::PREFIX, "settings": catalog });
-    serde_json::to_string_pretty(&catalog).expect("a catalog serializes") + "\n"
-}
-
-/// A service's settings table in docs/: `S`, then the logging variables every service reads.
-pub fn docs_table<S: Declared>() -> String {
-    let mut rows = docs_rows::<S>();
-    rows.extend(docs_rows::<LogVars>());
-    crate::docs::table(&["Variable", "Default", "Meaning"], &rows)
-}
-
-settings! {
-    /// `GORGE_LOG_LEVEL` and `GORGE_LOG_FORMAT`, which both services read from the environment.
-    pub struct LogVars, prefix "GORGE_LOG_" {
-        #[env_only]
-        #[env(crate::logging::LEVEL_VAR)]
-        level: LogLevel = LevelSpec::new(slog::Level::Info),
-            "`trace`, `debug`, `info`, `warn`, `error`, `critical`, optionally followed by \
-             per-component levels, `info,<component>=debug` (components: the Component column of \
-             the Log events table; another name is refused)";
-        #[env_only]
-        #[env(crate::logging::FORMAT_VAR)]
-        #[doc_default("`text` on a terminal, else `json`")]
-        format: Optional<LogFormatKind> = None, "`json` or `text`";
-    }
-}
-
-impl Layered<LogVars> {
-    /// The `--check-config` lines of the logging variables; an unset format says what it is
-    /// here (text on a terminal, else JSON).
-    pub fn log_check_lines(&self) -> Vec<CheckLine> {
-        self.check_lines(|key| match (key, self.values.format) {
-            ("format", None) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
-                Some("text (stdout is a terminal)".to_string())
-            }
-            ("format", None) => Some("json (stdout is not a terminal)".to_string()),
-            _ => None,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -851,42 +821,6 @@ mod tests {
             #[env_only]
             file: Optional<Text> = None, "a file";
         }
-    }
-
-    #[test]
-    fn the_chart_catalog_has_every_variable_with_what_is_valid() {
-        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
-        assert_eq!(catalog["prefix"], "DEMO_");
-        let settings = &catalog["settings"];
-        assert_eq!(
-            settings["DEMO_PORT"],
-            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535, "default": 80})
-        );
-        assert_eq!(
-            settings["DEMO_NAME"],
-            serde_json::json!({"valid": "text", "default": "x"})
-        );
-        // A secret's default is never written, nor an absent one.
-        assert_eq!(settings["DEMO_PASS"], serde_json::json!({"valid": "text"}));
-        assert_eq!(settings["DEMO_FILE"], serde_json::json!({"valid": "text"}));
-        assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
-        assert_eq!(
-            settings["GORGE_LOG_FORMAT"],
-            serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
-        );
-        let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
-        assert_eq!(
-            names,
-            [
-                "DEMO_PORT",
-                "DEMO_NAME",
-                "DEMO_PASS",
-                "SHARED_ADDR",
-                "DEMO_FILE",
-                "GORGE_LOG_LEVEL",
-                "GORGE_LOG_FORMAT"
-            ]
-        );
     }
 
     fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
@@ -987,6 +921,94 @@ mod tests {
         );
     }
 
+    number_kind!(
+        /// A service's own number kind.
+        Tenths: u8, 0..=10, "a whole number from 0 to 10, e.g. 5"
+    );
+
+    settings! {
+        /// One setting of every kind, all but one (`optional_unset`) away from its default.
+        struct AllKinds, prefix "ALL_", keys AllKindsKeys {
+            port: Port = 1, "port";
+            count: Count = 1, "count";
+            count_or_zero: CountOrZero = 1, "count_or_zero";
+            bytes: Bytes = 1, "bytes";
+            seconds: Seconds = 1, "seconds";
+            seconds_or_zero: SecondsOrZero = 1, "seconds_or_zero";
+            millis: Millis = 1, "millis";
+            tenths: Tenths = 1, "tenths";
+            text: Text = String::new(), "text";
+            secret: SecretText = Secret::default(), "secret";
+            url: SecretUrl = Secret::default(), "url";
+            password_url: SecretUrl = Secret::default(), "password_url";
+            optional: Optional<Port> = None, "optional";
+            optional_unset: Optional<Text> = None, "optional_unset";
+            optional_url: Optional<SecretUrl> = None, "optional_url";
+        }
+    }
+
+    /// What `--print-config` writes loads back as the same values; only secrets are not
+    /// written (a password of a URL, a secret's text) and load back as their defaults.
+    #[test]
+    fn every_kind_round_trips_through_the_printed_file() {
+        let values = AllKinds {
+            port: 65535,
+            count: 4294967296,
+            count_or_zero: 0,
+            bytes: 1099511627776,
+            seconds: 86400,
+            seconds_or_zero: 0,
+            millis: 86400000,
+            tenths: 10,
+            text: "a \"quoted\" \\ text\nwith a newline, é and \u{1}".into(),
+            secret: Secret::new("hunter2"),
+            url: Secret::new("redis://redis:6379/0"),
+            password_url: Secret::new("rediss://user:hunter2@redis:6380/2"),
+            optional: Some(8080),
+            optional_unset: None,
+            optional_url: Some(Secret::new("redis://:hunter2@redis")),
+        };
+        let text = toml_file("# all kinds\n", &values);
+        assert!(!text.contains("hunter2"), "{text}");
+        let dir = tempfile_dir();
+        let path = dir.join("all-kinds.toml");
+        std::fs::write(&path, &text).unwrap();
+        let entries = read_file(&path, "--config", &[FileFormat::Toml]).unwrap();
+        let mut loaded = Layered::<AllKinds>::default();
+        let rest = loaded.apply_file(&path, &entries).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        let expected = AllKinds {
+            secret: Secret::default(),
+            password_url: Secret::new("rediss://user@redis:6380/2"),
+            optional_url: Some(Secret::new("redis://redis")),
+            ..values.clone()
+        };
+        assert_eq!(loaded.values, expected, "{text}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_setting_is_named_as_the_operator_wrote_it() {
+        let keys = AllKinds::KEYS;
+        assert_eq!((keys.port, keys.optional_url), ("port", "optional_url"));
+        let mut l = Layered::<AllKinds>::default();
+        let entries: Map<String, Value> =
+            serde_json::from_str(r#"{"count": 5, "url": "redis://u:pw@h"}"#).unwrap();
+        l.apply_file(Path::new("/etc/all.json"), &entries).unwrap();
+        l.apply_env(&env(&[("ALL_SECONDS", "7")]), &[]).unwrap();
+        assert_eq!(l.name(keys.count), "count (in /etc/all.json)");
+        assert_eq!(l.name(keys.seconds), "ALL_SECONDS");
+        assert_eq!(l.name(keys.millis), "ALL_MILLIS");
+        assert_eq!(
+            l.refuse(keys.url, "is no good").to_string(),
+            "invalid configuration: url (in /etc/all.json)=\"redis://u:********@h\": is no good"
+        );
+        // Of a pair, the one the operator set.
+        assert_eq!(l.blame(keys.millis, keys.seconds), keys.seconds);
+        assert_eq!(l.blame(keys.seconds, keys.count), keys.seconds);
+        assert_eq!(l.blame(keys.millis, keys.port), keys.millis);
+    }
+
     #[test]
     fn print_docs_and_files() {
         let values = Demo {
@@ -1069,22 +1091,5 @@ mod tests {
         bounds_match_the_text::<SecondsOrZero>();
         bounds_match_the_text::<Millis>();
         assert_eq!(SecondsOrZero::parse("18446744073709551616"), None);
-    }
-
-    #[test]
-    fn log_variables_parse_and_print() {
-        let l = Layered::<LogVars>::default();
-        assert_eq!(l.values.level, LevelSpec::new(slog::Level::Info));
-        let mut l = Layered::<LogVars>::default();
-        l.apply_env(&env(&[("GORGE_LOG_LEVEL", "warn,peers=debug")]), &[])
-            .unwrap();
-        assert_eq!(LogLevel::show(&l.values.level), "warn,peers=debug");
-        let err = Layered::<LogVars>::default()
-            .apply_env(&env(&[("GORGE_LOG_FORMAT", "xml")]), &[])
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid configuration: GORGE_LOG_FORMAT=\"xml\": expected json or text"
-        );
     }
 }

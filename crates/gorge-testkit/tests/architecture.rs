@@ -1,24 +1,25 @@
-//! The crate graph drawn in docs/architecture.md is the one Cargo builds: `cargo test` alone
-//! guards the map, not only `.ci/run`. The check itself is `scripts/check-architecture.py`
-//! (one implementation, also run by CI), which reads `cargo metadata`; its `--self-test`
-//! proves the comparison fails on a wrong drawing.
+//! The crate graph drawn in docs/architecture.md is the one Cargo builds, and no crate's
+//! modules import each other in a cycle: `cargo test` alone guards both, not only `.ci/run`.
+//! The checks themselves are `scripts/check-architecture.py` (which reads `cargo metadata`)
+//! and `scripts/check-module-cycles.py` (one implementation each, also run by CI); each
+//! `--self-test` proves its check fails on a wrong input.
 
 use std::path::Path;
 use std::process::Command;
 
-fn check(args: &[&str]) {
+fn run(script: &str, args: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("python3")
-        .arg(root.join("scripts/check-architecture.py"))
+        .arg(root.join(script))
         .args(args)
         .current_dir(&root)
         // The cargo running this test, whatever PATH says.
         .env("CARGO", env!("CARGO"))
         .output()
-        .expect("python3 runs scripts/check-architecture.py (install python3)");
+        .unwrap_or_else(|e| panic!("python3 runs {script} (install python3): {e}"));
     assert!(
         out.status.success(),
-        "check-architecture.py {args:?} failed:\n{}{}",
+        "{script} {args:?} failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -26,10 +27,20 @@ fn check(args: &[&str]) {
 
 #[test]
 fn the_crate_graph_in_docs_is_the_one_cargo_builds() {
-    check(&[]);
+    run("scripts/check-architecture.py", &[]);
 }
 
 #[test]
 fn the_check_fails_on_a_wrong_drawing() {
-    check(&["--self-test"]);
+    run("scripts/check-architecture.py", &["--self-test"]);
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_modules() {
+    run("scripts/check-module-cycles.py", &[]);
+}
+
+#[test]
+fn the_cycle_check_finds_cycles() {
+    run("scripts/check-module-cycles.py", &["--self-test"]);
 }

@@ -10,12 +10,15 @@
 //!   the entry fields;
 //! - [`publisher`]: the one task that `XADD`s, from a bounded queue (the POST never waits);
 //! - [`reader`]: the task that loads history at start, then reads the stream on its own
-//!   connection, and finds a connection that delivers nothing;
+//!   connection, and finds a connection that delivers nothing. It delivers into the server's
+//!   state, so the service starts it ([`reader::run`]) with the [`ReaderLink`] that
+//!   [`Broker::start`] returns: this module and the state it is part of never name each
+//!   other's types in a circle;
 //! - [`metrics`], the `gorge_notification_broker_*` families.
 
 mod metrics;
 mod publisher;
-mod reader;
+pub mod reader;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,14 +26,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
-use redis::io::tcp::TcpSettings;
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+use redis::{AsyncConnectionConfig, Client};
 use slog::Logger;
 use tokio::sync::{mpsc, Notify};
 
 use crate::config::BrokerConfig;
 use crate::events;
-use crate::state::ServerState;
 use gorge_service::emit;
 pub use metrics::BrokerMetrics;
 
@@ -68,54 +69,6 @@ const FIELD_INSTANCE: &str = "instance";
 const FIELD_MESSAGE: &str = "message";
 const FIELD_PROBE: &str = "probe";
 
-/// The Redis client settings of `config`: the URL, with the password file's password.
-pub fn connection_info(config: &BrokerConfig) -> Result<ConnectionInfo, String> {
-    let url = config.url.expose();
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-        return Err("must be a redis:// or rediss:// (TLS) URL".into());
-    }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| format!("is not a valid Redis URL: {e}"))?;
-    // Every call is one small request waiting for its answer: Nagle's algorithm would hold
-    // a write back for the previous one's ACK, which the other side may delay (40 ms).
-    let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
-    Ok(match &config.password {
-        Some(password) => {
-            let redis = info
-                .redis_settings()
-                .clone()
-                .set_password(password.expose());
-            info.set_redis_settings(redis)
-        }
-        None => info,
-    })
-}
-
-/// The Redis client of `config`: with `BROKER_CA_FILE`, a `rediss://` connection verifies
-/// the server's certificate against that CA instead of the system's roots (a private CA is
-/// what most self-hosted and several managed Redis use).
-pub fn client(config: &BrokerConfig) -> Result<Client, String> {
-    let info = connection_info(config)?;
-    match &config.ca_pem {
-        None => Client::open(info).map_err(|e| format!("is not a usable Redis URL: {e}")),
-        Some(pem) => {
-            if !pem
-                .windows(b"-----BEGIN CERTIFICATE-----".len())
-                .any(|w| w == b"-----BEGIN CERTIFICATE-----")
-            {
-                return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-            }
-            let certificates = TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            };
-            Client::build_with_tls(info, certificates)
-                .map_err(|e| format!("is not a usable CA for the broker: {e}"))
-        }
-    }
-}
-
 /// One message waiting to be published.
 struct Outgoing {
     instance: String,
@@ -123,14 +76,16 @@ struct Outgoing {
     queued_at: Instant,
 }
 
-/// The broker of one server: publishing from the admin port, and the state the publisher
-/// and the reader share.
+/// The broker's publishing handle, what the admin port and the drain use: queue a message
+/// for the stream, wait for the queue to empty.
 pub struct Broker {
     shared: Arc<Shared>,
     queue: mpsc::Sender<Outgoing>,
-    /// Taken by [`Broker::start_publisher`].
-    jobs: Mutex<Option<mpsc::Receiver<Outgoing>>>,
 }
+
+/// What the reader task needs of the broker ([`reader::run`]): the connection settings, the
+/// keys, the metrics and what it tells the publisher's probes.
+pub struct ReaderLink(Arc<Shared>);
 
 struct Shared {
     client: Client,
@@ -167,52 +122,43 @@ struct Updown {
 }
 
 impl Broker {
-    /// The broker of `config`, not yet running; see [`Broker::start_publisher`] and
-    /// [`reader::spawn`].
-    pub fn new(
+    /// Starts the publisher task of `config` (inside a Tokio runtime) and returns the
+    /// publishing handle, and the link the reader is started with.
+    pub fn start(
         config: &BrokerConfig,
         fingerprint: String,
         limits: &gorge_hub::Limits,
         metrics: BrokerMetrics,
         log: Logger,
-    ) -> Arc<Broker> {
-        let client = client(config).expect("validated with the configuration");
+    ) -> (Broker, ReaderLink) {
+        let client = config.client().expect("validated with the configuration");
         let (queue, jobs) = mpsc::channel(config.queue_capacity.max(1));
-        Arc::new(Broker {
-            shared: Arc::new(Shared {
-                client,
-                stream_key: format!("{}:stream", config.prefix),
-                epoch_key: format!("{}:epoch", config.prefix),
-                fingerprint,
-                history_age: Duration::from_millis(limits.history_age_ms),
-                // Never so few that a reader a moment behind finds its entries trimmed.
-                max_entries: limits.history_entries.max(64),
-                max_bytes: limits.history_bytes,
-                metrics,
-                log,
-                publisher_up: Updown::default(),
-                reader_up: Updown::default(),
-                unseen_own: Mutex::new(None),
-                own_seen: AtomicU64::new(0),
-                pending: AtomicUsize::new(0),
-                idle: Notify::new(),
-            }),
-            queue,
-            jobs: Mutex::new(Some(jobs)),
-        })
-    }
-
-    /// Starts the publisher task (inside a Tokio runtime).
-    pub fn start_publisher(&self) {
-        if let Some(jobs) = lock(&self.jobs).take() {
-            tokio::spawn(publisher::run(self.shared.clone(), jobs));
-        }
-    }
-
-    /// Starts the reader task: history first, then the live stream. `state.history_gate`
-    /// opens once the history is loaded (or [`HYDRATE_WAIT`] passed).
-    pub fn start_reader(&self, state: Arc<ServerState>) {
-        tokio::spawn(reader::run(self.shared.clone(), state));
+        let shared = Arc::new(Shared {
+            client,
+            stream_key: format!("{}:stream", config.prefix),
+            epoch_key: format!("{}:epoch", config.prefix),
+            fingerprint,
+            history_age: Duration::from_millis(limits.history_age_ms),
+            // Never so few that a reader a moment behind finds its entries trimmed.
+            max_entries: limits.history_entries.max(64),
+            max_bytes: limits.history_bytes,
+            metrics,
+            log,
+            publisher_up: Updown::default(),
+            reader_up: Updown::default(),
+            unseen_own: Mutex::new(None),
+            own_seen: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+        });
+        tokio::spawn(publisher::run(shared.clone(), jobs));
+        (
+            Broker {
+                shared: shared.clone(),
+                queue,
+            },
+            ReaderLink(shared),
+        )
     }
 
     /// Queues a stamped message for the stream if it entered the cluster here (nobody but us

@@ -18,8 +18,8 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::{
-    lock, within, Backoff, Shared, BLOCK, CALL_TIMEOUT, FIELD_FINGERPRINT, FIELD_INSTANCE,
-    FIELD_MESSAGE, FIELD_PROBE, FIELD_SEQ, HYDRATE_WAIT, PROBE_TIMEOUT,
+    lock, within, Backoff, ReaderLink, Shared, BLOCK, CALL_TIMEOUT, FIELD_FINGERPRINT,
+    FIELD_INSTANCE, FIELD_MESSAGE, FIELD_PROBE, FIELD_SEQ, HYDRATE_WAIT, PROBE_TIMEOUT,
 };
 use crate::events;
 use crate::ingest::{ingest_relayed, NotTaken};
@@ -42,7 +42,10 @@ struct ReadState {
     origins: Origins,
 }
 
-pub(super) async fn run(shared: Arc<Shared>, state: Arc<ServerState>) {
+/// The reader task: history first, then the live stream. `state.history_gate` opens once
+/// the history is loaded (or [`HYDRATE_WAIT`] passed). Runs until the process ends.
+pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
+    let ReaderLink(shared) = link;
     let started = Instant::now();
     {
         let (state, log) = (state.clone(), shared.log.clone());

@@ -97,10 +97,11 @@ fn entries<'a>(name: &str, value: &'a Value) -> Result<Vec<&'a Map<String, Value
             item.as_object().ok_or_else(|| {
                 // `cluster: ["http://a:22281"]` is the natural guess; say what Aphlict reads.
                 let hint = match (name, item.as_str()) {
-                    ("cluster", Some(_)) => {
-                        r#" like {"host": "a", "port": 22281, "protocol": "http"} (Aphlict's format); a list of URLs goes in GORGE_NOTIFICATION_PEERS"#
-                    }
-                    _ => "",
+                    ("cluster", Some(_)) => format!(
+                        r#" like {{"host": "a", "port": 22281, "protocol": "http"}} (Aphlict's format); a list of URLs goes in {}"#,
+                        Settings::env_var(Settings::KEYS.peers)
+                    ),
+                    _ => String::new(),
                 };
                 ConfigError::new(
                     format!("{name}[{i}]"),

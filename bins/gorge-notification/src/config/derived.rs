@@ -14,7 +14,7 @@ pub const STOP_MARGIN_SEC: u64 = 5;
 
 /// The longest a stop takes after SIGTERM: the drain window and the margin.
 const STOP_WITHIN: Formula = Formula::Sum(&[
-    Formula::Setting(Settings::KEY.drain_seconds),
+    Formula::Setting(Settings::KEYS.drain_seconds),
     Formula::Constant(STOP_MARGIN_SEC),
 ]);
 
@@ -33,7 +33,7 @@ impl Derives for Config {
 impl Config {
     /// Hard bound of the whole stop: [`STOP_WITHIN`].
     pub fn drain_deadline(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(STOP_WITHIN.of(&self.settings.values))
+        std::time::Duration::from_secs(STOP_WITHIN.of(&self.layered.values))
     }
 }
 
@@ -49,13 +49,13 @@ pub const STARTED_FIELDS: [&str; 3 + derived::fact_count(<Config as Derives>::DE
 
 /// The derived facts of `config`, as `NOTIFY_STARTED` logs them.
 pub fn started(config: &Config) -> derived::Started {
-    derived::facts(config, &config.settings)
+    derived::facts(config, &config.layered)
 }
 
 /// docs/notification.md's table of derived facts, with every setting at its default.
 pub fn docs_table() -> String {
     let defaults = super::load_from(None, &|_| None).expect("the defaults are valid");
-    derived::docs_table(&defaults, &defaults.settings)
+    derived::docs_table(&defaults, &defaults.layered)
 }
 
 #[cfg(test)]
@@ -71,12 +71,12 @@ mod tests {
     #[test]
     fn the_stop_bound_is_the_window_and_the_margin() {
         let config = super::super::load_from(None, &|var| {
-            (var == Settings::env_var(Settings::KEY.drain_seconds)).then(|| "30".to_string())
+            (var == Settings::env_var(Settings::KEYS.drain_seconds)).then(|| "30".to_string())
         })
         .unwrap();
         assert_eq!(config.drain_deadline(), std::time::Duration::from_secs(35));
         assert_eq!(
-            derived::fact(&config, &config.settings, "stop_within_sec"),
+            derived::fact(&config, &config.layered, "stop_within_sec"),
             derived::Fact::Number(35)
         );
     }

@@ -9,10 +9,12 @@
 //! - [`settings`]: the flat settings, each named once;
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
+//! - [`broker`]: broker mode's Redis URL, password and CA;
 //! - [`derived`]: what follows from the settings (the stop bound);
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
 mod aphlict_file;
+mod broker;
 pub mod derived;
 mod peer_url;
 pub mod settings;
@@ -26,16 +28,19 @@ use std::time::Duration;
 use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
-use gorge_service::config::{env_value, CheckLine, Secret, Source};
-use gorge_service::settings::{unknown_env_warnings, Declared, Layered, LogVars};
+use gorge_service::config::{env_value, without_url_password, CheckLine, Secret, Source};
+use gorge_service::logging::LogVars;
+use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
 use gorge_service::ConfigError;
 use serde_json::Value;
 
+pub use broker::BrokerConfig;
 #[allow(unused_imports)] // PeerProtocol: for the peer relay's tests
 pub use peer_url::{PeerProtocol, PeerUrl};
 pub use settings::Settings;
 
 use aphlict_file::{parse_file, parse_listen, read_file, FileLayer};
+use broker::broker_config;
 use peer_url::{parse_peer_url, parse_port_text, split_host_port};
 
 /// Default client (WebSocket) port, as Aphlict.
@@ -102,20 +107,55 @@ pub struct PeerConfig {
     pub keep_for: Duration,
 }
 
-/// Broker mode (spec §8b): the Redis that carries messages between nodes and keeps history.
+impl PeerConfig {
+    /// The relay of `static_peers` and `dns`, with the relay settings of `settings`.
+    pub fn new(
+        static_peers: Vec<PeerUrl>,
+        dns: Option<(String, u16)>,
+        settings: &Settings,
+    ) -> PeerConfig {
+        PeerConfig {
+            static_peers,
+            dns,
+            dns_refresh: Duration::from_secs(settings.peer_dns_refresh_seconds),
+            queue_capacity: usize_of(settings.peer_queue_capacity),
+            timeout: Duration::from_millis(settings.peer_timeout_ms),
+            keep_for: Duration::from_millis(settings.history_age_ms),
+        }
+    }
+}
+
+impl Default for PeerConfig {
+    /// No peers yet, and the declared defaults of the relay settings.
+    fn default() -> PeerConfig {
+        PeerConfig::new(Vec::new(), None, &Settings::default())
+    }
+}
+
+/// How this server reaches the other servers of its cluster, chosen once from the settings
+/// (peers and a broker exclude each other: both would deliver every message). The service
+/// starts the matching [`crate::cluster::Cluster`]; nothing else tells the modes apart.
 #[derive(Debug, Clone)]
-pub struct BrokerConfig {
-    /// The URL as given (it may hold a password: printed masked).
-    pub url: Secret,
-    /// From `BROKER_PASSWORD_FILE`; wins over a password in the URL.
-    pub password: Option<Secret>,
-    /// From `BROKER_CA_FILE`: the PEM of the CA(s) a `rediss://` broker's certificate must
-    /// chain to, instead of the system's roots.
-    pub ca_pem: Option<Vec<u8>>,
-    /// Keys are `<prefix>:stream` and `<prefix>:epoch`.
-    pub prefix: String,
-    /// Messages waiting to be published, at most.
-    pub queue_capacity: usize,
+pub enum ClusterConfig {
+    /// No peers and no broker: messages reach the browsers of this server only, and history
+    /// is warm from the start.
+    Alone,
+    /// Messages are relayed to peers (the file's `cluster[]`, `PEERS`, `PEER_DNS`), and a
+    /// starting server fills its history from one of them.
+    Mesh(PeerConfig),
+    /// Messages go through a Redis stream (`BROKER_URL`), which is also the history a
+    /// starting server loads.
+    Broker(BrokerConfig),
+}
+
+impl ClusterConfig {
+    /// The peers listed in the configuration (none unless in a mesh).
+    pub fn static_peers(&self) -> &[PeerUrl] {
+        match self {
+            ClusterConfig::Mesh(peers) => &peers.static_peers,
+            ClusterConfig::Alone | ClusterConfig::Broker(_) => &[],
+        }
+    }
 }
 
 /// A file key that was accepted but ignored; logged once at startup.
@@ -141,17 +181,17 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Close frames are spread over this window on SIGTERM.
     pub drain_window: Duration,
-    pub peers: PeerConfig,
-    /// Broker mode, when `BROKER_URL` is set (never together with peers).
-    pub broker: Option<BrokerConfig>,
+    pub cluster: ClusterConfig,
     pub config_file: Option<PathBuf>,
     pub ignored: Vec<IgnoredKey>,
     /// Logged at startup and printed by `--check-config`.
     pub warnings: Vec<String>,
-    /// The flat settings as layered, and where each came from.
-    pub settings: Layered<Settings>,
+    /// The flat settings as layered, with where each came from: only for `--check-config`
+    /// and `--print-config`, which show them as the operator set them.
+    layered: Layered<Settings>,
     /// `GORGE_LOG_*`, shown by `--check-config`.
-    pub log: Layered<LogVars>,
+    log: Layered<LogVars>,
+    /// Where `servers[]` came from: the file, or the defaults.
     servers_source: Source,
 }
 
@@ -163,11 +203,22 @@ impl Config {
             .find(|s| s.kind == ServerKind::Admin)
             .map(|s| s.addr)
     }
-}
 
-/// The environment variable of a setting.
-pub fn env_key(key: &str) -> String {
-    Settings::env_var(key)
+    /// Admin listeners on a non-loopback address that nobody chose for the admin port (the
+    /// shared `LISTEN_ADDR`, or a file entry without `listen`). PHP cannot authenticate, so
+    /// anyone who reaches the admin port can post to every browser; operators should know
+    /// when it is exposed by accident. An address set for the admin port itself (its
+    /// `listen`, or `ADMIN_LISTEN_ADDR`, as the chart does next to its NetworkPolicy) is a
+    /// decision, and a warning at every start would only teach operators to ignore warnings.
+    pub fn exposed_admin_addrs(&self) -> Vec<SocketAddr> {
+        self.servers
+            .iter()
+            .filter(|s| {
+                s.kind == ServerKind::Admin && !s.listen_chosen && !s.addr.ip().is_loopback()
+            })
+            .map(|s| s.addr)
+            .collect()
+    }
 }
 
 /// Loads the configuration from `cli_file` (if given), the environment and the defaults,
@@ -189,8 +240,9 @@ pub(crate) fn load_from(
     cli_file: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
+    let key = Settings::KEYS.config_file;
     let mut layered = Layered::<Settings>::default();
-    let config_var = env_key("config_file");
+    let config_var = Settings::env_var(key);
     let mut warnings = Vec::new();
     // --config wins over the variable, as an option given for one run should; a variable
     // naming another file is said so, never silently dropped.
@@ -202,11 +254,11 @@ pub(crate) fn load_from(
                     path.display()
                 ));
             }
-            layered.set_source("config_file", Source::Option("--config".into()));
+            layered.set_source(key, Source::Option("--config".into()));
             (Some(path.to_path_buf()), "--config".to_string())
         }
         (None, Some(path)) => {
-            layered.set_source("config_file", Source::Env(config_var.clone()));
+            layered.set_source(key, Source::Env(config_var.clone()));
             (Some(PathBuf::from(path)), config_var)
         }
         (None, None) => (None, String::new()),
@@ -216,7 +268,7 @@ pub(crate) fn load_from(
         Some(path) => parse_file(path, &read_file(path, &named_by)?, &mut layered)?,
         None => FileLayer::default(),
     };
-    layered.apply_env(env, &["config_file"])?;
+    layered.apply_env(env, &[key])?;
     let mut config = build(layered, file, file_path)?;
     config.warnings = warnings;
     Ok(config)
@@ -231,18 +283,18 @@ fn build(
     file: FileLayer,
     config_file: Option<PathBuf>,
 ) -> Result<Config, ConfigError> {
-    let settings = &layered.values;
+    let (settings, k) = (&layered.values, Settings::KEYS);
     let client_port = settings.client_port;
     let admin_port = settings.admin_port;
     let listen = |key: &str, value: &Option<String>| {
         value
             .as_deref()
-            .map(|s| parse_listen(&env_key(key), s))
+            .map(|s| parse_listen(&layered.name(key), s))
             .transpose()
     };
-    let shared_listen = listen("listen_addr", &settings.listen_addr)?;
-    let client_listen = listen("client_listen_addr", &settings.client_listen_addr)?;
-    let admin_listen = listen("admin_listen_addr", &settings.admin_listen_addr)?;
+    let shared_listen = listen(k.listen_addr, &settings.listen_addr)?;
+    let client_listen = listen(k.client_listen_addr, &settings.client_listen_addr)?;
+    let admin_listen = listen(k.admin_listen_addr, &settings.admin_listen_addr)?;
 
     let servers_source = match (&file.servers, &config_file) {
         (Some(_), Some(path)) => Source::File(path.display().to_string()),
@@ -325,22 +377,26 @@ fn build(
     let mut static_peers = file.cluster;
     if let Some(list) = &settings.peers {
         for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            static_peers.push(parse_peer_url(&env_key("peers"), part)?);
+            static_peers.push(parse_peer_url(&layered.name(k.peers), part)?);
         }
     }
     let mut unique = HashSet::new();
     static_peers.retain(|p| unique.insert(p.clone()));
     let dns = match &settings.peer_dns {
         Some(text) => {
-            let key = env_key("peer_dns");
-            let bad = || ConfigError::new(&key, text, "expected host:port, e.g. gorge-peers:22281");
+            let bad = || layered.refuse(k.peer_dns, "expected host:port, e.g. gorge-peers:22281");
             let (host, port) = split_host_port(text.trim()).ok_or_else(bad)?;
             Some((host, parse_port_text(port).ok_or_else(bad)?))
         }
         None => None,
     };
 
-    let broker = broker_config(settings, !static_peers.is_empty() || dns.is_some())?;
+    let has_peers = !static_peers.is_empty() || dns.is_some();
+    let cluster = match broker_config(&layered, has_peers)? {
+        Some(broker) => ClusterConfig::Broker(broker),
+        None if has_peers => ClusterConfig::Mesh(PeerConfig::new(static_peers, dns, settings)),
+        None => ClusterConfig::Alone,
+    };
 
     let s = settings;
     let hub = Limits {
@@ -356,25 +412,51 @@ fn build(
         sockets: usize_of(s.max_sockets),
         ..Limits::default()
     };
+    // Rules between two settings name the one the operator set (an operator who raised the
+    // frame size never wrote the burst, whose default is then what stands in the way).
     if s.idle_timeout_seconds <= s.ping_interval_seconds {
-        return Err(ConfigError::new(
-            env_key("idle_timeout_seconds"),
-            s.idle_timeout_seconds,
-            format!(
-                "must be longer than the ping interval ({} s)",
-                s.ping_interval_seconds
+        let (idle, ping) = (k.idle_timeout_seconds, k.ping_interval_seconds);
+        return Err(match layered.blame(idle, ping) {
+            key if key == idle => layered.refuse(
+                idle,
+                format!(
+                    "must be longer than the ping interval ({}, {} s)",
+                    layered.name(ping),
+                    s.ping_interval_seconds
+                ),
             ),
-        ));
+            _ => layered.refuse(
+                ping,
+                format!(
+                    "must be shorter than the idle timeout ({}, {} s), or a socket is closed \
+                     before its ping is answered",
+                    layered.name(idle),
+                    s.idle_timeout_seconds
+                ),
+            ),
+        });
     }
     if s.inbound_bytes_burst < s.max_frame_bytes {
-        return Err(ConfigError::new(
-            env_key("inbound_bytes_burst"),
-            s.inbound_bytes_burst,
-            format!(
-                "must be at least the largest frame (MAX_FRAME_BYTES, {} bytes)",
-                s.max_frame_bytes
+        let (burst, frame) = (k.inbound_bytes_burst, k.max_frame_bytes);
+        return Err(match layered.blame(burst, frame) {
+            key if key == burst => layered.refuse(
+                burst,
+                format!(
+                    "must be at least the largest frame ({}, {} bytes)",
+                    layered.name(frame),
+                    s.max_frame_bytes
+                ),
             ),
-        ));
+            _ => layered.refuse(
+                frame,
+                format!(
+                    "must be at most {} ({} bytes), what a socket may send at once: raise \
+                     that too",
+                    layered.name(burst),
+                    s.inbound_bytes_burst
+                ),
+            ),
+        });
     }
     Ok(Config {
         servers,
@@ -391,121 +473,91 @@ fn build(
         ping_interval: Duration::from_secs(s.ping_interval_seconds),
         idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
         drain_window: Duration::from_secs(s.drain_seconds),
-        peers: PeerConfig {
-            static_peers,
-            dns,
-            dns_refresh: Duration::from_secs(s.peer_dns_refresh_seconds),
-            queue_capacity: usize_of(s.peer_queue_capacity),
-            timeout: Duration::from_millis(s.peer_timeout_ms),
-            keep_for: Duration::from_millis(s.history_age_ms),
-        },
-        broker,
+        cluster,
         config_file,
         ignored: file.ignored,
         warnings: Vec::new(),
-        settings: layered,
+        layered,
         log: Layered::default(),
         servers_source,
     })
 }
 
-/// Broker mode's settings, validated: a `redis://` or `rediss://` URL the client accepts, a
-/// readable password file, a usable prefix, and no peers (both would deliver every message).
-fn broker_config(
-    settings: &Settings,
-    has_peers: bool,
-) -> Result<Option<BrokerConfig>, ConfigError> {
-    let url_key = env_key("broker_url");
-    let Some(url) = settings.broker_url.clone().filter(|url| !url.is_empty()) else {
-        return Ok(None);
-    };
-    if has_peers {
-        return Err(ConfigError::new(
-            &url_key,
-            &url,
-            "cannot be combined with peers (GORGE_NOTIFICATION_PEERS, GORGE_NOTIFICATION_PEER_DNS \
-             or the file's cluster[]): both would deliver every message; use one",
-        ));
+/// The settings that override the port and the address of a kind's servers.
+fn server_keys(kind: ServerKind) -> (&'static str, &'static str) {
+    let k = Settings::KEYS;
+    match kind {
+        ServerKind::Client => (k.client_port, k.client_listen_addr),
+        ServerKind::Admin => (k.admin_port, k.admin_listen_addr),
     }
-    let password = match &settings.broker_password_file {
-        Some(path) => {
-            let key = env_key("broker_password_file");
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
-            let line = text.trim_end_matches(['\r', '\n']);
-            if line.is_empty() || line.contains('\n') {
-                return Err(ConfigError::new(&key, path, "must hold one non-empty line"));
-            }
-            Some(Secret::new(line))
-        }
-        None => None,
-    };
-    let ca_pem = match &settings.broker_ca_file {
-        Some(path) => {
-            let key = env_key("broker_ca_file");
-            let pem = std::fs::read(path)
-                .map_err(|e| ConfigError::new(&key, path, format!("cannot be read: {e}")))?;
-            if !url.expose().starts_with("rediss://") {
-                return Err(ConfigError::new(
-                    &key,
-                    path,
-                    "is only for a rediss:// (TLS) GORGE_NOTIFICATION_BROKER_URL",
-                ));
-            }
-            Some(pem)
-        }
-        None => None,
-    };
-    let broker = BrokerConfig {
-        url,
-        password,
-        ca_pem,
-        prefix: settings.broker_prefix.trim().to_string(),
-        queue_capacity: usize_of(settings.broker_queue_capacity),
-    };
-    if let Err(why) = crate::broker::connection_info(&broker) {
-        return Err(ConfigError::new(&url_key, &broker.url, why));
-    }
-    // Only a CA can make the client unusable once the URL is valid: build it now with the
-    // CA, so that a file that is no usable CA stops startup here.
-    if let Some(path) = settings.broker_ca_file.as_deref() {
-        if let Err(why) = crate::broker::client(&broker) {
-            return Err(ConfigError::new(env_key("broker_ca_file"), path, why));
-        }
-    }
-    if broker.prefix.is_empty() || broker.prefix.contains(char::is_whitespace) {
-        return Err(ConfigError::new(
-            env_key("broker_prefix"),
-            &settings.broker_prefix,
-            "must be non-empty, without spaces (e.g. gorge:notification)",
-        ));
-    }
-    Ok(Some(broker))
 }
 
-/// The `--check-config` lines: servers, peers, every flat setting with its source, then the
-/// logging variables.
+/// What `--check-config` shows for a setting folded into `servers[]`: the value in force on
+/// the servers it overrides (which, unset, is the file's or the default), and where that
+/// came from. `None` for every other setting.
+fn in_force(config: &Config, key: &str) -> Option<(String, Source)> {
+    let layered = &config.layered;
+    // The first of `keys` the operator set, else where the servers came from.
+    let source = |keys: &[&str]| {
+        keys.iter()
+            .map(|key| layered.source(key))
+            .find(|source| *source != Source::Default)
+            .unwrap_or_else(|| config.servers_source.clone())
+    };
+    let distinct = |kind: ServerKind, part: fn(&SocketAddr) -> String| {
+        let mut values: Vec<String> = Vec::new();
+        for server in config.servers.iter().filter(|s| s.kind == kind) {
+            let value = part(&server.addr);
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        values.join(", ")
+    };
+    let shared = Settings::KEYS.listen_addr;
+    if key == shared {
+        return layered.values.listen_addr.is_none().then(|| {
+            (
+                "(unset: each kind keeps its own address)".into(),
+                Source::Default,
+            )
+        });
+    }
+    [ServerKind::Client, ServerKind::Admin]
+        .into_iter()
+        .find_map(|kind| match server_keys(kind) {
+            (port, _) if key == port => Some((
+                distinct(kind, |addr| addr.port().to_string()),
+                source(&[port]),
+            )),
+            (_, listen) if key == listen => Some((
+                distinct(kind, |addr| addr.ip().to_string()),
+                source(&[listen, shared]),
+            )),
+            _ => None,
+        })
+}
+
+/// The `--check-config` lines: servers, peers, every flat setting with its source (the ones
+/// folded into `servers[]` with the values in force), then the logging variables.
 pub fn check_lines(config: &Config) -> Vec<CheckLine> {
     let mut lines = Vec::new();
-    let env_source =
-        |key: &str| Some(config.settings.source(key)).filter(|s| matches!(s, Source::Env(_)));
+    let layered = &config.layered;
+    let env_source = |key: &str| Some(layered.source(key)).filter(|s| matches!(s, Source::Env(_)));
     for (i, server) in config.servers.iter().enumerate() {
-        let (port_key, listen_key) = match server.kind {
-            ServerKind::Client => ("client_port", "client_listen_addr"),
-            ServerKind::Admin => ("admin_port", "admin_listen_addr"),
-        };
+        let (port_key, listen_key) = server_keys(server.kind);
         lines.push(CheckLine {
             name: format!("servers[{i}]"),
             value: format!("{} {}", server.kind, server.addr),
             source: env_source(port_key)
                 .or_else(|| env_source(listen_key))
-                .or_else(|| env_source("listen_addr"))
+                .or_else(|| env_source(Settings::KEYS.listen_addr))
                 .unwrap_or_else(|| config.servers_source.clone()),
         });
     }
     let peers: Vec<String> = config
-        .peers
-        .static_peers
+        .cluster
+        .static_peers()
         .iter()
         .map(ToString::to_string)
         .collect();
@@ -518,11 +570,14 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
         },
         source: Source::Default,
     });
-    // The flat settings, then each derived fact on its line.
-    lines.extend(gorge_service::derived::check_lines(
-        config,
-        &config.settings,
-    ));
+    for (info, mut line) in Settings::SETTINGS.iter().zip(layered.check_lines(|_| None)) {
+        if let Some((value, source)) = in_force(config, info.key) {
+            (line.value, line.source) = (value, source);
+        }
+        lines.push(line);
+    }
+    // Then each derived fact on its line.
+    lines.extend(gorge_service::derived::fact_lines(config, &config.layered));
     lines.extend(config.log.log_check_lines());
     lines
 }
@@ -539,14 +594,12 @@ pub fn check_warnings(config: &Config) -> Vec<String> {
         .iter()
         .map(|k| format!("{} (in {file}) is ignored: {}", k.key, k.reason));
     // The same warning NOTIFY_ADMIN_NOT_LOOPBACK logs at start.
-    let exposed = crate::service::exposed_admin_addrs(config)
-        .into_iter()
-        .map(|addr| {
-            format!(
-                "the admin server listens on {addr}, not loopback: it has no authentication; \
+    let exposed = config.exposed_admin_addrs().into_iter().map(|addr| {
+        format!(
+            "the admin server listens on {addr}, not loopback: it has no authentication; \
                  keep it off public networks"
-            )
-        });
+        )
+    });
     config
         .warnings
         .iter()
@@ -578,26 +631,27 @@ pub fn print_config(config: &Config) -> Value {
         .collect();
     out.insert("servers".into(), Value::from(servers));
     let cluster: Vec<Value> = config
-        .peers
-        .static_peers
+        .cluster
+        .static_peers()
         .iter()
         .map(|p| serde_json::json!({"host": p.host, "port": p.port, "protocol": p.protocol.to_string()}))
         .collect();
     out.insert("cluster".into(), Value::from(cluster));
+    let k = Settings::KEYS;
+    // Folded into servers[] and cluster[] above.
+    let folded = [
+        k.client_port,
+        k.admin_port,
+        k.listen_addr,
+        k.client_listen_addr,
+        k.admin_listen_addr,
+        k.peers,
+    ];
     for (info, value) in Settings::SETTINGS
         .iter()
-        .zip(config.settings.values.file_values())
+        .zip(config.layered.values.file_values())
     {
-        // Folded into servers[] and cluster[] above.
-        let folded = matches!(
-            info.key,
-            "client_port"
-                | "admin_port"
-                | "listen_addr"
-                | "client_listen_addr"
-                | "admin_listen_addr"
-                | "peers"
-        );
+        let folded = folded.contains(&info.key);
         if !info.env_only && !folded {
             out.insert(info.key.into(), value);
         }
@@ -605,9 +659,27 @@ pub fn print_config(config: &Config) -> Value {
     // Not settings: what follows from them (a file with this key loads back unchanged).
     out.insert(
         aphlict_file::DERIVED_KEY.into(),
-        gorge_service::derived::json(config, &config.settings),
+        gorge_service::derived::json(config, &config.layered),
     );
     Value::Object(out)
+}
+
+/// What `--print-config` could not write, for stderr (a JSON file has no comments): a
+/// password in the broker URL, unless the password file gives it anyway.
+pub fn print_config_notes(config: &Config) -> Vec<String> {
+    let (values, k) = (&config.layered.values, Settings::KEYS);
+    let url = values.broker_url.as_ref().map(Secret::expose);
+    match url {
+        Some(url) if values.broker_password_file.is_none() && without_url_password(url) != url => {
+            vec![format!(
+                "the password of {} is not printed: put it in {}, or into the printed URL \
+                 yourself",
+                Settings::env_var(k.broker_url),
+                Settings::env_var(k.broker_password_file)
+            )]
+        }
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -639,10 +711,15 @@ mod tests {
 
     #[test]
     fn broker_settings_are_validated() {
-        assert!(load_env(&[]).unwrap().broker.is_none());
+        assert!(matches!(
+            load_env(&[]).unwrap().cluster,
+            ClusterConfig::Alone
+        ));
         let c =
             load_env(&[("GORGE_NOTIFICATION_BROKER_URL", "rediss://u:p@redis:6380/2")]).unwrap();
-        let broker = c.broker.unwrap();
+        let ClusterConfig::Broker(broker) = c.cluster else {
+            panic!("not broker mode: {:?}", c.cluster)
+        };
         assert_eq!(broker.prefix, "gorge:notification");
         assert_eq!(broker.queue_capacity, 4096);
         // The URL may hold a password: never printed.
@@ -691,7 +768,10 @@ mod tests {
             ),
         ])
         .unwrap();
-        let info = crate::broker::connection_info(&c.broker.unwrap()).unwrap();
+        let ClusterConfig::Broker(broker) = c.cluster else {
+            panic!("not broker mode: {:?}", c.cluster)
+        };
+        let info = broker.connection_info().unwrap();
         assert_eq!(info.redis_settings().password(), Some("from-file"));
         assert_eq!(info.redis_settings().username(), Some("user"));
         std::fs::write(&file, "\n").unwrap();
@@ -722,8 +802,8 @@ mod tests {
         assert_eq!(c.max_admin_body_bytes, 1 << 20);
         assert_eq!(c.drain_window, Duration::from_secs(10));
         assert_eq!(c.drain_deadline(), Duration::from_secs(15));
-        assert_eq!(c.peers.timeout, Duration::from_secs(5));
-        assert!(c.peers.static_peers.is_empty());
+        assert!(matches!(c.cluster, ClusterConfig::Alone), "{:?}", c.cluster);
+        assert_eq!(PeerConfig::default().timeout, Duration::from_secs(5));
         assert_eq!(DEFAULT_HEALTH_PORT, 22281);
     }
 
@@ -741,7 +821,10 @@ mod tests {
         });
         let c = build_with(Settings::default(), Some(file)).unwrap();
         assert_eq!(c.servers[1].addr, "127.0.0.1:22281".parse().unwrap());
-        assert_eq!(c.peers.static_peers[0].to_string(), "http://peer-a:22281");
+        assert_eq!(
+            c.cluster.static_peers()[0].to_string(),
+            "http://peer-a:22281"
+        );
         let ignored: Vec<_> = c.ignored.iter().map(|k| k.key.as_str()).collect();
         assert_eq!(ignored, ["logs", "pidfile", "memory.hint"]);
     }
@@ -972,18 +1055,16 @@ mod tests {
         };
         let file = json!({"cluster": [{"host": "peer-a", "port": 22281}]});
         let c = build_with(settings, Some(file)).unwrap();
-        let peers: Vec<_> = c
-            .peers
-            .static_peers
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let ClusterConfig::Mesh(mesh) = c.cluster else {
+            panic!("not a mesh: {:?}", c.cluster)
+        };
+        let peers: Vec<_> = mesh.static_peers.iter().map(ToString::to_string).collect();
         assert_eq!(
             peers,
             ["http://peer-a:22281", "http://a:1", "https://[::1]:2"]
         );
         assert_eq!(
-            c.peers.dns,
+            mesh.dns,
             Some(("gorge-notification-headless".to_string(), 22281))
         );
         let e = build_with(
@@ -1003,6 +1084,321 @@ mod tests {
         assert_eq!(
             (e.key.as_str(), e.value.as_str()),
             ("GORGE_NOTIFICATION_QUEUE_FRAMES", "0")
+        );
+    }
+
+    #[test]
+    fn only_unchosen_non_loopback_admin_listeners_are_warned_about() {
+        let mut config = load_env(&[]).unwrap();
+        let server = |kind, addr: &str| ServerConfig::new(kind, addr.parse().unwrap());
+        let chosen = |addr: &str| ServerConfig {
+            listen_chosen: true,
+            ..server(ServerKind::Admin, addr)
+        };
+        config.servers = vec![
+            server(ServerKind::Admin, "127.0.0.1:1"),
+            server(ServerKind::Admin, "[::1]:2"),
+            server(ServerKind::Admin, "0.0.0.0:3"),
+            server(ServerKind::Admin, "10.1.2.3:4"),
+            server(ServerKind::Client, "0.0.0.0:5"),
+            chosen("0.0.0.0:6"),
+            chosen("10.1.2.3:7"),
+        ];
+        let exposed: Vec<String> = config
+            .exposed_admin_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(exposed, ["0.0.0.0:3", "10.1.2.3:4"]);
+    }
+
+    /// What `--check-config` shows of `config` (values only, the file's own path left out),
+    /// the listeners and the cluster: everything the server would run with.
+    fn effective(config: &Config) -> Vec<String> {
+        // The shared address and the peers' list are folded into `servers[]` and `cluster[]`,
+        // which the lines of the servers and the peers show.
+        let folded =
+            ["CONFIG_FILE", "LISTEN_ADDR", "PEERS"].map(|k| format!("GORGE_NOTIFICATION_{k}"));
+        let mut out: Vec<String> = check_lines(config)
+            .into_iter()
+            .filter(|line| !folded.contains(&line.name))
+            .map(|line| format!("{} = {}", line.name, line.value))
+            .collect();
+        out.extend(
+            config
+                .servers
+                .iter()
+                .map(|s| format!("{} {}", s.kind, s.addr)),
+        );
+        out.push(format!("{:?}", config.cluster));
+        out
+    }
+
+    /// Loads what `--print-config` printed for `config`, with no variable set.
+    fn printed_and_loaded(config: &Config) -> Config {
+        let dir = std::env::temp_dir().join(format!(
+            "gorge-print-config-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("aphlict.json");
+        let printed = serde_json::to_string_pretty(&print_config(config)).unwrap();
+        std::fs::write(&path, &printed).unwrap();
+        let loaded = load_from(Some(&path), &|_| None)
+            .unwrap_or_else(|e| panic!("{e}\nprinted:\n{printed}"));
+        std::fs::remove_dir_all(dir).unwrap();
+        loaded
+    }
+
+    /// Every setting the file can hold, away from its default, in a mesh and in broker mode
+    /// (which exclude each other): what `--print-config` prints loads back as the same
+    /// configuration. Only a password is not printed (see the broker test below).
+    #[test]
+    fn print_config_loads_back_as_the_same_configuration() {
+        let mesh = [
+            ("GORGE_NOTIFICATION_CLIENT_PORT", "3000"),
+            ("GORGE_NOTIFICATION_ADMIN_PORT", "3001"),
+            ("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.2"),
+            ("GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR", "::1"),
+            ("GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR", "127.0.0.3"),
+            (
+                "GORGE_NOTIFICATION_PEERS",
+                "http://peer-a:22281,https://[::1]:2",
+            ),
+            ("GORGE_NOTIFICATION_PEER_DNS", "gorge-peers:22281"),
+            ("GORGE_NOTIFICATION_PEER_DNS_REFRESH_SECONDS", "86400"),
+            ("GORGE_NOTIFICATION_PEER_QUEUE_CAPACITY", "4294967296"),
+            ("GORGE_NOTIFICATION_PEER_TIMEOUT_MS", "1"),
+            ("GORGE_NOTIFICATION_MAX_FRAME_BYTES", "1024"),
+            ("GORGE_NOTIFICATION_MAX_ADMIN_BODY_BYTES", "1099511627776"),
+            ("GORGE_NOTIFICATION_INBOUND_FRAMES_PER_SECOND", "1"),
+            ("GORGE_NOTIFICATION_INBOUND_FRAMES_BURST", "2"),
+            ("GORGE_NOTIFICATION_INBOUND_BYTES_PER_SECOND", "3"),
+            ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "2048"),
+            ("GORGE_NOTIFICATION_CLIENT_WORKER_NICE", "0"),
+            ("GORGE_NOTIFICATION_MAX_SOCKETS", "5"),
+            ("GORGE_NOTIFICATION_MAX_SUBSCRIPTIONS", "6"),
+            ("GORGE_NOTIFICATION_MAX_PHID_BYTES", "7"),
+            ("GORGE_NOTIFICATION_MAX_INSTANCES", "8"),
+            ("GORGE_NOTIFICATION_MAX_INSTANCE_NAME_BYTES", "9"),
+            ("GORGE_NOTIFICATION_QUEUE_FRAMES", "10"),
+            ("GORGE_NOTIFICATION_QUEUE_BYTES", "11"),
+            ("GORGE_NOTIFICATION_HISTORY_ENTRIES", "0"),
+            ("GORGE_NOTIFICATION_HISTORY_AGE_MS", "12"),
+            ("GORGE_NOTIFICATION_HISTORY_BYTES", "13"),
+            ("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "14"),
+            ("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "15"),
+            ("GORGE_NOTIFICATION_DRAIN_SECONDS", "0"),
+        ];
+        let dir = std::env::temp_dir().join(format!("gorge-round-trip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let password = dir.join("password");
+        std::fs::write(&password, "hunter2\n").unwrap();
+        let password = password.to_str().unwrap();
+        let broker = [
+            ("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6380/2"),
+            ("GORGE_NOTIFICATION_BROKER_PASSWORD_FILE", password),
+            ("GORGE_NOTIFICATION_BROKER_PREFIX", "phorge-b:notification"),
+            ("GORGE_NOTIFICATION_BROKER_QUEUE_CAPACITY", "1"),
+        ];
+        // Every file key is set by one of the two.
+        let set: Vec<String> = mesh
+            .iter()
+            .chain(&broker)
+            .map(|(var, _)| var.to_string())
+            .collect();
+        for key in Settings::file_keys() {
+            let var = Settings::env_var(key);
+            let skipped = ["GORGE_NOTIFICATION_BROKER_CA_FILE"];
+            assert!(
+                set.contains(&var) || skipped.contains(&var.as_str()),
+                "{var} is not set"
+            );
+        }
+        for vars in [&mesh[..], &broker[..]] {
+            let config = load_env(vars).unwrap();
+            let loaded = printed_and_loaded(&config);
+            assert_eq!(effective(&loaded), effective(&config), "{vars:?}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A broker URL is printed as it is, but for its password; `--check-config` masks only the
+    /// password.
+    #[test]
+    fn only_the_password_of_the_broker_url_is_kept_out_of_print() {
+        let url = |config: &Config| {
+            check_lines(config)
+                .into_iter()
+                .find(|line| line.name == "GORGE_NOTIFICATION_BROKER_URL")
+                .unwrap()
+                .value
+        };
+        let plain = load_env(&[("GORGE_NOTIFICATION_BROKER_URL", "redis://redis:6379/0")]).unwrap();
+        assert_eq!(url(&plain), "redis://redis:6379/0");
+        assert_eq!(print_config(&plain)["broker_url"], "redis://redis:6379/0");
+        assert!(matches!(
+            printed_and_loaded(&plain).cluster,
+            ClusterConfig::Broker(_)
+        ));
+        let with_password = load_env(&[(
+            "GORGE_NOTIFICATION_BROKER_URL",
+            "rediss://user:hunter2@redis:6380/2",
+        )])
+        .unwrap();
+        assert_eq!(url(&with_password), "rediss://user:********@redis:6380/2");
+        assert_eq!(
+            print_config(&with_password)["broker_url"],
+            "rediss://user@redis:6380/2"
+        );
+    }
+
+    /// The ports and listen addresses `--check-config` shows are the ones in force, with
+    /// where they came from, never `(unset)`.
+    #[test]
+    fn check_config_shows_the_ports_and_addresses_in_force() {
+        let shown = |config: &Config| -> Vec<String> {
+            check_lines(config)
+                .into_iter()
+                .filter(|line| line.name.ends_with("_PORT") || line.name.ends_with("_ADDR"))
+                .map(|line| format!("{} = {}  # {}", line.name, line.value, line.source))
+                .collect()
+        };
+        assert_eq!(
+            shown(&load_env(&[]).unwrap()),
+            [
+                "GORGE_NOTIFICATION_CLIENT_PORT = 22280  # default",
+                "GORGE_NOTIFICATION_ADMIN_PORT = 22281  # default",
+                "GORGE_NOTIFICATION_LISTEN_ADDR = (unset: each kind keeps its own address)  # default",
+                "GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR = 0.0.0.0  # default",
+                "GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR = 127.0.0.1  # default",
+            ]
+        );
+        let file = json!({"servers": [
+            {"type": "client", "port": 1000, "listen": "10.0.0.1"},
+            {"type": "client", "port": 1001, "listen": "10.0.0.1"},
+            {"type": "admin", "port": 1002},
+        ]});
+        let settings = Settings {
+            listen_addr: Some("10.0.0.2".into()),
+            ..Settings::default()
+        };
+        let mut layered = Layered::default();
+        layered.values = settings;
+        layered.set_source(
+            "listen_addr",
+            Source::Env("GORGE_NOTIFICATION_LISTEN_ADDR".into()),
+        );
+        let Value::Object(entries) = file else {
+            unreachable!()
+        };
+        let path = Path::new("/etc/aphlict.json");
+        let layer = parse_file(path, &entries, &mut layered).unwrap();
+        let config = build(layered, layer, Some(path.to_path_buf())).unwrap();
+        assert_eq!(
+            shown(&config),
+            [
+                "GORGE_NOTIFICATION_CLIENT_PORT = 1000, 1001  # file /etc/aphlict.json",
+                "GORGE_NOTIFICATION_ADMIN_PORT = 1002  # file /etc/aphlict.json",
+                "GORGE_NOTIFICATION_LISTEN_ADDR = 10.0.0.2  # env GORGE_NOTIFICATION_LISTEN_ADDR",
+                "GORGE_NOTIFICATION_CLIENT_LISTEN_ADDR = 10.0.0.2  # env GORGE_NOTIFICATION_LISTEN_ADDR",
+                "GORGE_NOTIFICATION_ADMIN_LISTEN_ADDR = 10.0.0.2  # env GORGE_NOTIFICATION_LISTEN_ADDR",
+            ]
+        );
+    }
+
+    /// A rule between two settings names the one the operator set, as they wrote it.
+    #[test]
+    fn a_refused_pair_names_the_setting_the_operator_set() {
+        let refused = |vars: &[(&str, &str)]| {
+            let e = load_env(vars).unwrap_err();
+            (e.key, e.value)
+        };
+        let var = |name: &str| format!("GORGE_NOTIFICATION_{name}");
+        assert_eq!(
+            refused(&[("GORGE_NOTIFICATION_MAX_FRAME_BYTES", "4294967297")]),
+            (var("MAX_FRAME_BYTES"), "4294967297".into())
+        );
+        let e = load_env(&[("GORGE_NOTIFICATION_MAX_FRAME_BYTES", "4294967297")]).unwrap_err();
+        assert_eq!(
+            e.reason,
+            "must be at most GORGE_NOTIFICATION_INBOUND_BYTES_BURST (1048576 bytes), what a \
+             socket may send at once: raise that too"
+        );
+        assert_eq!(
+            refused(&[("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "1000")]),
+            (var("INBOUND_BYTES_BURST"), "1000".into())
+        );
+        assert_eq!(
+            refused(&[
+                ("GORGE_NOTIFICATION_MAX_FRAME_BYTES", "2000"),
+                ("GORGE_NOTIFICATION_INBOUND_BYTES_BURST", "1000"),
+            ]),
+            (var("INBOUND_BYTES_BURST"), "1000".into())
+        );
+        assert_eq!(
+            refused(&[("GORGE_NOTIFICATION_PING_INTERVAL_SECONDS", "100")]),
+            (var("PING_INTERVAL_SECONDS"), "100".into())
+        );
+        assert_eq!(
+            refused(&[("GORGE_NOTIFICATION_IDLE_TIMEOUT_SECONDS", "30")]),
+            (var("IDLE_TIMEOUT_SECONDS"), "30".into())
+        );
+    }
+
+    /// A value from the file is named by its file key, as the operator wrote it there.
+    #[test]
+    fn a_file_value_is_named_by_its_file_key() {
+        let cases = [
+            (json!({"peer_dns": "no-port"}), "peer_dns", "no-port"),
+            (json!({"peers": "ftp://a:1"}), "peers", "ftp://a:1"),
+            (json!({"listen_addr": "nowhere"}), "listen_addr", "nowhere"),
+            (json!({"admin_listen_addr": "x"}), "admin_listen_addr", "x"),
+            (
+                json!({"broker_url": "http://redis"}),
+                "broker_url",
+                "http://redis",
+            ),
+            (
+                json!({"broker_url": "redis://r", "broker_prefix": "two words"}),
+                "broker_prefix",
+                "two words",
+            ),
+            (
+                json!({"ping_interval_seconds": 90}),
+                "ping_interval_seconds",
+                "90",
+            ),
+        ];
+        for (file, key, value) in cases {
+            let e = file_error(file.clone());
+            assert_eq!(
+                (e.key.as_str(), e.value.as_str()),
+                (format!("{key} (in /etc/aphlict.json)").as_str(), value),
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_variable_spelt_as_a_file_key_gets_a_suggestion() {
+        let c = build_with(
+            Settings::default(),
+            Some(json!({"gorge_listen_addr": "127.0.0.1", "GORGE_NOTIFICATION_PEER_DNS": "a:1"})),
+        )
+        .unwrap();
+        let ignored: Vec<String> = c
+            .ignored
+            .iter()
+            .map(|k| format!("{}: {}", k.key, k.reason))
+            .collect();
+        assert_eq!(
+            ignored,
+            [
+                "gorge_listen_addr: unknown key (did you mean `listen_addr`?)",
+                "GORGE_NOTIFICATION_PEER_DNS: unknown key (did you mean `peer_dns`?)",
+            ]
         );
     }
 }

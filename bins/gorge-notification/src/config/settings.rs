@@ -6,7 +6,7 @@
 
 use gorge_hub::Limits;
 use gorge_service::settings::{
-    Bytes, Count, CountOrZero, Millis, Optional, Port, Seconds, SecondsOrZero, SecretText, Text,
+    Bytes, Count, CountOrZero, Millis, Optional, Port, Seconds, SecondsOrZero, SecretUrl, Text,
 };
 
 gorge_service::number_kind!(
@@ -16,7 +16,7 @@ gorge_service::number_kind!(
 
 gorge_service::settings! {
     /// The flat settings' values.
-    pub struct Settings, prefix "GORGE_NOTIFICATION_", keys Keys {
+    pub struct Settings, prefix "GORGE_NOTIFICATION_", keys SettingKeys {
         #[env_only]
         config_file: Optional<Text> = None,
             "Aphlict-format JSON file (same as `--config`, which wins when both are given)";
@@ -44,9 +44,10 @@ gorge_service::settings! {
         peer_queue_capacity: Count = 1024,
             "Messages queued per peer before new ones are dropped (counted)";
         peer_timeout_ms: Millis = 5000, "Timeout of one relay POST";
-        broker_url: Optional<SecretText> = None,
+        broker_url: Optional<SecretUrl> = None,
             "Broker mode (instead of peers): `redis://[user:pass@]host:port/db` or `rediss://` \
-             (TLS) of a Redis ≥ 6.2 or Valkey; masked when printed";
+             (TLS) of a Redis ≥ 6.2 or Valkey; its password is masked by `--check-config` and \
+             left out by `--print-config`";
         broker_password_file: Optional<Text> = None,
             "File holding the broker password (one line; wins over a password in the URL)";
         broker_ca_file: Optional<Text> = None,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use gorge_testkit::{CapturedLog, Receiver, Recorded, Reply as HttpReply};
 use prometheus_client::registry::Registry;
 
-use super::PeerRelay;
+use super::{PeerMetrics, PeerRelay};
 use crate::config::{PeerConfig, PeerUrl};
 
 const OWN: &str = "ownFingerprint23";
@@ -133,7 +133,8 @@ impl Harness {
     fn start(cfg: PeerConfig) -> Harness {
         let mut registry = Registry::with_prefix("gorge_notification");
         let events = CapturedLog::default();
-        let relay = PeerRelay::start(cfg, OWN.to_owned(), &mut registry, events.logger());
+        let metrics = PeerMetrics::register(&mut registry);
+        let relay = PeerRelay::start(cfg, OWN.to_owned(), metrics, events.logger());
         Harness {
             relay,
             registry,
