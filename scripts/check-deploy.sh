@@ -207,11 +207,14 @@ expect_refusal "notification.env.GORGE_NOTIFICATION_BROKER_URL is set by the cha
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_BROKER_URL=redis://x:6379
 expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_OUTBOUND_BLACKLIST: "192.168.1.7,fc00::/7"' \
     --set 'webhook.outboundBlacklist[0]=192.168.1.7' --set 'webhook.outboundBlacklist[1]=fc00::/7'
-# Grace periods too short for preStop + drain/delivery.
-expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + drainSeconds + 5 = 40" \
+# Grace periods too short for preStop + the service's stop bound (stop_within_sec, evaluated
+# from the catalog's formula on the component's settings).
+expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/notification.md, Derived facts) = 40" \
     -f "${minimal}" --set notification.drainSeconds=30 --set notification.terminationGracePeriodSeconds=20
-expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = 80" \
+expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/webhook.md, Derived facts) = 95" \
     -f "${minimal}" --set webhook.deliveryTimeoutSeconds=60 --set webhook.terminationGracePeriodSeconds=60
+expect_refusal "webhook.terminationGracePeriodSeconds=100 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/webhook.md, Derived facts) = 150" \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_CLAIM_LEASE_SEC=120 --set webhook.terminationGracePeriodSeconds=100
 # Sockets that do not fit the memory limit.
 expect_refusal "notification.maxSockets=100000 does not fit notification.resources.limits.memory=512Mi: at most 57344 sockets fit" \
     -f "${minimal}" --set notification.maxSockets=100000
@@ -219,14 +222,22 @@ expect_refusal "cannot read the memory quantity \"lots\"" \
     -f "${minimal}" --set notification.resources.limits.memory=lots
 expect_refusal "notification.autoscaling.targetSocketsPerPod=60000 must stay below the 57344 sockets" \
     -f "${minimal}" --set notification.autoscaling.enabled=true --set notification.autoscaling.targetSocketsPerPod=60000
-# Derived values: grace = preStop + drain + 15 / preStop + delivery timeout + 25; preStop
-# sleep; MAX_SOCKETS from the memory limit; PDB only above one replica; HPA replaces replicas.
+# Derived values: grace = preStop + stop_within_sec + 10, the stop bound evaluated from the
+# catalog's formula (notification: DRAIN_SECONDS + 5; webhook: max(CLAIM_LEASE_SEC,
+# DELIVERY_TIMEOUT + 5) + 2 × MYSQL_QUERY_TIMEOUT_SEC + 5) on the ConfigMap, each term
+# moved once; preStop sleep; MAX_SOCKETS from the memory limit; PDB only above one replica;
+# HPA replaces replicas. That the catalog's formulas are the binaries' own is checked by
+# their tests/docs.rs.
 expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 30"
 expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 50" --set notification.drainSeconds=30
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 20" --set notification.drainSeconds=0
 expect_rendered notification-deployment.yaml 'command: ["/bin/sleep", "5"]'
 expect_rendered notification-deployment.yaml '!lifecycle:' --set notification.preStopSleepSeconds=0
-expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 45"
-expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 90" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 70"
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 105" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 160" --set webhook.env.GORGE_WEBHOOK_CLAIM_LEASE_SEC=120
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 110" --set webhook.env.GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC=30
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 70" --set webhook.env.GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC=
 expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_DELIVERY_TIMEOUT: "60"' --set webhook.deliveryTimeoutSeconds=60
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "57344"'
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "122880"' \
@@ -344,19 +355,17 @@ else
     echo "systemd-analyze not installed: syntax check only"
 fi
 # What the units must say, whatever systemd-analyze thinks: restart on failure but not on a
-# configuration error, an fd limit, an environment file, the drain inside TimeoutStopSec
-# (same arithmetic as the chart's grace periods, from its values), admin/status ports on
-# loopback, and the hardening options.
-python3 - deploy/systemd deploy/helm/gorge/values.yaml <<'PY'
+# configuration error, an fd limit, an environment file, admin/status ports on loopback, and
+# the hardening options. TimeoutStopSec against the binaries' own stop bound, and the env
+# files' commented defaults against the binaries', are checked by each service's
+# tests/deploy.rs (it runs the binary).
+python3 - deploy/systemd <<'PY'
 import json
 import pathlib
 import re
 import sys
 
-import yaml
-
-units_dir, values_path = pathlib.Path(sys.argv[1]), sys.argv[2]
-values = yaml.safe_load(open(values_path, encoding="utf-8"))
+units_dir = pathlib.Path(sys.argv[1])
 errors = []
 
 
@@ -377,18 +386,9 @@ def parse(path):
     return keys
 
 
-def seconds(value):
-    m = re.fullmatch(r"([0-9]+)(s|min)?", value)
-    return int(m.group(1)) * (60 if m.group(2) == "min" else 1) if m else None
-
-
 HARDENING = {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
              "ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": ""}
-drain = {
-    "gorge-notification.service": values["notification"]["drainSeconds"] + 5,
-    "gorge-webhook.service": values["webhook"]["deliveryTimeoutSeconds"] + 15,
-}
-for name, longest_stop in drain.items():
+for name in ("gorge-notification.service", "gorge-webhook.service"):
     path = units_dir / name
     if not path.is_file():
         errors.append(f"{path}: missing")
@@ -398,12 +398,9 @@ for name, longest_stop in drain.items():
     for key, value in want.items():
         if value not in keys.get(("Service", key), []):
             errors.append(f"{path}: needs {key}={value}")
-    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart"):
+    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart", "TimeoutStopSec"):
         if ("Service", key) not in keys:
             errors.append(f"{path}: needs {key}=")
-    stop = seconds((keys.get(("Service", "TimeoutStopSec")) or [""])[-1])
-    if stop is None or stop <= longest_stop:
-        errors.append(f"{path}: TimeoutStopSec={stop} must exceed the longest stop, {longest_stop} s")
     if ("Install", "WantedBy") not in keys:
         errors.append(f"{path}: needs [Install] WantedBy=")
 
@@ -424,7 +421,98 @@ for e in errors:
     print(f"check-deploy: FAIL: {e}", file=sys.stderr)
 if errors:
     sys.exit(1)
-print("systemd units: ok (restart policy, limits, drain inside TimeoutStopSec, loopback admin, hardening)")
+print("systemd units: ok (restart policy, limits, loopback admin, hardening)")
+PY
+
+say "Compose stop_grace_period vs the services' stop_within_sec"
+# Each service's stop bound is the formula of its catalog (generated from the binary and
+# checked against it by its tests/docs.rs), evaluated on the Compose service's environment;
+# the grace period must be that + 10 s, as the units' TimeoutStopSec (tests/deploy.rs).
+python3 - deploy/compose/docker-compose.yml "${chart}/files/settings" <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+compose = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+catalogs = pathlib.Path(sys.argv[2])
+
+
+def evaluate(formula, env, catalog):
+    if "setting" in formula:
+        text = str(env.get(formula["setting"]) or "").strip()
+        return int(text) if text else int(catalog["settings"][formula["setting"]]["default"])
+    if "constant" in formula:
+        return int(formula["constant"])
+    if "sum" in formula:
+        return sum(evaluate(term, env, catalog) for term in formula["sum"])
+    if "max" in formula:
+        return max(evaluate(term, env, catalog) for term in formula["max"])
+    if "times" in formula:
+        return int(formula["times"]) * evaluate(formula["of"], env, catalog)
+    raise SystemExit(f"check-deploy: cannot evaluate {formula}")
+
+
+errors = []
+for service in ("gorge-notification", "gorge-webhook"):
+    catalog = json.loads((catalogs / f"{service}.json").read_text(encoding="utf-8"))
+    spec = compose["services"][service]
+    stop = evaluate(catalog["derived"]["stop_within_sec"], spec.get("environment") or {}, catalog)
+    grace = re.fullmatch(r"([0-9]+)s", str(spec.get("stop_grace_period", "")))
+    if not grace or int(grace.group(1)) != stop + 10:
+        errors.append(f"{sys.argv[1]}: {service}: stop_grace_period must be {stop + 10}s "
+                      f"(stop_within_sec {stop} + 10 s), found {spec.get('stop_grace_period')!r}")
+    else:
+        print(f"compose: {service}: stop_grace_period {stop + 10}s = stop_within_sec {stop} + 10 s")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+PY
+
+say "chart values that are a setting's default"
+# A chart value that sets a variable of the service (the managed settings, _helpers.tpl)
+# and holds a number or a word must hold the service's own default: the settings catalogs
+# (files/settings/) are generated from the services' declarations and carry it.
+python3 - "${chart}" <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+chart = pathlib.Path(sys.argv[1])
+values = yaml.safe_load((chart / "values.yaml").read_text(encoding="utf-8"))
+helpers = (chart / "templates/_helpers.tpl").read_text(encoding="utf-8")
+errors, compared = [], 0
+for component in ("notification", "webhook"):
+    catalog = json.loads((chart / f"files/settings/gorge-{component}.json").read_text(encoding="utf-8"))
+    managed = re.search(r'define "gorge\.%s\.managedEnv" -}}\n(.*?)\n\{\{- end' % component, helpers, re.S)
+    for line in managed.group(1).splitlines():
+        var, path = (part.strip() for part in line.split(":", 1))
+        if not re.fullmatch(r"[A-Za-z.]+", path):
+            continue  # "nothing (…)": no value of its own
+        value = values
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        default = catalog["settings"].get(var, {}).get("default")
+        # Lists, empty values (the chart refuses or leaves them out) and addresses built
+        # from a port are not a default's copy.
+        if isinstance(value, (bool, dict, list)) or value in (None, "") or default is None:
+            continue
+        if type(value) is not type(default):
+            continue
+        compared += 1
+        if value != default:
+            errors.append(f"values.yaml {path}: {value!r}, but {var} defaults to {default!r} in gorge-{component}")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print(f"chart values: {compared} managed values hold the services' defaults")
 PY
 
 say "deploy checks passed"

@@ -590,7 +590,7 @@ impl<S: Declared> Layered<S> {
         match self.source(key) {
             Source::File(path) => in_file(key, Path::new(&path)),
             Source::Env(name) | Source::Option(name) => name,
-            Source::Default => S::env_var(key),
+            Source::Default | Source::Derived(_) => S::env_var(key),
         }
     }
 

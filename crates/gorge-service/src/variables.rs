@@ -13,14 +13,21 @@ use crate::settings::{docs_rows, Declared, Shape};
 /// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
 /// service's tests): every variable of `S` and the logging variables, with what is valid in
 /// words and, where it can be checked without the binary, as a range or a list of words (for
-/// the log level, the level words and the components of the service's `events`).
+/// the log level, the level words and the components of the service's `events`), and its
+/// default (secrets and absent values have none).
 pub fn chart_catalog<S: Declared>(events: &[crate::events::Event]) -> String {
     let mut catalog = serde_json::Map::new();
     let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
     let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
-    for (info, prefix) in settings.chain(logging) {
+    let defaults = S::default().file_values().into_iter();
+    let defaults = defaults.chain(LogVars::default().file_values());
+    for ((info, prefix), default) in settings.chain(logging).zip(defaults) {
         let mut entry = serde_json::Map::new();
         entry.insert("valid".into(), Value::from(info.valid));
+        // What an empty or absent variable means (formulas evaluate it: `crate::derived`).
+        if !info.secret && !default.is_null() {
+            entry.insert("default".into(), default);
+        }
         match info.shape {
             Shape::Free => {}
             Shape::Range(min, max) => {
@@ -82,9 +89,15 @@ mod tests {
         let settings = &catalog["settings"];
         assert_eq!(
             settings["DEMO_PORT"],
-            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
+            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535, "default": 80})
         );
-        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
+        assert_eq!(
+            settings["DEMO_NAME"],
+            serde_json::json!({"valid": "text", "default": "x"})
+        );
+        // A secret's default is never written, nor an absent one.
+        assert_eq!(settings["DEMO_PASS"], serde_json::json!({"valid": "text"}));
+        assert_eq!(settings["DEMO_FILE"], serde_json::json!({"valid": "text"}));
         assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
         assert_eq!(
             settings["GORGE_LOG_FORMAT"],

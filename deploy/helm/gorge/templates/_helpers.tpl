@@ -119,42 +119,82 @@ starting up already receives relayed messages.
 {{- end -}}
 
 {{/*
-Grace periods. Kubernetes counts the preStop sleep inside terminationGracePeriodSeconds, so
-each one is preStop + the longest the process may take after SIGTERM + a margin:
-- notification: drainSeconds + 5 (the service's hard drain deadline);
-- webhook: deliveryTimeoutSeconds + 10 (its drain deadline: a POST may take the whole timeout,
-  then its result write) + 5 (in-flight status requests).
-The "minimum" helpers are what an explicit value must exceed; the defaults add 10 s of
-margin for SIGKILL delivery and a slow node.
+A formula of a service's settings catalog (files/settings/<service>.json, whose `derived`
+section is generated from the service's declaration of derived facts and checked against it
+by the service's tests/docs.rs), evaluated on the environment a pod of the component gets:
+each setting it names is that variable's value, or the catalog's `default` when the variable
+is absent or empty — exactly what the binary prints as that fact with the same environment.
+Arguments: (dict "formula" F "env" ENV "catalog" CATALOG).
 */}}
-{{- define "gorge.notification.minimumGracePeriodSeconds" -}}
-{{- $n := .Values.notification -}}
-{{- add (int $n.preStopSleepSeconds) (int $n.drainSeconds) 5 -}}
+{{- define "gorge.formula" -}}
+{{- $f := .formula -}}
+{{- if hasKey $f "setting" -}}
+{{- $text := get .env $f.setting | toString | trim -}}
+{{- if eq $text "" -}}
+{{- $text = index .catalog.settings $f.setting "default" | toString -}}
 {{- end -}}
-{{- define "gorge.notification.terminationGracePeriodSeconds" -}}
-{{- $n := .Values.notification -}}
-{{- $minimum := include "gorge.notification.minimumGracePeriodSeconds" . | int -}}
-{{- if $n.terminationGracePeriodSeconds -}}
-{{- if le (int $n.terminationGracePeriodSeconds) $minimum -}}
-{{- fail (printf "notification.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + drainSeconds + 5 = %d (leave it empty to derive it)" (int $n.terminationGracePeriodSeconds) $minimum) -}}
+{{- $text | int64 -}}
+{{- else if hasKey $f "constant" -}}
+{{- $f.constant | int64 -}}
+{{- else if hasKey $f "sum" -}}
+{{- $total := 0 | int64 -}}
+{{- range $term := $f.sum -}}
+{{- $total = add $total (include "gorge.formula" (dict "formula" $term "env" $.env "catalog" $.catalog) | int64) -}}
 {{- end -}}
-{{- $n.terminationGracePeriodSeconds -}}
+{{- $total -}}
+{{- else if hasKey $f "max" -}}
+{{- $most := 0 | int64 -}}
+{{- range $term := $f.max -}}
+{{- $most = max $most (include "gorge.formula" (dict "formula" $term "env" $.env "catalog" $.catalog) | int64) -}}
+{{- end -}}
+{{- $most -}}
+{{- else if hasKey $f "times" -}}
+{{- mul ($f.times | int64) (include "gorge.formula" (dict "formula" $f.of "env" .env "catalog" .catalog) | int64) -}}
 {{- else -}}
-{{- add $minimum 10 -}}
+{{- fail (printf "cannot evaluate the formula %v (files/settings/ from a newer service?)" $f) -}}
 {{- end -}}
 {{- end -}}
-{{- define "gorge.webhook.minimumGracePeriodSeconds" -}}
-{{- $w := .Values.webhook -}}
-{{- add (int $w.preStopSleepSeconds) (int $w.deliveryTimeoutSeconds) 15 -}}
+
+{{/*
+How long each service may take to stop after SIGTERM: its derived fact `stop_within_sec`
+(docs/<service>.md, "Derived facts"), evaluated on the component's own ConfigMap, so a
+setting in `env` that lengthens the stop (a longer claim lease, say) lengthens the grace
+period with it.
+*/}}
+{{- define "gorge.notification.stopWithinSeconds" -}}
+{{- $catalog := .Files.Get "files/settings/gorge-notification.json" | fromJson -}}
+{{- $env := include "gorge.notification.configData" . | fromYaml -}}
+{{- include "gorge.formula" (dict "formula" $catalog.derived.stop_within_sec "env" $env "catalog" $catalog) -}}
 {{- end -}}
-{{- define "gorge.webhook.terminationGracePeriodSeconds" -}}
-{{- $w := .Values.webhook -}}
-{{- $minimum := include "gorge.webhook.minimumGracePeriodSeconds" . | int -}}
-{{- if $w.terminationGracePeriodSeconds -}}
-{{- if le (int $w.terminationGracePeriodSeconds) $minimum -}}
-{{- fail (printf "webhook.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = %d (leave it empty to derive it)" (int $w.terminationGracePeriodSeconds) $minimum) -}}
+{{- define "gorge.webhook.stopWithinSeconds" -}}
+{{- $catalog := .Files.Get "files/settings/gorge-webhook.json" | fromJson -}}
+{{- $env := include "gorge.webhook.configData" . | fromYaml -}}
+{{- include "gorge.formula" (dict "formula" $catalog.derived.stop_within_sec "env" $env "catalog" $catalog) -}}
 {{- end -}}
-{{- $w.terminationGracePeriodSeconds -}}
+
+{{/*
+Grace periods. Kubernetes counts the preStop sleep inside terminationGracePeriodSeconds, so
+each one is preStop + the service's stop bound (above) + a margin. The "minimum" helpers are
+what an explicit value must exceed; the defaults add 10 s of margin for SIGKILL delivery and
+a slow node.
+Arguments: (list component context).
+*/}}
+{{- define "gorge.minimumGracePeriodSeconds" -}}
+{{- $component := index . 0 -}}
+{{- $ctx := index . 1 -}}
+{{- $values := index $ctx.Values $component -}}
+{{- add (int $values.preStopSleepSeconds) (include (printf "gorge.%s.stopWithinSeconds" $component) $ctx | int) -}}
+{{- end -}}
+{{- define "gorge.terminationGracePeriodSeconds" -}}
+{{- $component := index . 0 -}}
+{{- $ctx := index . 1 -}}
+{{- $values := index $ctx.Values $component -}}
+{{- $minimum := include "gorge.minimumGracePeriodSeconds" . | int -}}
+{{- if $values.terminationGracePeriodSeconds -}}
+{{- if le (int $values.terminationGracePeriodSeconds) $minimum -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + the service's stop_within_sec (docs/%s.md, Derived facts) = %d (leave it empty to derive it)" $component (int $values.terminationGracePeriodSeconds) $component $minimum) -}}
+{{- end -}}
+{{- $values.terminationGracePeriodSeconds -}}
 {{- else -}}
 {{- add $minimum 10 -}}
 {{- end -}}
