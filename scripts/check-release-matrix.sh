@@ -8,6 +8,9 @@
 #
 # Usage:
 #   scripts/check-release-matrix.sh [--root DIR]   check the repository (default: this one)
+#   scripts/check-release-matrix.sh --matrix       check, then print the release matrix as JSON
+#                                                  ([{service, port, image}], for
+#                                                  scripts/check-images.py)
 #   scripts/check-release-matrix.sh --self-test    prove that the check catches broken ports,
 #                                                  missing entries and a missing HEALTHCHECK
 #                                                  (on temporary copies, never the real files)
@@ -23,8 +26,9 @@ default_root="$(cd "${script_dir}/.." && pwd)"
 readonly TOOL_ALLOWLIST="gorge-bench"
 
 check() {
-    local root="$1"
-    python3 - "$root" "$TOOL_ALLOWLIST" "${HELM:-helm}" <<'PY'
+    local root="$1" output="${2:-summary}"
+    python3 - "$root" "$TOOL_ALLOWLIST" "${HELM:-helm}" "$output" <<'PY'
+import json
 import pathlib
 import re
 import shutil
@@ -36,6 +40,7 @@ import yaml
 root = pathlib.Path(sys.argv[1])
 tools = set(sys.argv[2].split())
 helm = sys.argv[3]
+output = sys.argv[4]
 errors = []
 
 # Which chart value is the probe port of each service.
@@ -102,9 +107,11 @@ for svc in services:
 release_rel = ".github/workflows/release.yml"
 release = load_yaml(release_rel)
 release_ports = {}
+release_images = {}
 for job, include in matrix_entries(release, release_rel).items():
     for entry in include:
         svc, port, image = entry.get("service"), entry.get("port"), str(entry.get("image", ""))
+        release_images[svc] = image
         if svc in release_ports:
             fail(f"{release_rel}: job {job}: service {svc} listed twice")
         if svc not in services:
@@ -151,6 +158,17 @@ for svc in services:
     if svc not in CHART_PORT_KEYS:
         fail(f"scripts/check-release-matrix.sh: no chart probe port known for service {svc}")
 
+# 5b. The chart runs the images the matrix publishes: the same registry and image name, the
+# owner being whatever the chart's default names (the matrix's is the publishing account).
+OWNER = "${{ github.repository_owner }}"
+for svc, (component, _) in CHART_PORT_KEYS.items():
+    image = release_images.get(svc, "")
+    repository = ((values.get(component) or {}).get("image") or {}).get("repository")
+    pattern = "^" + re.escape(image).replace(re.escape(OWNER), "[^/]+") + "$"
+    if image and not re.match(pattern, str(repository)):
+        fail(f"deploy/helm/gorge/values.yaml: {component}.image.repository = {repository!r} is "
+             f"not the image the release matrix publishes for {svc} ({image})")
+
 if shutil.which(helm):
     # Render and resolve each Deployment's probe ports (named ports included).
     chart = root / "deploy/helm/gorge"
@@ -172,6 +190,10 @@ if shutil.which(helm):
                 fail(f"chart: Deployment {doc['metadata']['name']} has unknown component {component!r}")
                 continue
             seen.add(svc)
+            repository = ((values.get(CHART_PORT_KEYS[svc][0]) or {}).get("image") or {}).get("repository")
+            images = [c.get("image", "") for c in doc["spec"]["template"]["spec"]["containers"]]
+            if not any(str(i).startswith(f"{repository}:") for i in images):
+                fail(f"chart: the {svc} Deployment runs {images}, not {repository}:<tag>")
             for container in doc["spec"]["template"]["spec"]["containers"]:
                 named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
                 for probe in ("livenessProbe", "readinessProbe"):
@@ -218,8 +240,12 @@ if errors:
     for e in errors:
         print(f"check-release-matrix: FAIL: {e}", file=sys.stderr)
     sys.exit(1)
-summary = ", ".join(f"{s}={release_ports[s]}" for s in services)
-print(f"check-release-matrix: ok ({summary})")
+if output == "json":
+    print(json.dumps([{"service": s, "port": release_ports[s], "image": release_images[s]}
+                      for s in services]))
+else:
+    summary = ", ".join(f"{s}={release_ports[s]}" for s in services)
+    print(f"check-release-matrix: ok ({summary})")
 PY
 }
 
@@ -264,6 +290,8 @@ self_test() {
         "sed -i '/^HEALTHCHECK/,/\"healthcheck\"/d' deploy/docker/Dockerfile"
     expect fail healthcheck-fixed-port \
         "sed -i 's|\"healthcheck\"\\]|\"healthcheck\", \"--port\", \"8160\"]|' deploy/docker/Dockerfile"
+    expect fail chart-image-renamed \
+        "sed -i 's|repository: ghcr.io/gorge/gorge-webhook$|repository: ghcr.io/gorge/gorge-hooks|' deploy/helm/gorge/values.yaml"
     expect fail compose-port-changed \
         "sed -i 's/PORT: \"8160\"/PORT: \"22281\"/' deploy/compose/docker-compose.yml"
     if command -v "${HELM:-helm}" >/dev/null; then
@@ -284,6 +312,7 @@ main() {
     local root="${default_root}"
     case "${1:-}" in
         --self-test) self_test; return ;;
+        --matrix) check "${root}" json; return ;;
         --root) root="${2:?--root needs a directory}" ;;
         "") ;;
         *) echo "usage: $0 [--root DIR | --self-test]" >&2; return 2 ;;

@@ -5,8 +5,9 @@
 gorge_service::events! {
     /// Every event of the service, in the docs' order.
     pub const ALL = [
-        NOTIFY_STARTED: Info ["fingerprint", "listeners", "peers"]
-            "Serving: the fingerprint, every listener address, the number of static peers";
+        NOTIFY_STARTED: Info ["fingerprint", "listeners", "peers", "stop_within_sec"]
+            "Serving: the fingerprint, every listener address, the number of static peers, \
+             then every derived fact (see Derived facts)";
         NOTIFY_CONFIG_IGNORED_KEY: Warning ["key", "reason"]
             "An Aphlict-file key with no effect here (once per key at startup)";
         NOTIFY_CONFIG_WARNING: Warning ["warning"]

@@ -46,6 +46,8 @@ pub struct Server {
     drain_window: Duration,
     drain_deadline: Duration,
     static_peers: usize,
+    /// What follows from the settings, for `NOTIFY_STARTED`.
+    derived: gorge_service::derived::Started,
     /// Serves the admin listeners; lives as long as the server runs.
     admin_runtime: OwnRuntime,
     /// Serves the client listeners and their sockets, at a lower priority.
@@ -208,6 +210,7 @@ impl Server {
             drain_window: config.drain_window,
             drain_deadline: config.drain_deadline(),
             static_peers: config.cluster.static_peers().len(),
+            derived: crate::config::derived::started(&config),
             admin_runtime,
             client_runtime,
             warmup_deadline,
@@ -246,7 +249,7 @@ impl Server {
             .iter()
             .map(|l| format!("{}={}", l.name(), l.local_addr()))
             .collect();
-        emit!(log, events::NOTIFY_STARTED;
+        gorge_service::emit_with!(log, events::NOTIFY_STARTED, self.derived;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
         // Ends with the client runtime it empties the caches of (below).

@@ -7,10 +7,10 @@ mod common;
 use std::path::PathBuf;
 
 use gorge_notification::broker::BrokerMetrics;
-use gorge_notification::config::Settings;
+use gorge_notification::config::{Config, Settings};
 use gorge_notification::metrics::{Metrics, PREFIX};
 use gorge_notification::peers::PeerMetrics;
-use gorge_service::{docs, events, metrics, variables};
+use gorge_service::{derived, docs, events, metrics, variables};
 
 fn page() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/notification.md")
@@ -19,6 +19,12 @@ fn page() -> PathBuf {
 #[test]
 fn the_settings_table_is_the_declaration() {
     docs::check_table(&page(), &variables::docs_table::<Settings>());
+}
+
+/// What follows from the settings, with the values the defaults give.
+#[test]
+fn the_derived_facts_table_is_the_declaration() {
+    docs::check_table(&page(), &gorge_notification::config::derived::docs_table());
 }
 
 #[test]
@@ -80,12 +86,14 @@ fn the_benchmark_pid_command_finds_the_server_on_its_admin_port() {
     );
 }
 
-/// The Helm chart refuses bad `notification.env` values at template time from this catalog.
+/// The Helm chart refuses bad `notification.env` values at template time from this catalog,
+/// and evaluates the formulas of its `derived` section (the grace period from
+/// `stop_within_sec`).
 #[test]
 fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-notification.json"),
-        &variables::chart_catalog::<Settings>(),
+        &derived::chart_catalog::<Config>(gorge_notification::events::ALL),
     );
 }

@@ -1,7 +1,11 @@
-//! Configuration: defaults → optional TOML/JSON file → environment, validated into
-//! [`Settings`] once at startup. Each setting is declared once, in [`RawSettings`] (see
-//! `gorge_service::settings`): its kind decides how it parses and what an error says is
-//! valid, and its help is the "Meaning" of docs/webhook.md's table (checked by a test).
+//! Configuration: defaults → optional TOML/JSON file → environment, validated once at startup
+//! into [`Config`], the plain struct the service runs with. Each setting is declared once, in
+//! [`RawSettings`] (see `gorge_service::settings`): its kind decides how it parses and what an
+//! error says is valid, and its help is the "Meaning" of docs/webhook.md's table (checked by a
+//! test). What follows from the settings — effective values where one setting limits another,
+//! how long a stop may take — is declared once too, in [`Config`]'s `DERIVED` list (see
+//! `gorge_service::derived`); [`Loaded`] keeps what the configuration was built from, for
+//! `--check-config`, `--print-config` and the started event.
 //!
 //! Every bad value is a [`ConfigError`] naming the variable and the value (exit code 2):
 //! a webhook service that silently falls back to a default poll interval or blacklist is
@@ -10,10 +14,13 @@
 //! warned about, because the environment is shared with others (Kubernetes service links).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gorge_claim::{ClaimTiming, StoreOptions};
 use gorge_service::config::{env_value, CheckLine};
+use gorge_service::derived::{self, Adjustment, Derived, Derives, Formula};
+use gorge_service::events::Event;
 use gorge_service::logging::LogVars;
 use gorge_service::settings::{
     self, unknown_env_warnings, unknown_file_key, Count, Declared, FileFormat, Layered, Millis,
@@ -31,6 +38,9 @@ pub const DEFAULT_HEALTH_PORT: u16 = 8160;
 /// claim a row whose POST is still running.
 pub const LEASE_MARGIN_SEC: u64 = 5;
 
+/// Time for in-flight HTTP requests on the status port once the drain is over.
+pub const REQUEST_GRACE_SEC: u64 = 5;
+
 /// How long idle database connections are kept (one query connection always stays).
 const POOL_IDLE_TTL: Duration = Duration::from_secs(30);
 
@@ -46,7 +56,7 @@ gorge_service::number_kind!(
 
 gorge_service::settings! {
     /// Every setting as layered, before validation.
-    pub struct RawSettings, prefix "GORGE_WEBHOOK_" {
+    pub struct RawSettings, prefix "GORGE_WEBHOOK_", keys Keys {
         mysql_host: Text = "127.0.0.1".into(), "MariaDB/MySQL server";
         mysql_port: Port = 3306, "MariaDB/MySQL port";
         mysql_user: Text = "phorge".into(),
@@ -102,36 +112,216 @@ gorge_service::settings! {
     }
 }
 
-/// Validated, effective settings. Derefs to the declared values ([`RawSettings`]:
-/// `settings.mysql_host`); its own fields are what validation derived from them — durations,
-/// parsed addresses and lists, effective limits — and take precedence by name.
+/// Each setting's key, as code outside the declaration names it.
+const KEYS: Keys = RawSettings::KEYS;
+
+/// The effective claim lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
+const CLAIM_LEASE: Formula = Formula::Max(&[
+    Formula::Setting(KEYS.claim_lease_sec),
+    Formula::Sum(&[
+        Formula::Setting(KEYS.delivery_timeout),
+        Formula::Constant(LEASE_MARGIN_SEC),
+    ]),
+]);
+
+/// How long the drain may take: a row claimed just before SIGTERM has its POST and then its
+/// result write retried while the claim's lease protects the row; the last attempt, begun
+/// inside the lease, may wait one query timeout for a connection and one for the statement.
+const DRAIN: Formula = Formula::Sum(&[
+    CLAIM_LEASE,
+    Formula::Times(2, &Formula::Setting(KEYS.mysql_query_timeout_sec)),
+]);
+
+/// The longest a stop takes after SIGTERM: the drain, then the grace for status requests.
+const STOP_WITHIN: Formula = Formula::Sum(&[DRAIN, Formula::Constant(REQUEST_GRACE_SEC)]);
+
+/// The server-side idle limit of lock sessions: longer than a lock is ever held without a
+/// statement — the claim's lease (the POST and the result-write retries fall within it)
+/// plus the statements before the claim (breaker, object, transactions, claim) and the last
+/// write, each bounded by the query timeout.
+const LOCK_SESSION_TIMEOUT: Formula = Formula::Sum(&[
+    CLAIM_LEASE,
+    Formula::Times(5, &Formula::Setting(KEYS.mysql_query_timeout_sec)),
+]);
+
+/// Where MariaDB is and how the service uses it.
 #[derive(Debug, Clone)]
-pub struct Settings {
-    pub mysql_query_timeout: Duration,
-    pub poll_interval: Duration,
-    /// Effective: at most one delivery per lock connection.
-    pub max_concurrent: usize,
-    pub delivery_timeout: Duration,
-    /// Effective lease: at least the delivery timeout plus [`LEASE_MARGIN_SEC`].
-    pub claim_lease_sec: u64,
-    pub outbound_policy: OutboundPolicy,
-    /// `GORGE_WEBHOOK_CA_FILE`, if set, and the CAs read from it at startup.
-    pub ca_file: Option<std::path::PathBuf>,
-    pub extra_roots: ExtraRoots,
-    pub listen_addr: SocketAddr,
-    /// The values as layered, with their sources (for `--check-config` and `--print-config`).
-    layered: Layered<RawSettings>,
-    log: Layered<LogVars>,
-    /// Unknown `GORGE_WEBHOOK_*` and `GORGE_LOG_*` variables, found when loading.
-    environment_warnings: Vec<String>,
+pub struct Database {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub pass: Secret,
+    /// A Unix socket to connect through instead of host and port.
+    pub socket: Option<String>,
+    /// `{namespace}_herald`.
+    pub name: String,
+    /// The query pool's bound.
+    pub max_connections: usize,
+    /// The lock pool's bound.
+    pub max_lock_connections: usize,
+    /// Bound on every statement and on waiting for a pooled connection.
+    pub query_timeout: Duration,
+    /// The server's idle limit of lock sessions.
+    pub lock_session_timeout: Duration,
 }
 
-impl std::ops::Deref for Settings {
-    type Target = RawSettings;
-
-    fn deref(&self) -> &RawSettings {
-        &self.layered.values
+impl Database {
+    /// Connection options (the database and pools are set by the store). TCP to the
+    /// configured host and port unless a socket is configured: mysql_async would otherwise
+    /// move every connection onto the server's `@@socket` whenever that path exists locally,
+    /// which with two local servers is the wrong one.
+    pub fn mysql_opts(&self) -> mysql_async::Opts {
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname(self.host.clone())
+            .tcp_port(self.port)
+            .user(Some(self.user.clone()))
+            .pass((!self.pass.is_empty()).then(|| self.pass.expose().to_string()))
+            .prefer_socket(false)
+            .socket(self.socket.clone())
+            .into()
     }
+
+    /// Pool bounds and the statement timeout for the claim store.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            query_timeout: self.query_timeout,
+            max_connections: self.max_connections,
+            max_lock_connections: self.max_lock_connections,
+            idle_timeout: POOL_IDLE_TTL,
+            lock_session_timeout: self.lock_session_timeout,
+        }
+    }
+
+    /// Where the service connects: `host:port`, or `socket PATH`.
+    pub fn address(&self) -> String {
+        match &self.socket {
+            Some(path) => format!("socket {path}"),
+            None if self.host.contains(':') => format!("[{}]:{}", self.host, self.port),
+            None => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
+/// What the service runs with: every setting validated, in the type it is used as, and
+/// effective where another setting limits it (`DERIVED` says which, and why).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database: Database,
+    pub poll_interval: Duration,
+    /// At most one delivery per lock connection.
+    pub max_concurrent: usize,
+    pub delivery_timeout: Duration,
+    /// At least the delivery timeout plus [`LEASE_MARGIN_SEC`].
+    pub claim_lease: Duration,
+    pub retry_backoff: Duration,
+    /// The circuit breaker's window and the failures within it that open it.
+    pub breaker_window: Duration,
+    pub breaker_threshold: u64,
+    pub outbound_policy: OutboundPolicy,
+    /// The CA file, if one is set, and the CAs read from it at startup.
+    pub ca_file: Option<PathBuf>,
+    pub extra_roots: ExtraRoots,
+    pub listen_addr: SocketAddr,
+    pub service_token: Secret,
+    /// The bound on the drain after SIGTERM (then [`REQUEST_GRACE_SEC`] for status requests).
+    pub drain_deadline: Duration,
+}
+
+impl Config {
+    /// Lease and backoff as the claim protocol takes them.
+    pub fn claim_timing(&self) -> ClaimTiming {
+        ClaimTiming {
+            lease_sec: self.claim_lease.as_secs(),
+            retry_backoff_sec: self.retry_backoff.as_secs(),
+        }
+    }
+
+    /// The most database connections one process opens (query pool + lock pool, the lock
+    /// pool never more than the deliveries that can run).
+    pub fn connection_budget(&self) -> usize {
+        self.database.max_connections + self.max_concurrent
+    }
+
+    /// How long without progress (a completed poll round or a written result) before the
+    /// service reports not ready: a POST may take the whole delivery timeout, and a poll or
+    /// a write the query timeout, twice over.
+    pub fn stall_limit(&self) -> Duration {
+        self.delivery_timeout
+            + self.database.query_timeout * 2
+            + self.poll_interval
+            + Duration::from_secs(5)
+    }
+}
+
+impl Derives for Config {
+    type Settings = RawSettings;
+    const DERIVED: &'static [Derived<Config>] = &[
+        Derived::computed(
+            "",
+            |c: &Config| c.max_concurrent.into(),
+            "deliveries in flight at most: one per lock connection",
+        )
+        .adjusting(
+            KEYS.max_concurrent,
+            "lowered to the lock connections: each delivery holds one",
+        ),
+        Derived::formula(
+            "",
+            CLAIM_LEASE,
+            "how long a claimed row is invisible to other claimants: never shorter than a POST \
+             may take, so a POST still running is never claimed again",
+        )
+        .adjusting(KEYS.claim_lease_sec, "raised to cover the delivery timeout"),
+        Derived::formula(
+            "stop_within_sec",
+            STOP_WITHIN,
+            "the longest a stop takes after SIGTERM: the claim's lease (a POST, then its result \
+             write retried while the lease protects the row), the last write attempt (a \
+             connection and a statement, each bounded by the query timeout), then the status \
+             requests' grace. The systemd unit's `TimeoutStopSec` and the chart's grace period \
+             leave the process at least this (a process killed sooner sends the row again)",
+        ),
+        Derived::computed(
+            "database",
+            |c: &Config| c.database.name.as_str().into(),
+            "the database read and written: `{namespace}_herald`",
+        ),
+        Derived::computed(
+            "mysql_address",
+            |c: &Config| c.database.address().into(),
+            "where the service connects: host:port over TCP, or `socket PATH` when a socket is \
+             set",
+        ),
+        Derived::computed(
+            "mysql_connection_budget",
+            |c: &Config| c.connection_budget().into(),
+            "the most database connections one process opens: the query pool's bound plus one \
+             lock connection per delivery in flight",
+        ),
+        Derived::formula(
+            "lock_session_timeout_sec",
+            LOCK_SESSION_TIMEOUT,
+            "the server's idle limit (`wait_timeout`) of lock sessions: longer than a lock is \
+             ever held without a statement, so the server ends a lock session whose network \
+             path died",
+        ),
+        Derived::computed(
+            "readiness_stall_ms",
+            |c: &Config| (c.stall_limit().as_millis() as u64).into(),
+            "`/readyz` answers 503 after this long without a poll round or a result write: a \
+             POST's timeout, two query timeouts, a poll interval and 5 s",
+        ),
+        Derived::computed(
+            "outbound_networks",
+            |c: &Config| c.outbound_policy.len().into(),
+            "networks the outbound blacklist holds",
+        ),
+        Derived::computed(
+            "extra_ca_certificates",
+            |c: &Config| c.extra_roots.len().into(),
+            "CA certificates read from the CA file, trusted with the bundled and system roots",
+        ),
+    ];
 }
 
 /// A table (`[mysql]`, a JSON object) where the file has flat keys: names the keys to write
@@ -156,33 +346,51 @@ fn flat_keys_error(path: &Path, key: &str, value: &serde_json::Value) -> ConfigE
 /// The formats `--config` reads, by extension.
 const FILE_FORMATS: [FileFormat; 2] = [FileFormat::Toml, FileFormat::Json];
 
-impl Settings {
+/// The configuration as loaded: the validated [`Config`], and what it was built from — the
+/// settings as layered with their sources, the logging variables, unknown variables — for
+/// `--check-config`, `--print-config`, the started event and the startup warnings.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    layered: Layered<RawSettings>,
+    log: Layered<LogVars>,
+    /// Unknown `GORGE_WEBHOOK_*` and `GORGE_LOG_*` variables, found when loading.
+    unknown_variables: Vec<String>,
+}
+
+impl Loaded {
     /// Layers defaults, the optional file and the environment, then validates (the logging
-    /// variables too, so `--check-config` refuses what startup refuses).
-    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        let log = gorge_service::logging::log_vars(crate::events::ALL)?;
-        let mut settings = Settings::load_from(file, &|var| env_value(var))?;
-        settings.log = log;
-        settings.environment_warnings = unknown_env_warnings::<RawSettings>(std::env::vars());
+    /// variables too, against the components of `events`, so `--check-config` refuses what
+    /// startup refuses).
+    pub fn load(file: Option<&Path>, events: &[Event]) -> Result<Loaded, ConfigError> {
+        let log = gorge_service::logging::log_vars(events)?;
+        let mut loaded = Loaded::load_from(file, &|var| env_value(var))?;
+        loaded.log = log;
+        loaded.unknown_variables = unknown_env_warnings::<RawSettings>(std::env::vars());
         let log_warnings = unknown_env_warnings::<LogVars>(std::env::vars());
-        settings.environment_warnings.extend(log_warnings);
-        Ok(settings)
+        loaded.unknown_variables.extend(log_warnings);
+        Ok(loaded)
     }
 
-    /// [`Settings::load`] with the environment as `env` reads it.
+    /// Every setting at its default.
+    pub fn defaults() -> Loaded {
+        Loaded::load_from(None, &|_| None).expect("the defaults are valid")
+    }
+
+    /// [`Loaded::load`] with the environment as `env` reads it.
     fn load_from(
         file: Option<&Path>,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Settings, ConfigError> {
+    ) -> Result<Loaded, ConfigError> {
         let mut layered = Layered::<RawSettings>::default();
         if let Some(path) = file {
             let mut entries = settings::read_file(path, "--config", &FILE_FORMATS)?;
             // A list is what TOML (and the chart's value) makes natural for the blacklist;
             // read it as the variable's comma-separated text.
-            if let Some(serde_json::Value::Array(items)) = entries.get("outbound_blacklist") {
+            if let Some(serde_json::Value::Array(items)) = entries.get(KEYS.outbound_blacklist) {
                 if let Some(texts) = items.iter().map(|i| i.as_str()).collect::<Option<Vec<_>>>() {
                     let joined = texts.join(", ");
-                    entries.insert("outbound_blacklist".into(), joined.into());
+                    entries.insert(KEYS.outbound_blacklist.into(), joined.into());
                 }
             }
             let mut unknown = layered.apply_file(path, &entries)?;
@@ -196,242 +404,169 @@ impl Settings {
             }
         }
         layered.apply_env(env, &[])?;
-        Settings::validate(layered)
-    }
-
-    fn validate(layered: Layered<RawSettings>) -> Result<Settings, ConfigError> {
-        let raw = &layered.values;
-        // Each setting as the operator wrote it: `namespace (in PATH)` for a file's value.
-        let var = |key: &str| layered.name(key);
-        // The namespace becomes part of a database name in every query.
-        if raw.namespace.is_empty()
-            || !raw
-                .namespace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(ConfigError::new(
-                var("namespace"),
-                &raw.namespace,
-                "expected letters, digits and underscores",
-            ));
-        }
-        if raw.mysql_host.trim().is_empty() {
-            return Err(ConfigError::new(
-                var("mysql_host"),
-                &raw.mysql_host,
-                "must not be empty",
-            ));
-        }
-        let outbound_policy = OutboundPolicy::parse(&raw.outbound_blacklist).map_err(|bad| {
-            ConfigError::new(
-                var("outbound_blacklist"),
-                bad,
-                "expected CIDRs or IP addresses separated by commas or spaces, or none",
-            )
-        })?;
-        let listen_addr: SocketAddr = raw.listen_addr.parse().map_err(|_| {
-            ConfigError::new(
-                var("listen_addr"),
-                &raw.listen_addr,
-                "expected IP:PORT, e.g. 0.0.0.0:8160",
-            )
-        })?;
-        let ca_file = Some(raw.ca_file.trim())
-            .filter(|path| !path.is_empty())
-            .map(std::path::PathBuf::from);
-        let extra_roots = match &ca_file {
-            Some(path) => ExtraRoots::load(path).map_err(|reason| {
-                ConfigError::new(
-                    var("ca_file"),
-                    path.display(),
-                    format!("{reason} (expected a readable PEM file of CA certificates)"),
-                )
-            })?,
-            None => ExtraRoots::default(),
-        };
-        Ok(Settings {
-            mysql_query_timeout: Duration::from_secs(raw.mysql_query_timeout_sec),
-            poll_interval: Duration::from_millis(raw.poll_interval_ms),
-            max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections),
-            delivery_timeout: Duration::from_secs(raw.delivery_timeout),
-            claim_lease_sec: raw
-                .claim_lease_sec
-                .max(raw.delivery_timeout + LEASE_MARGIN_SEC),
-            outbound_policy,
-            ca_file,
-            extra_roots,
-            listen_addr,
+        Ok(Loaded {
+            config: validate(&layered)?,
             layered,
             log: Layered::default(),
-            environment_warnings: Vec::new(),
+            unknown_variables: Vec::new(),
         })
     }
 
-    /// `{namespace}_herald`.
-    pub fn database(&self) -> String {
-        format!("{}_herald", self.namespace)
+    /// Effective values that differ from the configured ones; logged once at startup.
+    pub fn adjustments(&self) -> Vec<Adjustment> {
+        derived::adjustments(&self.config, &self.layered)
     }
 
-    /// Connection options for the MariaDB/MySQL server (the database and pools are set by
-    /// the store). TCP to the configured host and port unless a socket is configured:
-    /// mysql_async would otherwise move every connection onto the server's `@@socket`
-    /// whenever that path exists locally, which with two local servers is the wrong one.
-    pub fn mysql_opts(&self) -> mysql_async::Opts {
-        let socket = (!self.mysql_socket.is_empty()).then(|| self.mysql_socket.clone());
-        mysql_async::OptsBuilder::default()
-            .ip_or_hostname(self.mysql_host.clone())
-            .tcp_port(self.mysql_port)
-            .user(Some(self.mysql_user.clone()))
-            .pass((!self.mysql_pass.is_empty()).then(|| self.mysql_pass.expose().to_string()))
-            .prefer_socket(false)
-            .socket(socket)
-            .into()
-    }
-
-    /// Pool bounds and the statement timeout for the claim store.
-    pub fn store_options(&self) -> gorge_claim::StoreOptions {
-        gorge_claim::StoreOptions {
-            query_timeout: self.mysql_query_timeout,
-            max_connections: self.mysql_max_connections,
-            max_lock_connections: self.mysql_max_lock_connections,
-            idle_timeout: POOL_IDLE_TTL,
-            lock_session_timeout: self.lock_session_timeout(),
-        }
-    }
-
-    /// The server-side idle limit of lock sessions: longer than a lock is ever held without
-    /// a statement — the claim's lease (the POST and the result-write retries fall within
-    /// it) plus the statements before the claim (breaker, object, transactions, claim) and
-    /// the last write, each bounded by the query timeout.
-    pub fn lock_session_timeout(&self) -> Duration {
-        Duration::from_secs(self.claim_lease_sec) + self.mysql_query_timeout * 5
-    }
-
-    /// The most database connections one process opens (query pool + lock pool, the lock
-    /// pool never more than the deliveries that can run).
-    pub fn connection_budget(&self) -> usize {
-        self.mysql_max_connections + self.max_concurrent
-    }
-
-    /// Effective values that differ from the configured ones, as `(key, configured,
-    /// effective, why)`; logged once at startup.
-    pub fn adjustments(&self) -> Vec<(&'static str, u64, u64, &'static str)> {
-        let mut out = Vec::new();
-        if self.max_concurrent != self.layered.values.max_concurrent {
-            out.push((
-                "GORGE_WEBHOOK_MAX_CONCURRENT",
-                self.layered.values.max_concurrent as u64,
-                self.max_concurrent as u64,
-                "lowered to GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS: each delivery holds one lock connection",
-            ));
-        }
-        if self.claim_lease_sec != self.layered.values.claim_lease_sec {
-            out.push((
-                "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-                self.layered.values.claim_lease_sec,
-                self.claim_lease_sec,
-                "raised to the delivery timeout + 5 s so a running POST is never re-claimed",
-            ));
-        }
-        out
+    /// The started event's fields (`events::STARTED_FIELDS`).
+    pub fn started(&self) -> derived::Started {
+        derived::started(&self.config, &self.layered)
     }
 
     /// Combinations that cannot take effect as written; logged as warnings at startup.
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = self.environment_warnings.clone();
-        if self.outbound_policy.is_empty() {
+        let config = &self.config;
+        let var = RawSettings::env_var;
+        let mut out = self.unknown_variables.clone();
+        if config.outbound_policy.is_empty() {
             out.push(format!(
-                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST={NO_BLACKLIST}: webhooks may reach any address, \
-                 including this network's private ones and cloud metadata (SSRF); mirror \
-                 Phorge's security.outbound-blacklist instead"
+                "{}={NO_BLACKLIST}: webhooks may reach any address, including this network's \
+                 private ones and cloud metadata (SSRF); mirror Phorge's \
+                 security.outbound-blacklist instead",
+                var(KEYS.outbound_blacklist)
             ));
         }
-        let poll_ms = self.poll_interval.as_millis() as u64;
-        if self.retry_backoff_sec * 1000 < poll_ms {
+        let poll_ms = config.poll_interval.as_millis() as u64;
+        if (config.retry_backoff.as_millis() as u64) < poll_ms {
             out.push(format!(
-                "GORGE_WEBHOOK_RETRY_BACKOFF_SEC={} is shorter than the poll interval ({poll_ms} ms): \
-                 an idle queue retries only once per poll",
-                self.retry_backoff_sec
+                "{}={} is shorter than the poll interval ({poll_ms} ms): an idle queue retries \
+                 only once per poll",
+                var(KEYS.retry_backoff_sec),
+                config.retry_backoff.as_secs()
             ));
         }
-        if self.error_backoff_sec * 1000 < poll_ms {
+        if (config.breaker_window.as_millis() as u64) < poll_ms {
             out.push(format!(
-                "GORGE_WEBHOOK_ERROR_BACKOFF_SEC={} is shorter than the poll interval ({poll_ms} ms): \
-                 the breaker window closes between polls",
-                self.error_backoff_sec
+                "{}={} is shorter than the poll interval ({poll_ms} ms): the breaker window \
+                 closes between polls",
+                var(KEYS.error_backoff_sec),
+                config.breaker_window.as_secs()
             ));
         }
         out
     }
 
-    /// The `--check-config` lines, secrets masked, each with its source; the logging
-    /// variables last.
+    /// The `--check-config` lines, secrets masked, each with its source: the settings (an
+    /// adjusted one with what was configured), the derived facts, the logging variables.
     pub fn check_lines(&self) -> Vec<CheckLine> {
-        let mut lines = self.layered.check_lines(|key| self.annotated(key));
+        let mut lines = derived::check_lines(&self.config, &self.layered);
         lines.extend(self.log.log_check_lines());
         lines
     }
 
-    /// What `--check-config` says about `key` beyond its value, where context matters.
-    fn annotated(&self, key: &str) -> Option<String> {
-        Some(match key {
-            "namespace" => format!("{} (database {})", self.namespace, self.database()),
-            "claim_lease_sec" if self.claim_lease_sec != self.layered.values.claim_lease_sec => {
-                format!(
-                    "{} (configured {}, raised to timeout + {LEASE_MARGIN_SEC})",
-                    self.claim_lease_sec, self.layered.values.claim_lease_sec
-                )
-            }
-            "mysql_socket" if self.mysql_socket.is_empty() => {
-                "(none: TCP to host and port)".to_string()
-            }
-            "mysql_max_lock_connections" => format!(
-                "{} (connection budget: {} per process)",
-                self.mysql_max_lock_connections,
-                self.connection_budget()
-            ),
-            "max_concurrent" if self.max_concurrent != self.layered.values.max_concurrent => {
-                format!(
-                    "{} (configured {}, limited by the lock connections)",
-                    self.max_concurrent, self.layered.values.max_concurrent
-                )
-            }
-            "outbound_blacklist" => format!(
-                "{} networks{}",
-                self.outbound_policy.len(),
-                if self.outbound_blacklist == PHORGE_DEFAULT_BLACKLIST {
-                    " (Phorge's default)"
-                } else {
-                    ""
-                }
-            ),
-            "ca_file" => match &self.ca_file {
-                Some(path) => format!(
-                    "{} ({} certificates, trusted with the bundled and system roots)",
-                    path.display(),
-                    self.extra_roots.len()
-                ),
-                None => "(none: bundled and system roots)".to_string(),
-            },
-            _ => return None,
-        })
-    }
-
-    /// `--check-config`'s text: one line per setting, then the warnings.
+    /// `--check-config`'s text: one line per setting and derived fact, then the warnings.
     pub fn describe(&self) -> String {
         gorge_service::config::check_config_text(&self.check_lines(), &self.warnings())
     }
 
     /// A TOML file holding every setting with its effective value (the defaults when
-    /// nothing is set); secrets are written empty, never printed.
+    /// nothing is set; secrets are written empty, never printed), then the derived facts as
+    /// comments.
     pub fn print_config(&self) -> String {
-        settings::toml_file(
+        let mut out = settings::toml_file(
             "# gorge-webhook configuration (--config PATH). Environment variables\n\
              # GORGE_WEBHOOK_<KEY> override these; see docs/webhook.md.\n",
             &self.layered.values,
-        )
+        );
+        out.push_str(&derived::print_comments(&self.config, &self.layered));
+        out
     }
+
+    /// docs/webhook.md's table of derived facts, with these settings' values.
+    pub fn derived_table(&self) -> String {
+        derived::docs_table(&self.config, &self.layered)
+    }
+}
+
+/// Validates the settings into the [`Config`] the service runs with.
+fn validate(layered: &Layered<RawSettings>) -> Result<Config, ConfigError> {
+    let raw = &layered.values;
+    // Each setting as the operator wrote it: `namespace (in PATH)` for a file's value.
+    let var = |key: &str| layered.name(key);
+    // The namespace becomes part of a database name in every query.
+    if raw.namespace.is_empty()
+        || !raw
+            .namespace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(ConfigError::new(
+            var(KEYS.namespace),
+            &raw.namespace,
+            "expected letters, digits and underscores",
+        ));
+    }
+    if raw.mysql_host.trim().is_empty() {
+        return Err(ConfigError::new(
+            var(KEYS.mysql_host),
+            &raw.mysql_host,
+            "must not be empty",
+        ));
+    }
+    let outbound_policy = OutboundPolicy::parse(&raw.outbound_blacklist).map_err(|bad| {
+        ConfigError::new(
+            var(KEYS.outbound_blacklist),
+            bad,
+            "expected CIDRs or IP addresses separated by commas or spaces, or none",
+        )
+    })?;
+    let listen_addr: SocketAddr = raw.listen_addr.parse().map_err(|_| {
+        ConfigError::new(
+            var(KEYS.listen_addr),
+            &raw.listen_addr,
+            "expected IP:PORT, e.g. 0.0.0.0:8160",
+        )
+    })?;
+    let ca_file = Some(raw.ca_file.trim())
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from);
+    let extra_roots = match &ca_file {
+        Some(path) => ExtraRoots::load(path).map_err(|reason| {
+            ConfigError::new(
+                var(KEYS.ca_file),
+                path.display(),
+                format!("{reason} (expected a readable PEM file of CA certificates)"),
+            )
+        })?,
+        None => ExtraRoots::default(),
+    };
+    let seconds = |formula: Formula| Duration::from_secs(formula.of(raw));
+    Ok(Config {
+        database: Database {
+            host: raw.mysql_host.clone(),
+            port: raw.mysql_port,
+            user: raw.mysql_user.clone(),
+            pass: raw.mysql_pass.clone(),
+            socket: Some(raw.mysql_socket.clone()).filter(|path| !path.is_empty()),
+            name: format!("{}_herald", raw.namespace),
+            max_connections: raw.mysql_max_connections,
+            max_lock_connections: raw.mysql_max_lock_connections,
+            query_timeout: Duration::from_secs(raw.mysql_query_timeout_sec),
+            lock_session_timeout: seconds(LOCK_SESSION_TIMEOUT),
+        },
+        poll_interval: Duration::from_millis(raw.poll_interval_ms),
+        max_concurrent: raw.max_concurrent.min(raw.mysql_max_lock_connections),
+        delivery_timeout: Duration::from_secs(raw.delivery_timeout),
+        claim_lease: seconds(CLAIM_LEASE),
+        retry_backoff: Duration::from_secs(raw.retry_backoff_sec),
+        breaker_window: Duration::from_secs(raw.error_backoff_sec),
+        breaker_threshold: raw.error_threshold,
+        outbound_policy,
+        ca_file,
+        extra_roots,
+        listen_addr,
+        service_token: raw.service_token.clone(),
+        drain_deadline: seconds(DRAIN),
+    })
 }
 
 #[cfg(test)]
@@ -439,17 +574,17 @@ mod tests {
     use super::*;
 
     /// Loads the defaults overridden by `vars` (as environment variables).
-    fn load_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    fn load_env(vars: &[(&str, &str)]) -> Result<Loaded, ConfigError> {
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Settings::load_from(None, &move |var| {
+        Loaded::load_from(None, &move |var| {
             vars.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
         })
     }
 
-    fn shown(s: &Settings, name: &str) -> String {
+    fn shown(s: &Loaded, name: &str) -> String {
         s.check_lines()
             .into_iter()
             .find(|l| l.name == name)
@@ -473,27 +608,53 @@ mod tests {
         let good = dir.path().join("ca.pem");
         std::fs::write(&good, ca.cert.pem()).unwrap();
         let s = load_env(&[("GORGE_WEBHOOK_CA_FILE", &good.display().to_string())]).unwrap();
-        assert_eq!(s.extra_roots.len(), 1);
-        assert!(load_env(&[]).unwrap().ca_file.is_none());
+        assert_eq!(s.config.extra_roots.len(), 1);
+        assert_eq!(shown(&s, "extra_ca_certificates"), "1");
+        assert!(load_env(&[]).unwrap().config.ca_file.is_none());
     }
 
     #[test]
     fn defaults_are_the_spec_values() {
         let s = load_env(&[]).unwrap();
-        assert_eq!(s.database(), "phabricator_herald");
-        assert_eq!(s.poll_interval, Duration::from_millis(1000));
-        assert_eq!(s.max_concurrent, 8);
-        assert_eq!(s.delivery_timeout, Duration::from_secs(15));
+        let c = &s.config;
+        assert_eq!(c.database.name, "phabricator_herald");
+        assert_eq!(c.poll_interval, Duration::from_millis(1000));
+        assert_eq!(c.max_concurrent, 8);
+        assert_eq!(c.delivery_timeout, Duration::from_secs(15));
+        assert_eq!(c.claim_lease, Duration::from_secs(30));
+        assert_eq!(c.retry_backoff, Duration::from_secs(60));
         assert_eq!(
-            (s.layered.values.claim_lease_sec, s.claim_lease_sec),
-            (30, 30)
+            (c.breaker_window, c.breaker_threshold),
+            (Duration::from_secs(300), 10)
         );
-        assert_eq!(s.retry_backoff_sec, 60);
-        assert_eq!((s.error_backoff_sec, s.error_threshold), (300, 10));
-        assert_eq!(s.listen_addr, "0.0.0.0:8160".parse().unwrap());
-        assert_eq!(s.outbound_policy.len(), 29);
+        assert_eq!(c.listen_addr, "0.0.0.0:8160".parse().unwrap());
+        assert_eq!(c.outbound_policy.len(), 29);
         assert!(s.adjustments().is_empty());
         assert!(s.warnings().is_empty());
+    }
+
+    /// The stop bound is what the shutdown is given: the drain's deadline, then the grace of
+    /// status requests.
+    #[test]
+    fn the_stop_bound_is_the_drain_deadline_and_the_request_grace() {
+        for vars in [
+            &[][..],
+            &[("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "120")][..],
+            &[("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "60")][..],
+            &[("GORGE_WEBHOOK_MYSQL_QUERY_TIMEOUT_SEC", "30")][..],
+        ] {
+            let s = load_env(vars).unwrap();
+            let stop: u64 = shown(&s, "stop_within_sec").parse().unwrap();
+            assert_eq!(
+                Duration::from_secs(stop),
+                s.config.drain_deadline + Duration::from_secs(REQUEST_GRACE_SEC),
+                "{vars:?}"
+            );
+        }
+        assert_eq!(shown(&load_env(&[]).unwrap(), "stop_within_sec"), "55");
+        let lease = load_env(&[("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "60")]).unwrap();
+        assert_eq!(lease.config.claim_lease, Duration::from_secs(65));
+        assert_eq!(shown(&lease, "stop_within_sec"), "90");
     }
 
     #[test]
@@ -503,11 +664,24 @@ mod tests {
             ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "20"),
         ])
         .unwrap();
-        assert_eq!(s.claim_lease_sec, 25);
-        assert_eq!(s.adjustments().len(), 1);
+        assert_eq!(s.config.claim_lease, Duration::from_secs(25));
+        let adjusted = s.adjustments();
+        assert_eq!(adjusted.len(), 1);
+        assert_eq!(
+            (
+                adjusted[0].var.as_str(),
+                adjusted[0].configured.to_string(),
+                adjusted[0].effective.to_string()
+            ),
+            (
+                "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
+                "10".to_string(),
+                "25".to_string()
+            )
+        );
         assert_eq!(
             shown(&s, "GORGE_WEBHOOK_CLAIM_LEASE_SEC"),
-            "25 (configured 10, raised to timeout + 5)"
+            "25 (configured 10, raised to cover the delivery timeout)"
         );
     }
 
@@ -578,10 +752,7 @@ mod tests {
         let load = |text: &str| {
             let path = dir.path().join("webhook.toml");
             std::fs::write(&path, text).unwrap();
-            (
-                Settings::load_from(Some(&path), &|_| None).unwrap_err(),
-                path,
-            )
+            (Loaded::load_from(Some(&path), &|_| None).unwrap_err(), path)
         };
         let (err, path) = load("namespace = \"x; DROP\"\n");
         assert_eq!(
@@ -606,7 +777,7 @@ mod tests {
         let err = load_env(&[("GORGE_WEBHOOK_LISTEN_ADDR", "127.0.0.1:1")]).unwrap_err();
         assert_eq!(err.key, "GORGE_WEBHOOK_LISTEN_ADDR");
         let s = load_env(&[("GORGE_SERVICE_TOKEN", "tok")]).unwrap();
-        assert_eq!(s.service_token.expose(), "tok");
+        assert_eq!(s.config.service_token.expose(), "tok");
     }
 
     #[test]
@@ -623,6 +794,40 @@ mod tests {
         );
         assert_eq!(shown(&s, "GORGE_WEBHOOK_MYSQL_PASS"), "********");
         assert_eq!(shown(&s, "GORGE_SERVICE_TOKEN"), "********");
+        let started: Vec<String> = s
+            .started()
+            .fields()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        assert!(
+            started.contains(&"mysql_pass=********".to_string()),
+            "{started:?}"
+        );
+        assert!(!format!("{started:?}").contains("hunter2"));
+    }
+
+    /// The started event carries each setting by its key and each derived fact by its name,
+    /// exactly the fields `WEBHOOK_STARTED` declares.
+    #[test]
+    fn the_started_fields_are_the_declared_ones() {
+        let s = load_env(&[("GORGE_WEBHOOK_MAX_CONCURRENT", "64")]).unwrap();
+        let started = s.started();
+        let keys: Vec<&str> = started.fields().iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, crate::events::WEBHOOK_STARTED.fields);
+        let value = |key: &str| {
+            started
+                .fields()
+                .iter()
+                .find(|(k, _)| *k == key)
+                .unwrap()
+                .1
+                .to_string()
+        };
+        assert_eq!(value("max_concurrent"), "16", "the effective value");
+        assert_eq!(value("delivery_timeout"), "15");
+        assert_eq!(value("stop_within_sec"), "55");
+        assert_eq!(value("database"), "phabricator_herald");
     }
 
     #[test]
@@ -671,26 +876,42 @@ mod tests {
         let s = load_env(&[("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "none")]).unwrap();
         assert!(s.warnings()[0].contains("SSRF"), "{:?}", s.warnings());
         let s = load_env(&[("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "0")]).unwrap();
-        assert_eq!(s.warnings().len(), 1);
+        assert_eq!(
+            s.warnings(),
+            [
+                "GORGE_WEBHOOK_RETRY_BACKOFF_SEC=0 is shorter than the poll interval (1000 ms): \
+              an idle queue retries only once per poll"
+            ]
+        );
     }
 
     #[test]
     fn connections_are_bounded_apart_from_concurrency_and_tcp_by_default() {
         let s = load_env(&[]).unwrap();
-        assert_eq!(
-            (s.mysql_max_connections, s.mysql_max_lock_connections),
-            (4, 16)
-        );
-        assert_eq!(s.connection_budget(), 4 + 8);
+        let db = &s.config.database;
+        assert_eq!((db.max_connections, db.max_lock_connections), (4, 16));
+        assert_eq!(s.config.connection_budget(), 4 + 8);
+        assert_eq!(shown(&s, "mysql_address"), "127.0.0.1:3306");
         // Never moved onto the local Unix socket unless one is configured.
-        assert!(!s.mysql_opts().prefer_socket());
-        assert_eq!(s.mysql_opts().socket(), None);
+        assert!(!db.mysql_opts().prefer_socket());
+        assert_eq!(db.mysql_opts().socket(), None);
         let s = load_env(&[("GORGE_WEBHOOK_MYSQL_SOCKET", "/run/mysqld/mysqld.sock")]).unwrap();
-        assert_eq!(s.mysql_opts().socket(), Some("/run/mysqld/mysqld.sock"));
+        assert_eq!(
+            s.config.database.mysql_opts().socket(),
+            Some("/run/mysqld/mysqld.sock")
+        );
+        assert_eq!(shown(&s, "mysql_address"), "socket /run/mysqld/mysqld.sock");
 
         let s = load_env(&[("GORGE_WEBHOOK_MAX_CONCURRENT", "256")]).unwrap();
-        assert_eq!(s.max_concurrent, 16, "one lock connection per delivery");
-        assert_eq!(s.connection_budget(), 20);
-        assert_eq!(s.adjustments()[0].0, "GORGE_WEBHOOK_MAX_CONCURRENT");
+        assert_eq!(
+            s.config.max_concurrent, 16,
+            "one lock connection per delivery"
+        );
+        assert_eq!(s.config.connection_budget(), 20);
+        assert_eq!(s.adjustments()[0].var, "GORGE_WEBHOOK_MAX_CONCURRENT");
+        assert_eq!(
+            shown(&s, "GORGE_WEBHOOK_MAX_CONCURRENT"),
+            "16 (configured 256, lowered to the lock connections: each delivery holds one)"
+        );
     }
 }

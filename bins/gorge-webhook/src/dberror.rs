@@ -7,7 +7,9 @@ use std::fmt;
 
 use gorge_claim::ClaimError;
 
-use crate::config::Settings;
+use gorge_service::settings::Declared;
+
+use crate::config::{Database, RawSettings};
 
 /// The server's "Access denied for user" errors: MySQL/MariaDB `ER_ACCESS_DENIED_ERROR`
 /// (1045: no account matches this user, host and password) and MariaDB's
@@ -27,36 +29,42 @@ pub struct DbEndpoint {
 }
 
 impl DbEndpoint {
-    /// The endpoint `settings` connect to.
-    pub fn of(settings: &Settings) -> DbEndpoint {
-        let socket = !settings.mysql_socket.is_empty();
-        let address = if socket {
-            settings.mysql_socket.clone()
-        } else if settings.mysql_host.contains(':') {
-            format!("[{}]:{}", settings.mysql_host, settings.mysql_port)
-        } else {
-            format!("{}:{}", settings.mysql_host, settings.mysql_port)
-        };
+    /// The endpoint `database` names.
+    pub fn of(database: &Database) -> DbEndpoint {
         DbEndpoint {
-            address,
-            socket,
-            user: settings.mysql_user.clone(),
+            address: match &database.socket {
+                Some(path) => path.clone(),
+                None => database.address(),
+            },
+            socket: database.socket.is_some(),
+            user: database.user.clone(),
         }
     }
 }
 
+/// A setting's variable, as these messages name it.
+fn var(key: &str) -> String {
+    RawSettings::env_var(key)
+}
+
 impl fmt::Display for DbEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = RawSettings::KEYS;
         match self.socket {
             true => write!(
                 f,
-                "socket {} as '{}' (GORGE_WEBHOOK_MYSQL_SOCKET)",
-                self.address, self.user
+                "socket {} as '{}' ({})",
+                self.address,
+                self.user,
+                var(key.mysql_socket)
             ),
             false => write!(
                 f,
-                "{} as '{}' (GORGE_WEBHOOK_MYSQL_HOST, GORGE_WEBHOOK_MYSQL_PORT)",
-                self.address, self.user
+                "{} as '{}' ({}, {})",
+                self.address,
+                self.user,
+                var(key.mysql_host),
+                var(key.mysql_port)
             ),
         }
     }
@@ -80,9 +88,10 @@ pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
                 "{text} (connecting to {at}): over TCP the server matches the account by the \
                  address it sees, shown above, never 'localhost'; an account made as '{user}'@'localhost' \
                  only matches socket connections: create '{user}'@'<that address>' with the same \
-                 password and grants, or set GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket \
+                 password and grants, or set {socket} to the server's socket \
                  (e.g. /run/mysqld/mysqld.sock)",
-                user = at.user
+                user = at.user,
+                socket = var(RawSettings::KEYS.mysql_socket)
             )
         }
         ClaimError::Database(mysql_async::Error::Server(server))

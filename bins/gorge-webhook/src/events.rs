@@ -2,16 +2,26 @@
 //! emitted only through that declaration; docs/webhook.md's table is generated from this list
 //! (and the shared runtime's) and checked by `tests/docs.rs`.
 
+use gorge_service::derived::{self, Derives};
+use gorge_service::settings::Declared;
+
+use crate::config::{Config, RawSettings};
+
+/// How many fields [`STARTED_FIELDS`] holds.
+const STARTED_COUNT: usize =
+    derived::started_field_count(RawSettings::SETTINGS, <Config as Derives>::DERIVED);
+
+/// The fields of `WEBHOOK_STARTED`: every setting by its key, every derived fact by its name
+/// (the event carries `config::Loaded::started`).
+pub const STARTED_FIELDS: [&str; STARTED_COUNT] =
+    derived::started_fields(&[], RawSettings::SETTINGS, <Config as Derives>::DERIVED);
+
 gorge_service::events! {
     /// Every event of the service, in the docs' order.
     pub const ALL = [
-        WEBHOOK_STARTED: Info [
-            "database", "mysql_host", "mysql_port", "mysql_user", "mysql_pass",
-            "poll_interval_ms", "max_concurrent", "mysql_max_connections",
-            "mysql_max_lock_connections", "mysql_connection_budget", "mysql_query_timeout_sec",
-            "delivery_timeout_sec", "claim_lease_sec", "retry_backoff_sec", "error_backoff_sec",
-            "error_threshold", "blacklist_networks", "listen_addr",
-        ] "The effective settings (password masked)";
+        WEBHOOK_STARTED: Info [..STARTED_FIELDS]
+            "Serving: every setting by its key with its effective value (secrets masked), then \
+             every derived fact (see Derived facts)";
         WEBHOOK_CONFIG_ADJUSTED: Info ["key", "configured", "effective", "why"]
             "An effective value differs from the configured one (see Configuration)";
         WEBHOOK_CONFIG_WARNING: Warning ["warning"]
@@ -91,7 +101,7 @@ gorge_service::events! {
              to `GET_LOCK` as they would without it — once until the check works again";
         WEBHOOK_API_DB_ERROR: Warning ["path", "error"]
             "An API call hit a database error (the client gets a 500 without details)";
-        WEBHOOK_POLL_LOOP_DIED: Error ["why", "exit_code"]
+        WEBHOOK_POLL_LOOP_DIED: Error ["why"]
             "The poll loop ended outside a shutdown: `/readyz` fails and the process exits \
              with code 3";
         WEBHOOK_FAILED: Error ["error"] "A runtime failure stopped the service (exit 1)";

@@ -79,21 +79,20 @@ fn check_config_prints_effective_values_with_secrets_masked() {
         ),
         (
             "GORGE_WEBHOOK_CLAIM_LEASE_SEC",
-            "25 (configured 10, raised to timeout + 5)",
+            "25 (configured 10, raised to cover the delivery timeout)",
             "env GORGE_WEBHOOK_CLAIM_LEASE_SEC",
         ),
         ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "1000", "default"),
-        (
-            "GORGE_WEBHOOK_NAMESPACE",
-            "phabricator (database phabricator_herald)",
-            "default",
-        ),
-        (
-            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
-            "29 networks (Phorge's default)",
-            "default",
-        ),
+        ("GORGE_WEBHOOK_NAMESPACE", "phabricator", "default"),
         ("GORGE_LISTEN_ADDR", "0.0.0.0:8160", "default"),
+        // What follows from the settings, each fact on its line.
+        ("database", "phabricator_herald", "derived"),
+        ("outbound_networks", "29", "derived"),
+        (
+            "stop_within_sec",
+            "50",
+            "derived: max(CLAIM_LEASE_SEC, DELIVERY_TIMEOUT + 5) + 2 × MYSQL_QUERY_TIMEOUT_SEC + 5",
+        ),
         ("GORGE_LOG_LEVEL", "info", "default"),
         (
             "GORGE_LOG_FORMAT",
@@ -255,10 +254,8 @@ fn plain_words_digit_only_strings_and_bounds() {
     );
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(checked(&stdout, "GORGE_WEBHOOK_MYSQL_USER").0, "1234");
-    assert_eq!(
-        checked(&stdout, "GORGE_WEBHOOK_NAMESPACE").0,
-        "123 (database 123_herald)"
-    );
+    assert_eq!(checked(&stdout, "GORGE_WEBHOOK_NAMESPACE").0, "123");
+    assert_eq!(checked(&stdout, "database").0, "123_herald");
 }
 
 #[test]
@@ -369,7 +366,10 @@ fn env_file_is_read_as_systemd_reads_it() {
     assert_eq!(code, Some(0), "{stderr}");
     for (name, value) in [
         ("GORGE_WEBHOOK_MYSQL_PASS", "********"),
-        ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "2 networks"),
+        (
+            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
+            "10.0.0.0/8, 192.168.0.0/16",
+        ),
         ("GORGE_WEBHOOK_MAX_CONCURRENT", "3"),
     ] {
         assert_eq!(
@@ -378,6 +378,7 @@ fn env_file_is_read_as_systemd_reads_it() {
             "{stdout}"
         );
     }
+    assert_eq!(checked(&stdout, "outbound_networks").0, "2");
 
     // A line systemd would skip is refused, naming the file and the line.
     std::fs::write(
@@ -436,8 +437,12 @@ fn toml_shapes_an_operator_reaches_for() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         checked(&stdout, "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"),
-        ("3 networks".to_string(), format!("file {}", path.display()))
+        (
+            "10.0.0.0/8, 192.168.0.0/16, fd00::/8".to_string(),
+            format!("file {}", path.display())
+        )
     );
+    assert_eq!(checked(&stdout, "outbound_networks").0, "3");
     // A [mysql] table: the flat keys to write instead.
     let path = dir.path().join("table.toml");
     std::fs::write(&path, "[mysql]\nhost = \"db\"\n").unwrap();

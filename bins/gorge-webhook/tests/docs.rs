@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use gorge_service::{docs, events, metrics, variables};
-use gorge_webhook::config::RawSettings;
+use gorge_service::{derived, docs, events, metrics, variables};
+use gorge_webhook::config::{Config, Loaded, RawSettings};
 use gorge_webhook::metrics::{Metrics, PREFIX};
 
 fn page() -> PathBuf {
@@ -15,6 +15,12 @@ fn page() -> PathBuf {
 #[test]
 fn the_settings_table_is_the_declaration() {
     docs::check_table(&page(), &variables::docs_table::<RawSettings>());
+}
+
+/// What follows from the settings, with the values the defaults give.
+#[test]
+fn the_derived_facts_table_is_the_declaration() {
+    docs::check_table(&page(), &Loaded::defaults().derived_table());
 }
 
 #[test]
@@ -47,12 +53,13 @@ fn the_readme_opening_names_the_phorge_side_kit() {
     );
 }
 
-/// The Helm chart refuses bad `webhook.env` values at template time from this catalog.
+/// The Helm chart refuses bad `webhook.env` values at template time from this catalog, and
+/// evaluates the formulas of its `derived` section (the grace period from `stop_within_sec`).
 #[test]
 fn the_chart_settings_catalog_is_the_declaration() {
     docs::check_file(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../deploy/helm/gorge/files/settings/gorge-webhook.json"),
-        &variables::chart_catalog::<RawSettings>(),
+        &derived::chart_catalog::<Config>(gorge_webhook::events::ALL),
     );
 }

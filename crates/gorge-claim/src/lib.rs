@@ -37,10 +37,10 @@
 
 #![warn(missing_docs)]
 
+mod claims;
 mod conn;
 mod error;
 pub mod handover;
-mod held;
 mod hooks;
 mod lock;
 mod object_load;
@@ -54,14 +54,14 @@ mod store;
 #[allow(missing_docs)]
 pub mod testdb;
 
+pub use claims::{BatchClaim, Claim, ResultWrite};
 pub use error::ClaimError;
-pub use held::{BatchClaim, HOOK_SCAN_ROWS};
 pub use hooks::Hook;
 pub use lock::{hook_lock_name, HookLock};
 pub use object_load::{ObjectLoad, Unchecked};
 pub use phorge_wire::values::{RequestResult, RequestStatus};
 pub use rows::{
-    Batch, BrokenRow, Candidate, Claim, ResultWrite, MAX_EXCLUDED_HOOKS, MAX_PROPERTIES_BYTES,
+    Batch, BrokenRow, Candidate, HOOK_SCAN_ROWS, MAX_EXCLUDED_HOOKS, MAX_PROPERTIES_BYTES,
 };
 pub use stats::{HookQueue, QueueDepth, Stats};
 pub use store::{ClaimStore, ClaimTiming, PoolState, StoreOptions};

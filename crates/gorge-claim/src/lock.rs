@@ -7,7 +7,9 @@
 //! (`COM_RESET_CONNECTION` frees named locks), so a lock never outlives its holder. If the
 //! release fails or times out, the connection is given up and its session killed from a
 //! fresh connection (`conn.rs`): a session whose network path died would otherwise keep the
-//! lock until the server's `wait_timeout`.
+//! lock until the server's `wait_timeout`. Statements on the lock's own session (a held
+//! hook's next rows, their claim, their result writes) give the session up when they fail
+//! ([`ClaimStore::settle_on`]), so a lock that may be lost is never assumed held.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use ring::digest;
 
 use crate::conn::Sessions;
 use crate::error::ClaimError;
-use crate::store::ClaimStore;
+use crate::store::{ClaimStore, Timed};
 
 /// Characters of Phorge's `PhabricatorHash::digestForIndex`, indexed by `byte & 0x3F`.
 const INDEX_ALPHABET: &[u8; 64] =
@@ -100,7 +102,7 @@ impl HookLock {
     }
 
     /// The session holding the lock, while it is still ours: statements run on it prove the
-    /// session (and with it the lock) is alive (see `held.rs`). After [`HookLock::give_up`],
+    /// session (and with it the lock) is alive (see `rows.rs`, `claims.rs`). After [`HookLock::give_up`],
     /// the error every statement on the lock's session then fails with.
     pub(crate) fn session(&mut self) -> Result<&mut Conn, ClaimError> {
         self.conn
@@ -179,6 +181,28 @@ impl Drop for HookLock {
 }
 
 impl ClaimStore {
+    /// [`ClaimStore::settle`] for a statement on the session of `lock`: on an error or a
+    /// timeout the session is given up ([`HookLock::give_up`]), so the lock is no longer
+    /// assumed held.
+    pub(crate) fn settle_on<'a, T>(
+        &self,
+        lock: &'a mut HookLock,
+        out: Timed<T>,
+        what: &'static str,
+    ) -> Result<(&'a mut Conn, T), ClaimError> {
+        match out {
+            Ok(Ok(value)) => Ok((lock.session()?, value)),
+            Ok(Err(err)) => {
+                lock.give_up();
+                Err(self.err(err))
+            }
+            Err(_) => {
+                lock.give_up();
+                Err(ClaimError::Timeout(what))
+            }
+        }
+    }
+
     /// Takes the per-hook named lock (Phorge's name, see [`hook_lock_name`]) without
     /// waiting; `None`: another delivery of this hook (in any process, PHP's worker
     /// included) holds it. The lock lives on a connection of the lock pool owned by the

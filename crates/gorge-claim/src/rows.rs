@@ -1,21 +1,36 @@
-//! Rows of `herald_webhookrequest` for delivery: the candidate query (within the two id
-//! windows of `handover.rs`), the compare-and-set claim, the result write, failing a row
-//! that cannot be claimed or used, and the sample of the newest rows. See the crate doc for
-//! the row states; a held hook's next rows are in `held.rs`.
+//! Finding rows of `herald_webhookrequest` for delivery: the candidate query (within the two
+//! id windows of `handover.rs`), a held hook's next fresh rows, and the sample of the newest
+//! rows. Finding is not claiming: a row found here is ours only after `claims.rs` won it.
+//! See the crate doc for the row states.
 //!
 //! Columns are read as bytes and checked here, so a row holding bytes that are not UTF-8 is
-//! reported as a [`BrokenRow`], never a panic. Every write for delivery requires the
-//! hand-over marker.
+//! reported as a [`BrokenRow`], never a panic.
+//!
+//! A process that has just delivered a row of a hook, and still holds that hook's named lock,
+//! goes on with the hook's next fresh rows instead of releasing the lock and taking it again
+//! for each of them (two statements per row saved). [`ClaimStore::next_hook_rows`] finds them:
+//!
+//! - only fresh rows (`lastRequestResult = 'none' AND lastRequestEpoch = 0`, never attempted,
+//!   never claimed: `dateModified = dateCreated`), queued and handed over; retries and rows
+//!   whose lease ran out are left to the poll round's candidate query;
+//! - through Phorge's `key_ratelimit (webhookPHID, lastRequestResult, lastRequestEpoch)`
+//!   index, whose entries also carry the primary key and so are in id order for one hook:
+//!   the inner query reads at most [`HOOK_SCAN_ROWS`] index entries after the last row
+//!   delivered, however many of the hook's rows are Phorge's own or already finished;
+//! - on the lock's own session: if that session is gone (killed, its network path dead),
+//!   the query fails and the caller stops, so no row is found for delivery under a lock that
+//!   is no longer held. A failed or timed-out query gives the session up (closed and
+//!   killed, which frees the lock).
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Row, Value};
-use phorge_wire::values::{RequestResult, RequestStatus};
 
 use crate::error::ClaimError;
 use crate::handover::{
     handed_over_sql, CandidateWindow, HandoverSample, NEWEST_ROWS_SQL, SAMPLE_ROWS,
     WINDOW_BOUNDS_SQL,
 };
+use crate::lock::HookLock;
 use crate::store::{int, placeholders, text, ClaimStore, ClaimTiming};
 
 /// A `queued` row that may be claimed. Not ours until [`ClaimStore::claim`] says so.
@@ -87,73 +102,6 @@ impl Batch {
     }
 }
 
-/// A won claim: the row is ours while its `dateModified` is still `version`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    /// The row's `id`.
-    pub id: u64,
-    /// The `dateModified` the claim wrote; the result write compares against it.
-    pub version: u64,
-}
-
-/// What to write back into a claimed row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ResultWrite {
-    /// An HTTP attempt ended at `epoch` (Unix seconds): `sent`, or `queued`/`failed` after a
-    /// failed attempt.
-    Attempted {
-        /// `sent`, or `queued`/`failed` after a failed attempt.
-        status: RequestStatus,
-        /// `okay` or `fail`.
-        result: RequestResult,
-        /// When the attempt ended (Unix seconds). `lastRequestEpoch` and `dateModified` are
-        /// both set to at least this, the "not in flight" marker.
-        epoch: u64,
-        /// The complete new `properties` JSON text.
-        properties: String,
-    },
-    /// No request was made (Phorge's hook errors: missing/disabled hook, blocked URI, missing
-    /// object, unusable row): the row becomes `failed` / `none` / epoch 0.
-    NotAttempted {
-        /// The complete new `properties` JSON text.
-        properties: String,
-    },
-}
-
-impl ResultWrite {
-    /// The `status` column written.
-    pub fn status(&self) -> RequestStatus {
-        match self {
-            ResultWrite::Attempted { status, .. } => *status,
-            ResultWrite::NotAttempted { .. } => RequestStatus::Failed,
-        }
-    }
-
-    /// The `lastRequestResult` column written.
-    pub fn result(&self) -> RequestResult {
-        match self {
-            ResultWrite::Attempted { result, .. } => *result,
-            ResultWrite::NotAttempted { .. } => RequestResult::None,
-        }
-    }
-
-    /// When the attempt ended; `None` when no request was made.
-    pub fn epoch(&self) -> Option<u64> {
-        match self {
-            ResultWrite::Attempted { epoch, .. } => Some(*epoch),
-            ResultWrite::NotAttempted { .. } => None,
-        }
-    }
-
-    /// The complete new `properties` JSON text.
-    pub fn properties(&self) -> &str {
-        match self {
-            ResultWrite::Attempted { properties, .. }
-            | ResultWrite::NotAttempted { properties } => properties,
-        }
-    }
-}
-
 /// Longest `properties` text a candidate query returns. A longer row is failed unread
 /// (`invalid-row`): a row longer than the server's `max_allowed_packet` cannot be fetched at
 /// all (the driver refuses the packet and the whole query fails), and a batch of rows near it
@@ -206,46 +154,26 @@ fn candidates_sql(excluded: usize) -> String {
     sql
 }
 
-// Every write for delivery requires the hand-over marker too: a row Phorge took back is
-// never claimed, failed or written by this service, whatever its version.
-const CLAIM_SQL: &str = concat!(
-    "UPDATE herald_webhookrequest SET dateModified = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
-    handed_over_sql!()
+/// Most `key_ratelimit` entries one [`ClaimStore::next_hook_rows`] query reads.
+pub const HOOK_SCAN_ROWS: u64 = 32;
+
+/// The next-rows query after its columns: a bounded, index-only scan of the hook's fresh
+/// rows after an id, then the rows themselves, filtered as the candidate query filters a
+/// fresh row.
+const NEXT_HOOK_ROWS_SQL_TAIL: &str = concat!(
+    "FROM (SELECT id AS scan_id FROM herald_webhookrequest FORCE INDEX (key_ratelimit) \
+WHERE webhookPHID = ? AND lastRequestResult = 'none' AND lastRequestEpoch = 0 AND id > ? \
+ORDER BY id ASC LIMIT ?) AS scan \
+JOIN herald_webhookrequest ON id = scan_id \
+WHERE status = 'queued' AND dateModified = dateCreated AND ",
+    handed_over_sql!(),
+    " ORDER BY id ASC LIMIT ?"
 );
 
-pub(crate) const RESULT_WRITE_SQL: &str = concat!(
-    "UPDATE herald_webhookrequest \
-SET status = ?, lastRequestResult = ?, lastRequestEpoch = ?, dateModified = ?, properties = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
-    handed_over_sql!()
-);
-
-const FAIL_UNCLAIMABLE_SQL: &str = concat!(
-    "UPDATE herald_webhookrequest \
-SET status = 'failed', lastRequestResult = 'none', lastRequestEpoch = 0, properties = ? \
-WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
-    handed_over_sql!()
-);
-
-/// The parameters of [`RESULT_WRITE_SQL`] for `write` of `claim` at `now`.
-pub(crate) fn result_params(claim: &Claim, write: &ResultWrite, now: u64) -> Vec<Value> {
-    let (last_epoch, version) = match write.epoch() {
-        None => (0, claim.version),
-        Some(epoch) => {
-            let marker = claim.version.max(now).max(epoch);
-            (marker, marker)
-        }
-    };
-    vec![
-        write.status().as_str().into(),
-        write.result().as_str().into(),
-        last_epoch.into(),
-        version.into(),
-        write.properties().into(),
-        claim.id.into(),
-        claim.version.into(),
-    ]
+fn next_hook_rows_sql() -> String {
+    let mut sql = candidates_select();
+    sql.push_str(NEXT_HOOK_ROWS_SQL_TAIL);
+    sql
 }
 
 /// Reads one candidate row; `Err(None)` when the row cannot even be addressed.
@@ -390,70 +318,37 @@ impl ClaimStore {
         })
     }
 
-    /// Fails a row for good without claiming it first: `failed`/`none`/epoch 0 with
-    /// `properties`, if the row is still `queued` at `seen_version`. For rows that cannot be
-    /// claimed (a version the claim UPDATE cannot advance) or used (a [`BrokenRow`]): the
-    /// status change itself is the compare-and-set, so of two processes only one writes.
-    pub async fn fail_unclaimable(
+    /// Up to `limit` fresh, handed-over rows of `hook_phid` with ids above `after_id`,
+    /// oldest first, read on the session of `lock` (see the module doc). An error gives the
+    /// lock's session up: the caller must not deliver under it any more
+    /// ([`HookLock::is_held`] is false).
+    pub async fn next_hook_rows(
         &self,
-        id: u64,
-        seen_version: u64,
-        properties: &str,
-    ) -> Result<bool, ClaimError> {
-        let mut conn = self.conn().await?;
+        lock: &mut HookLock,
+        hook_phid: &str,
+        after_id: u64,
+        limit: usize,
+    ) -> Result<Batch, ClaimError> {
+        let params: Vec<Value> = vec![
+            hook_phid.into(),
+            after_id.into(),
+            HOOK_SCAN_ROWS.into(),
+            (limit as u64).into(),
+        ];
         let out = self
-            .timed(conn.exec_drop(FAIL_UNCLAIMABLE_SQL, (properties, id, seen_version)))
+            .timed(
+                lock.session()?
+                    .exec::<Row, _, _>(next_hook_rows_sql(), params),
+            )
             .await;
-        let (conn, ()) = self.settle(conn, out, "invalid-row write")?;
-        Ok(conn.affected_rows() == 1)
-    }
-
-    /// Compare-and-set on the version seen in `candidate`. `None`: another claimant won.
-    ///
-    /// The new version is `max(seen + 1, now)`: the `+ 1` makes the version change even
-    /// when insert and claim (or two claims) fall in the same second, so exactly one
-    /// UPDATE can match. Won iff one row *changed* (`CLIENT_FOUND_ROWS` stays unset).
-    pub async fn claim(
-        &self,
-        candidate: &Candidate,
-        now: u64,
-    ) -> Result<Option<Claim>, ClaimError> {
-        let version = (candidate.date_modified + 1).max(now);
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_drop(CLAIM_SQL, (version, candidate.id, candidate.date_modified)))
-            .await;
-        let (conn, ()) = self.settle(conn, out, "claim")?;
-        Ok((conn.affected_rows() == 1).then_some(Claim {
-            id: candidate.id,
-            version,
-        }))
-    }
-
-    /// Writes `write` if the row is still at `claim.version`; `false`: taken over (the
-    /// caller counts and logs it, never retries).
-    ///
-    /// After an attempt, `lastRequestEpoch = dateModified = max(version, now, epoch)`: equal
-    /// columns mark "result written, not in flight". Without one (always terminal),
-    /// `lastRequestEpoch` stays 0 and `dateModified` keeps the claim version.
-    pub async fn write_result(
-        &self,
-        claim: &Claim,
-        write: &ResultWrite,
-        now: u64,
-    ) -> Result<bool, ClaimError> {
-        let mut conn = self.conn().await?;
-        let out = self
-            .timed(conn.exec_drop(RESULT_WRITE_SQL, result_params(claim, write, now)))
-            .await;
-        let (conn, ()) = self.settle(conn, out, "result write")?;
-        Ok(conn.affected_rows() == 1)
+        let (_session, rows) = self.settle_on(lock, out, "next rows of a held hook")?;
+        Ok(Batch::read(rows))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::candidates_sql;
+    use super::{candidates_sql, next_hook_rows_sql};
 
     #[test]
     fn exclusion_adds_one_placeholder_per_hook_before_the_limit() {
@@ -464,5 +359,14 @@ mod tests {
         );
         assert!(candidates_sql(4)
             .ends_with("%' AND webhookPHID NOT IN (?, ?, ?, ?) ORDER BY id ASC LIMIT ?"));
+    }
+
+    #[test]
+    fn the_scan_is_bounded_and_only_fresh_handed_over_rows_come_back() {
+        let sql = next_hook_rows_sql();
+        assert!(sql.contains("FORCE INDEX (key_ratelimit)"));
+        assert!(sql.contains("ORDER BY id ASC LIMIT ?) AS scan"));
+        assert!(sql.contains("dateModified = dateCreated"));
+        assert!(sql.contains(r#""handedOverTo":"gorge-webhook""#));
     }
 }

@@ -1,8 +1,9 @@
 //! `ClaimStore`: its pools, options and readiness checks, and the statement helpers the
-//! other modules share. The statements themselves are grouped by job: rows for delivery in
-//! `rows.rs`, a held hook's next rows in `held.rs`, hooks and breaker counts in `hooks.rs`,
-//! objects and transactions in `object_load.rs`, counts in `stats.rs`, `GET_LOCK` in
-//! `lock.rs`, connections in `conn.rs`.
+//! other modules share. The statements themselves are grouped by job: finding rows for
+//! delivery (candidates, a held hook's next rows) in `rows.rs`; a row's way from its claim to
+//! its result in `claims.rs`; hooks and breaker counts in `hooks.rs`, objects and
+//! transactions in `object_load.rs` (what a row's steps read); counts in `stats.rs`;
+//! `GET_LOCK` and statements on the lock's session in `lock.rs`; connections in `conn.rs`.
 //!
 //! Every statement is bounded by [`StoreOptions::query_timeout`]; a connection whose
 //! statement timed out is closed, never returned to the pool (a silently dead connection

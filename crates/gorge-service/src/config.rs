@@ -60,6 +60,8 @@ pub enum Source {
     Env(String),
     /// A command-line option (its name, e.g. `--config`).
     Option(String),
+    /// Derived from settings (`crate::derived`): how, when that fits on the line (a formula).
+    Derived(String),
 }
 
 impl fmt::Display for Source {
@@ -69,6 +71,8 @@ impl fmt::Display for Source {
             Source::File(path) => write!(f, "file {path}"),
             Source::Env(var) => write!(f, "env {var}"),
             Source::Option(name) => write!(f, "option {name}"),
+            Source::Derived(how) if how.is_empty() => f.write_str("derived"),
+            Source::Derived(how) => write!(f, "derived: {how}"),
         }
     }
 }

@@ -94,7 +94,20 @@ macro_rules! __event_component {
     };
 }
 
-/// Declares log events: one `pub const NAME: Event` each, and `ALL`, the list of them.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __event_field_list {
+    (.. $list:path) => {
+        &$list
+    };
+    ($($field:literal),* $(,)?) => {
+        &[$($field),*]
+    };
+}
+
+/// Declares log events: one `pub const NAME: Event` each, and `ALL`, the list of them. The
+/// fields are a list of names, or `[..LIST]`, a constant array made elsewhere (a started
+/// event's fields generated from the settings and derived facts: `crate::derived`).
 ///
 /// ```
 /// gorge_service::events! {
@@ -111,7 +124,7 @@ macro_rules! events {
         $(#[$meta:meta])*
         $vis:vis const $all:ident = [
             $(
-                $name:ident : $level:ident $(@ $component:literal)? [$($field:literal),* $(,)?]
+                $name:ident : $level:ident $(@ $component:literal)? [$($fields:tt)*]
                     $meaning:literal;
             )*
         ];
@@ -122,7 +135,7 @@ macro_rules! events {
                 name: stringify!($name),
                 level: $crate::events::Level::$level,
                 component: $crate::__event_component!($($component)?),
-                fields: &[$($field),*],
+                fields: $crate::__event_field_list!($($fields)*),
                 meaning: $meaning,
             };
         )*
@@ -156,6 +169,21 @@ macro_rules! emit {
         $crate::__event_fields!($event; $($kv)*);
         $crate::__slog::log!($log, $event.level, "", "{}", $event.name;
             $crate::events::Component($event.component), $($kv)*)
+    }};
+}
+
+/// [`emit!`](crate::emit!) with `generated` fields too: a `slog::KV` whose keys are declared
+/// by the event's generated field list (a started event's settings and derived facts,
+/// [`crate::derived::started`]); the literal fields after `;` are checked as by `emit!`.
+#[macro_export]
+macro_rules! emit_with {
+    ($log:expr, $event:path, $generated:expr) => {
+        $crate::emit_with!($log, $event, $generated;)
+    };
+    ($log:expr, $event:path, $generated:expr; $($kv:tt)*) => {{
+        $crate::__event_fields!($event; $($kv)*);
+        $crate::__slog::log!($log, $event.level, "", "{}", $event.name;
+            $crate::events::Component($event.component), $generated, $($kv)*)
     }};
 }
 

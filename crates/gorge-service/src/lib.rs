@@ -4,6 +4,8 @@
 //! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
 //! - [`envfile`]: `--env-file`, read exactly as systemd's `EnvironmentFile=` reads it;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
+//! - [`derived`]: what follows from the settings (how long a stop may take, effective values),
+//!   declared once and printed, logged, documented and handed to the chart from there;
 //! - [`docs`]: the docs tables generated from declarations, and the check that they match;
 //! - [`variables`]: every variable a service reads, as the docs table and the chart's catalog;
 //! - [`events`]: one declaration per log event, emitted through it with [`emit!`];
@@ -26,6 +28,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod derived;
 pub mod docs;
 pub mod envfile;
 pub mod events;

@@ -40,6 +40,12 @@ const MAX_RECORD_BYTES: usize = 64 * 1024;
 pub const LEVEL_VALID: &str = "one of trace, debug, info, warn, error, critical, \
      optionally followed by component overrides such as info,peers=debug";
 
+/// The words a level may be written as (any case), as `level_word` reads them; the chart's
+/// settings catalog checks `GORGE_LOG_LEVEL` against them at template time.
+pub const LEVEL_WORDS: &[&str] = &[
+    "trace", "debug", "info", "warn", "warning", "error", "critical",
+];
+
 /// How records are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -81,6 +87,7 @@ pub struct LogLevel;
 impl Kind for LogLevel {
     type Value = LevelSpec;
     const VALID: &'static str = LEVEL_VALID;
+    const SHAPE: Shape = Shape::LogLevels;
     fn parse(text: &str) -> Option<LevelSpec> {
         parse_level_spec(Some(text)).ok()
     }
@@ -457,6 +464,18 @@ pub(crate) mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_level_words_are_the_ones_read() {
+        for word in LEVEL_WORDS {
+            assert!(level_word(word).is_some(), "{word}");
+            assert!(level_word(&word.to_uppercase()).is_some(), "{word}");
+        }
+        for level in (1..=6).filter_map(slog::Level::from_usize) {
+            assert!(LEVEL_WORDS.contains(&level_name(level)), "{level:?}");
+        }
+        assert_eq!(level_word("loud"), None);
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub enum Shape {
     Range(u64, u64),
     /// One of these words.
     OneOf(&'static [&'static str]),
+    /// A log level list (`GORGE_LOG_LEVEL`): comma-separated parts, each a level word
+    /// ([`crate::logging::LEVEL_WORDS`], any case) or `component=level` with a component of
+    /// the service; only the first part may be a bare level.
+    LogLevels,
 }
 
 /// The reason for a file value that is not valid for a kind whose values are numbers.
@@ -586,7 +590,7 @@ impl<S: Declared> Layered<S> {
         match self.source(key) {
             Source::File(path) => in_file(key, Path::new(&path)),
             Source::Env(name) | Source::Option(name) => name,
-            Source::Default => S::env_var(key),
+            Source::Default | Source::Derived(_) => S::env_var(key),
         }
     }
 

@@ -12,14 +12,22 @@ use crate::settings::{docs_rows, Declared, Shape};
 /// The settings catalog the Helm chart validates `env` values with at template time
 /// (`deploy/helm/gorge/files/settings/<service>.json`, checked against this by each
 /// service's tests): every variable of `S` and the logging variables, with what is valid in
-/// words and, where it can be checked without the binary, as a range or a list of words.
-pub fn chart_catalog<S: Declared>() -> String {
+/// words and, where it can be checked without the binary, as a range or a list of words (for
+/// the log level, the level words and the components of the service's `events`), and its
+/// default (secrets and absent values have none).
+pub fn chart_catalog<S: Declared>(events: &[crate::events::Event]) -> String {
     let mut catalog = serde_json::Map::new();
     let settings = S::SETTINGS.iter().map(|info| (info, S::PREFIX));
     let logging = LogVars::SETTINGS.iter().map(|info| (info, LogVars::PREFIX));
-    for (info, prefix) in settings.chain(logging) {
+    let defaults = S::default().file_values().into_iter();
+    let defaults = defaults.chain(LogVars::default().file_values());
+    for ((info, prefix), default) in settings.chain(logging).zip(defaults) {
         let mut entry = serde_json::Map::new();
         entry.insert("valid".into(), Value::from(info.valid));
+        // What an empty or absent variable means (formulas evaluate it: `crate::derived`).
+        if !info.secret && !default.is_null() {
+            entry.insert("default".into(), default);
+        }
         match info.shape {
             Shape::Free => {}
             Shape::Range(min, max) => {
@@ -28,6 +36,14 @@ pub fn chart_catalog<S: Declared>() -> String {
             }
             Shape::OneOf(words) => {
                 entry.insert("oneOf".into(), Value::from(words.to_vec()));
+            }
+            Shape::LogLevels => {
+                entry.insert(
+                    "levels".into(),
+                    Value::from(crate::logging::LEVEL_WORDS.to_vec()),
+                );
+                let components = crate::events::components(events);
+                entry.insert("components".into(), Value::from(components));
             }
         }
         catalog.insert(info.env_var(prefix), Value::Object(entry));
@@ -63,18 +79,40 @@ mod tests {
 
     #[test]
     fn the_chart_catalog_has_every_variable_with_what_is_valid() {
-        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>()).unwrap();
+        let events = [crate::events::Event {
+            name: "DEMO_EVENT",
+            component: Some("demo"),
+            ..crate::events::RUNTIME[0]
+        }];
+        let catalog: Value = serde_json::from_str(&chart_catalog::<Demo>(&events)).unwrap();
         assert_eq!(catalog["prefix"], "DEMO_");
         let settings = &catalog["settings"];
         assert_eq!(
             settings["DEMO_PORT"],
-            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535})
+            serde_json::json!({"valid": "a port number 1-65535", "min": 1, "max": 65535, "default": 80})
         );
-        assert_eq!(settings["DEMO_NAME"], serde_json::json!({"valid": "text"}));
+        assert_eq!(
+            settings["DEMO_NAME"],
+            serde_json::json!({"valid": "text", "default": "x"})
+        );
+        // A secret's default is never written, nor an absent one.
+        assert_eq!(settings["DEMO_PASS"], serde_json::json!({"valid": "text"}));
+        assert_eq!(settings["DEMO_FILE"], serde_json::json!({"valid": "text"}));
         assert_eq!(settings["SHARED_ADDR"]["valid"], "text");
         assert_eq!(
             settings["GORGE_LOG_FORMAT"],
             serde_json::json!({"valid": "json or text", "oneOf": ["json", "text"]})
+        );
+        let mut components = crate::events::components(&events);
+        assert!(components.contains(&"demo"), "{components:?}");
+        components.sort_unstable();
+        assert_eq!(
+            settings["GORGE_LOG_LEVEL"],
+            serde_json::json!({
+                "valid": crate::logging::LEVEL_VALID,
+                "levels": ["trace", "debug", "info", "warn", "warning", "error", "critical"],
+                "components": components,
+            })
         );
         let names: Vec<&String> = settings.as_object().unwrap().keys().collect();
         assert_eq!(

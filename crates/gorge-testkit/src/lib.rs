@@ -2,8 +2,9 @@
 //! a simulated `JX.Aphlict` browser,
 //! one wrapper for the child processes integration tests start, one raw HTTP/1.1 client and
 //! one scripted HTTP receiver, one slog drain that captures events, the reading of the
-//! `--check-config` report, and the check of the alerting rules and dashboards against a real
-//! `/metrics`.
+//! `--check-config` report, the shipped deploy files' checks against a binary, the check of
+//! the alerting rules and dashboards against a real `/metrics`, and what the test suite needs
+//! from the machine ([`prerequisites`]).
 //!
 //! Tests speak raw HTTP/1.1 on purpose: the services' byte-level answers (status lines,
 //! header case, bodies) are part of their contract, and a full client would normalise them.
@@ -11,9 +12,11 @@
 pub mod browser;
 pub mod capture;
 pub mod check_config;
+pub mod deploy;
 pub mod healthcheck;
 pub mod http;
 pub mod monitoring;
+pub mod prerequisites;
 pub mod process;
 pub mod receiver;
 

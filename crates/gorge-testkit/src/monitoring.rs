@@ -29,6 +29,8 @@ fn repository() -> PathBuf {
 /// in the alert scenarios go on at the rate seen between them); panics with the check's
 /// output unless it passed.
 pub fn check(service: &str, before: &str, after: &str) {
+    crate::prerequisites::require("promtool");
+    crate::prerequisites::require("PyYAML");
     let dir =
         std::env::temp_dir().join(format!("gorge-monitoring-{service}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -31,6 +31,9 @@ const IGNORED_KEYS: [(&str, &str); 3] = [
     ("memory.hint", "memory is bounded by the configured limits"),
 ];
 
+/// The key under which `--print-config` writes the derived facts (not settings).
+pub const DERIVED_KEY: &str = "derived";
+
 /// What the file contributes besides the flat settings.
 #[derive(Debug, Default)]
 pub struct FileLayer {
@@ -64,6 +67,8 @@ pub fn parse_file(
             continue;
         }
         match key.as_str() {
+            // What `--print-config` derived from the settings: informational, never read.
+            DERIVED_KEY => {}
             "servers" => layer.servers = Some(parse_servers(&value)?),
             "cluster" => layer.cluster = parse_cluster(&value)?,
             _ => {

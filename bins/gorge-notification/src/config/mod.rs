@@ -10,10 +10,12 @@
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
 //! - [`broker`]: broker mode's Redis URL, password and CA;
+//! - [`derived`]: what follows from the settings (the stop bound);
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
 mod aphlict_file;
 mod broker;
+pub mod derived;
 mod peer_url;
 pub mod settings;
 
@@ -217,11 +219,6 @@ impl Config {
             .map(|s| s.addr)
             .collect()
     }
-
-    /// Hard bound of the whole drain: the window plus five seconds.
-    pub fn drain_deadline(&self) -> Duration {
-        self.drain_window + Duration::from_secs(5)
-    }
 }
 
 /// Loads the configuration from `cli_file` (if given), the environment and the defaults,
@@ -239,7 +236,7 @@ pub fn load(cli_file: Option<&Path>) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-fn load_from(
+pub(crate) fn load_from(
     cli_file: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
@@ -579,6 +576,8 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
         }
         lines.push(line);
     }
+    // Then each derived fact on its line.
+    lines.extend(gorge_service::derived::fact_lines(config, &config.layered));
     lines.extend(config.log.log_check_lines());
     lines
 }
@@ -657,6 +656,11 @@ pub fn print_config(config: &Config) -> Value {
             out.insert(info.key.into(), value);
         }
     }
+    // Not settings: what follows from them (a file with this key loads back unchanged).
+    out.insert(
+        aphlict_file::DERIVED_KEY.into(),
+        gorge_service::derived::json(config, &config.layered),
+    );
     Value::Object(out)
 }
 

@@ -98,7 +98,8 @@ gorge_service::settings! {
             "Close a socket with no inbound traffic (not even a pong) for this long; must \
              exceed the ping interval";
         drain_seconds: SecondsOrZero = 10,
-            "Drain window on SIGTERM (hard deadline: window + 5 s)";
+            "Drain window on SIGTERM (the whole stop's bound: `stop_within_sec`, see Derived \
+             facts)";
     }
 }
 

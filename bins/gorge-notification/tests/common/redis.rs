@@ -25,6 +25,7 @@ impl Redis {
 
     /// Starts on `port` (once); `None` if it did not answer `PING` in time.
     pub fn start_on(port: u16) -> Option<Redis> {
+        gorge_testkit::prerequisites::require("redis-server");
         let mut command = Command::new("redis-server");
         command.args([
             "--port",
@@ -55,6 +56,7 @@ impl Redis {
     /// a CA made now; its files go in `dir`. Returns it and the CA's PEM (what
     /// `BROKER_CA_FILE` holds). Clients need no certificate of their own.
     pub fn start_tls(dir: &Path) -> (Redis, String) {
+        gorge_testkit::prerequisites::require("redis-server");
         let ca = throwaway_ca("gorge test broker CA");
         let leaf_key = rcgen::KeyPair::generate().expect("a key");
         let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])

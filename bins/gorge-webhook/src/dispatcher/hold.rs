@@ -105,7 +105,7 @@ impl Dispatcher {
             };
             let rows: Vec<&Candidate> = usable.iter().map(|(candidate, _)| *candidate).collect();
             let claimed_at = self.clock.now_sec();
-            // Each row's claim, in the order of `usable`, until its steps take it.
+            // Each row's claim, in the order of `usable`, until its way takes it.
             let mut claims: Vec<Option<Claim>> = match self
                 .store
                 .claim_fresh(&mut held.lock, &rows, claimed_at)
@@ -119,7 +119,7 @@ impl Dispatcher {
                 }
                 Err(_) => break,
             };
-            for ((candidate, request), claimed) in usable.into_iter().zip(&mut claims) {
+            for ((candidate, request), claim) in usable.into_iter().zip(&mut claims) {
                 go_on = false;
                 if past_time_bound() {
                     bounded = true;
@@ -127,19 +127,21 @@ impl Dispatcher {
                 }
                 self.local_state().rows.insert(candidate.id);
                 self.metrics.held_rows.inc();
-                let end = self
-                    .deliver_locked(
+                // The row's way under the held lock, with the claim won for it; a claim its
+                // way did not use comes back, to be given back below.
+                let (end, unused) = self
+                    .under_lock(
                         candidate,
                         &held.hook,
                         held.failures,
                         request,
                         &mut held.lock,
-                        claimed,
+                        claim.take(),
                     )
-                    .await
-                    .unwrap_or_else(super::end::RowEnd::from);
+                    .await;
+                *claim = unused;
                 go_on = end.delivered() && held.lock.is_held();
-                self.finish_row(candidate, end).await;
+                self.finish(candidate, end).await;
                 self.local_state().rows.remove(&candidate.id);
                 rows_done += 1;
                 after = candidate.id;
@@ -147,7 +149,7 @@ impl Dispatcher {
                     break;
                 }
             }
-            // Rows claimed with the others whose steps did not take their claim (not
+            // Rows claimed with the others whose way did not take their claim (not
             // reached, or ended before the claim step) go back to fresh.
             let left: Vec<u64> = claims.iter().flatten().map(|claim| claim.id).collect();
             if !left.is_empty() {

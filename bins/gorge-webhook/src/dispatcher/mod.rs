@@ -1,11 +1,12 @@
 //! The dispatcher: polls `herald_webhookrequest` and delivers the rows it wins.
 //!
-//! - this file: the poll loop, its back-off on database errors, and progress for readiness;
-//! - [`poll`]: one poll round (which hooks to leave out, which rows to start, broken rows);
-//! - [`row`]: the per-request steps (docs/webhook.md, "Per-request steps"), top to bottom;
+//! - this file: the poll loop, its back-off on database errors, progress for readiness,
+//!   hooks' rests, and the sampling of gauges;
+//! - [`poll`]: one poll round (which hooks to leave out, which rows to start, rows that
+//!   cannot be used as stored);
+//! - [`row`]: one row's way (docs/webhook.md, "Per-request steps"), top to bottom, each of
+//!   its states a type, to how it ended, counted and logged in one place;
 //! - [`hold`]: a hook's next rows under the lock its first row took, within a bound;
-//! - [`end`]: how a row's steps ended ([`end::RowEnd`]), counted and logged in one place;
-//! - [`breaker`]: the per-hook circuit breaker;
 //! - [`state`]: what this process is working on right now.
 //!
 //! A SELECT only finds candidates; nothing is sent or written for a row until the claim's
@@ -13,8 +14,6 @@
 //! at most `max_concurrent` POSTs run at once. Every time read goes through the injected
 //! [`UnixClock`].
 
-mod breaker;
-mod end;
 mod hold;
 mod poll;
 mod row;
@@ -244,5 +243,45 @@ impl Dispatcher {
             .oldest_queued_age_seconds
             .set(depth.oldest_age_sec.unwrap_or(0) as i64);
         self.reevaluate_breakers().await
+    }
+
+    /// Re-checks hooks whose breaker this process saw open, so the gauge and the
+    /// `WEBHOOK_BREAKER_CLOSED` line follow the window even when the hook has no rows left.
+    pub async fn reevaluate_breakers(&self) -> Result<(), ClaimError> {
+        let open: Vec<String> = {
+            let state = self.local_state();
+            state.open_breakers.iter().cloned().collect()
+        };
+        let since = self
+            .clock
+            .now_sec()
+            .saturating_sub(self.config.error_backoff_sec);
+        for hook in open {
+            let failures = self.store.recent_failures(&hook, since).await?;
+            self.note_breaker(&hook, failures);
+        }
+        Ok(())
+    }
+
+    /// Notes that `hook`'s lock was found held by another session, and rests the hook for
+    /// [`state::lock_busy_rest`].
+    pub(super) fn lock_held_elsewhere(&self, hook: &str) {
+        let now = self.clock.now_ms();
+        // Tries of a hook that stays locked come at most a rest (1.5 poll intervals) and a
+        // poll interval apart; a longer gap means nobody looked in between.
+        let max_gap = 3 * self.config.poll_interval.as_millis() as u64;
+        let busy_for = self.local_state().lock_busy(hook, now, max_gap);
+        let rest = state::lock_busy_rest(
+            busy_for,
+            self.config.poll_interval,
+            state::jitter_of(hook, now),
+        );
+        self.rest(hook, rest);
+    }
+
+    /// Leaves `hook` alone for `duration` of clock time (the candidate query excludes it).
+    pub(super) fn rest(&self, hook: &str, duration: std::time::Duration) {
+        let until = self.clock.now_ms() + duration.as_millis() as u64;
+        self.local_state().resting.insert(hook.to_string(), until);
     }
 }

@@ -18,13 +18,17 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::row::Preload;
 use super::Dispatcher;
 use crate::events;
-use crate::outcome::{InvalidRowReason, SkipReason};
+use crate::outcome::{self, InvalidRowReason, SkipReason};
 use gorge_service::emit;
 
 /// Candidates fetched per poll, as a multiple of `max_concurrent`: only one row per hook can
 /// start at a time, so a batch of exactly `max_concurrent` rows could leave slots idle when
 /// several of its rows belong to one hook.
 const BATCH_FACTOR: usize = 4;
+
+/// Times the server may reject a statement for the same row before the row is failed
+/// with `invalid-row` (a poison row must not be retried every poll forever).
+pub(super) const MAX_ROW_ATTEMPTS: u32 = 3;
 
 /// What one poll round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -346,5 +350,51 @@ impl Dispatcher {
         emit!(self.log, events::WEBHOOK_INVALID_ROW;
             "id" => id, "reason" => reason.label(), "why" => why,
             "code" => HookErrorCode::InvalidRow.as_str(), "status" => "failed");
+    }
+
+    /// The server rejected a statement about row `id` (e.g. the claim UPDATE is out of
+    /// range). Logged once; after [`MAX_ROW_ATTEMPTS`] the row is failed with
+    /// `invalid-row` without a claim, or, if even that is rejected, left alone for the
+    /// life of the process (one more log line).
+    pub(super) async fn row_rejected(
+        &self,
+        id: u64,
+        err: &ClaimError,
+        candidate: Option<&Candidate>,
+    ) {
+        let attempts = self.local_state().row_failed(id);
+        if attempts == 1 {
+            emit!(self.log, events::WEBHOOK_ROW_REJECTED;
+                "id" => id, "error" => %err, "gives_up_after" => MAX_ROW_ATTEMPTS);
+        }
+        if attempts < MAX_ROW_ATTEMPTS {
+            return;
+        }
+        self.local_state().row_errors.remove(&id);
+        if let Some(candidate) = candidate {
+            let properties = outcome::invalid_row_properties(Some(&candidate.properties));
+            match self
+                .store
+                .fail_unclaimable(id, candidate.date_modified, &properties)
+                .await
+            {
+                Ok(true) => {
+                    self.invalid_row(
+                        id,
+                        InvalidRowReason::Rejected,
+                        "the server rejected its claim or result write",
+                    );
+                    return;
+                }
+                // Someone else changed the row meanwhile: nothing left to do here.
+                Ok(false) => return,
+                Err(_) => {}
+            }
+        }
+        self.local_state().quarantine(id);
+        self.metrics.rows_quarantined.inc();
+        emit!(self.log, events::WEBHOOK_ROW_QUARANTINED;
+            "id" => id, "error" => %err,
+            "effect" => "skipped by this process until it restarts; fix or delete the row");
     }
 }

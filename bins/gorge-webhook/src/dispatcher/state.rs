@@ -4,6 +4,7 @@
 //! Every collection is bounded ([`MAX_REMEMBERED`]); only plain data, no I/O under the lock.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -47,9 +48,39 @@ pub(super) struct LockBusy {
     /// The last try.
     pub last: u64,
     /// Start of the current run of tries no more than a gap apart: the hook's rest grows
-    /// with it (`row.rs`, `lock_busy_rest`). Tries far apart (the hook had no rows, or every
+    /// with it ([`lock_busy_rest`]). Tries far apart (the hook had no rows, or every
     /// slot was busy) say nothing about the lock in between, so the rest starts short again.
     pub run_since: u64,
+}
+
+/// Shortest rest of a hook whose lock is held elsewhere (before jitter). The holder is most
+/// often another gorge-webhook process running through the hook's rows (`hold.rs`, at most
+/// 1 s), or Phorge's worker sending one request: both let go soon, and a replica that
+/// waited a whole poll interval for every such hook left most of the hooks idle (see
+/// [`lock_busy_rest`]).
+const LOCK_BUSY_REST_MIN: Duration = Duration::from_millis(50);
+
+/// How long a hook whose lock was just found held elsewhere is left out of the candidate
+/// query: as long as it has been found held at every try so far (`busy_for`, milliseconds),
+/// at least [`LOCK_BUSY_REST_MIN`], at most the poll interval, then times `jitter` in
+/// [0.5, 1.5) (so 25 ms to 1.5 poll intervals in all).
+///
+/// So the tries back off like doubling: a lock let go soon is taken again soon, one held
+/// for long (a session left behind, a long delivery) is tried once per poll interval as
+/// before. The jitter keeps replicas that lost the same lock from all trying again at the
+/// same moment.
+pub(super) fn lock_busy_rest(busy_for: u64, poll_interval: Duration, jitter: f64) -> Duration {
+    let cap = poll_interval.as_millis() as u64;
+    let base = busy_for.max(LOCK_BUSY_REST_MIN.as_millis() as u64).min(cap);
+    Duration::from_millis((base as f64 * jitter.clamp(0.5, 1.5)) as u64)
+}
+
+/// A number in [0.5, 1.5) that differs between processes, hooks and moments (std's
+/// randomly keyed hasher; no randomness crate needed for a jitter).
+pub(super) fn jitter_of(hook: &str, now_ms: u64) -> f64 {
+    use std::hash::BuildHasher;
+    let hash = std::collections::hash_map::RandomState::new().hash_one((hook, now_ms));
+    0.5 + (hash >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A hook not tried again within this long (clock milliseconds) is forgotten by
@@ -145,7 +176,42 @@ impl Drop for Slot<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{LocalState, MAX_REMEMBERED};
+    use std::time::Duration;
+
+    use super::{jitter_of, lock_busy_rest, LocalState, MAX_REMEMBERED};
+
+    const POLL: Duration = Duration::from_millis(1000);
+
+    #[test]
+    fn a_lock_found_held_for_the_first_time_is_tried_again_soon() {
+        assert_eq!(lock_busy_rest(0, POLL, 1.0), Duration::from_millis(50));
+        assert_eq!(lock_busy_rest(0, POLL, 0.5), Duration::from_millis(25));
+    }
+
+    #[test]
+    fn the_rest_grows_with_how_long_the_lock_has_been_held_up_to_the_poll_interval() {
+        assert_eq!(lock_busy_rest(120, POLL, 1.0), Duration::from_millis(120));
+        assert_eq!(lock_busy_rest(900, POLL, 1.0), Duration::from_millis(900));
+        assert_eq!(lock_busy_rest(60_000, POLL, 1.0), POLL);
+        assert_eq!(
+            lock_busy_rest(60_000, POLL, 1.49),
+            Duration::from_millis(1490)
+        );
+        // A poll interval below the minimum caps the rest too.
+        let fast = Duration::from_millis(20);
+        assert_eq!(lock_busy_rest(0, fast, 1.0), fast);
+    }
+
+    #[test]
+    fn jitter_stays_in_its_range_and_varies() {
+        let samples: Vec<f64> = (0..200).map(|t| jitter_of("PHID-HWBH-x", t)).collect();
+        assert!(
+            samples.iter().all(|j| (0.5..1.5).contains(j)),
+            "{samples:?}"
+        );
+        let low = samples.iter().filter(|j| **j < 1.0).count();
+        assert!((40..160).contains(&low), "{low} of 200 below 1.0");
+    }
 
     #[test]
     fn a_lock_found_held_try_after_try_counts_from_the_first_try() {

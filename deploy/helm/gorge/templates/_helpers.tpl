@@ -119,42 +119,82 @@ starting up already receives relayed messages.
 {{- end -}}
 
 {{/*
-Grace periods. Kubernetes counts the preStop sleep inside terminationGracePeriodSeconds, so
-each one is preStop + the longest the process may take after SIGTERM + a margin:
-- notification: drainSeconds + 5 (the service's hard drain deadline);
-- webhook: deliveryTimeoutSeconds + 10 (its drain deadline: a POST may take the whole timeout,
-  then its result write) + 5 (in-flight status requests).
-The "minimum" helpers are what an explicit value must exceed; the defaults add 10 s of
-margin for SIGKILL delivery and a slow node.
+A formula of a service's settings catalog (files/settings/<service>.json, whose `derived`
+section is generated from the service's declaration of derived facts and checked against it
+by the service's tests/docs.rs), evaluated on the environment a pod of the component gets:
+each setting it names is that variable's value, or the catalog's `default` when the variable
+is absent or empty — exactly what the binary prints as that fact with the same environment.
+Arguments: (dict "formula" F "env" ENV "catalog" CATALOG).
 */}}
-{{- define "gorge.notification.minimumGracePeriodSeconds" -}}
-{{- $n := .Values.notification -}}
-{{- add (int $n.preStopSleepSeconds) (int $n.drainSeconds) 5 -}}
+{{- define "gorge.formula" -}}
+{{- $f := .formula -}}
+{{- if hasKey $f "setting" -}}
+{{- $text := get .env $f.setting | toString | trim -}}
+{{- if eq $text "" -}}
+{{- $text = index .catalog.settings $f.setting "default" | toString -}}
 {{- end -}}
-{{- define "gorge.notification.terminationGracePeriodSeconds" -}}
-{{- $n := .Values.notification -}}
-{{- $minimum := include "gorge.notification.minimumGracePeriodSeconds" . | int -}}
-{{- if $n.terminationGracePeriodSeconds -}}
-{{- if le (int $n.terminationGracePeriodSeconds) $minimum -}}
-{{- fail (printf "notification.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + drainSeconds + 5 = %d (leave it empty to derive it)" (int $n.terminationGracePeriodSeconds) $minimum) -}}
+{{- $text | int64 -}}
+{{- else if hasKey $f "constant" -}}
+{{- $f.constant | int64 -}}
+{{- else if hasKey $f "sum" -}}
+{{- $total := 0 | int64 -}}
+{{- range $term := $f.sum -}}
+{{- $total = add $total (include "gorge.formula" (dict "formula" $term "env" $.env "catalog" $.catalog) | int64) -}}
 {{- end -}}
-{{- $n.terminationGracePeriodSeconds -}}
+{{- $total -}}
+{{- else if hasKey $f "max" -}}
+{{- $most := 0 | int64 -}}
+{{- range $term := $f.max -}}
+{{- $most = max $most (include "gorge.formula" (dict "formula" $term "env" $.env "catalog" $.catalog) | int64) -}}
+{{- end -}}
+{{- $most -}}
+{{- else if hasKey $f "times" -}}
+{{- mul ($f.times | int64) (include "gorge.formula" (dict "formula" $f.of "env" .env "catalog" .catalog) | int64) -}}
 {{- else -}}
-{{- add $minimum 10 -}}
+{{- fail (printf "cannot evaluate the formula %v (files/settings/ from a newer service?)" $f) -}}
 {{- end -}}
 {{- end -}}
-{{- define "gorge.webhook.minimumGracePeriodSeconds" -}}
-{{- $w := .Values.webhook -}}
-{{- add (int $w.preStopSleepSeconds) (int $w.deliveryTimeoutSeconds) 15 -}}
+
+{{/*
+How long each service may take to stop after SIGTERM: its derived fact `stop_within_sec`
+(docs/<service>.md, "Derived facts"), evaluated on the component's own ConfigMap, so a
+setting in `env` that lengthens the stop (a longer claim lease, say) lengthens the grace
+period with it.
+*/}}
+{{- define "gorge.notification.stopWithinSeconds" -}}
+{{- $catalog := .Files.Get "files/settings/gorge-notification.json" | fromJson -}}
+{{- $env := include "gorge.notification.configData" . | fromYaml -}}
+{{- include "gorge.formula" (dict "formula" $catalog.derived.stop_within_sec "env" $env "catalog" $catalog) -}}
 {{- end -}}
-{{- define "gorge.webhook.terminationGracePeriodSeconds" -}}
-{{- $w := .Values.webhook -}}
-{{- $minimum := include "gorge.webhook.minimumGracePeriodSeconds" . | int -}}
-{{- if $w.terminationGracePeriodSeconds -}}
-{{- if le (int $w.terminationGracePeriodSeconds) $minimum -}}
-{{- fail (printf "webhook.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + deliveryTimeoutSeconds + 15 = %d (leave it empty to derive it)" (int $w.terminationGracePeriodSeconds) $minimum) -}}
+{{- define "gorge.webhook.stopWithinSeconds" -}}
+{{- $catalog := .Files.Get "files/settings/gorge-webhook.json" | fromJson -}}
+{{- $env := include "gorge.webhook.configData" . | fromYaml -}}
+{{- include "gorge.formula" (dict "formula" $catalog.derived.stop_within_sec "env" $env "catalog" $catalog) -}}
 {{- end -}}
-{{- $w.terminationGracePeriodSeconds -}}
+
+{{/*
+Grace periods. Kubernetes counts the preStop sleep inside terminationGracePeriodSeconds, so
+each one is preStop + the service's stop bound (above) + a margin. The "minimum" helpers are
+what an explicit value must exceed; the defaults add 10 s of margin for SIGKILL delivery and
+a slow node.
+Arguments: (list component context).
+*/}}
+{{- define "gorge.minimumGracePeriodSeconds" -}}
+{{- $component := index . 0 -}}
+{{- $ctx := index . 1 -}}
+{{- $values := index $ctx.Values $component -}}
+{{- add (int $values.preStopSleepSeconds) (include (printf "gorge.%s.stopWithinSeconds" $component) $ctx | int) -}}
+{{- end -}}
+{{- define "gorge.terminationGracePeriodSeconds" -}}
+{{- $component := index . 0 -}}
+{{- $ctx := index . 1 -}}
+{{- $values := index $ctx.Values $component -}}
+{{- $minimum := include "gorge.minimumGracePeriodSeconds" . | int -}}
+{{- if $values.terminationGracePeriodSeconds -}}
+{{- if le (int $values.terminationGracePeriodSeconds) $minimum -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds=%d must exceed preStopSleepSeconds + the service's stop_within_sec (docs/%s.md, Derived facts) = %d (leave it empty to derive it)" $component (int $values.terminationGracePeriodSeconds) $component $minimum) -}}
+{{- end -}}
+{{- $values.terminationGracePeriodSeconds -}}
 {{- else -}}
 {{- add $minimum 10 -}}
 {{- end -}}
@@ -288,6 +328,23 @@ Arguments: (list component service envMap catalogJson).
 {{- else if hasKey $setting "oneOf" -}}
 {{- if not (has (lower (trim $text)) $setting.oneOf) -}}
 {{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
+{{- end -}}
+{{- else if hasKey $setting "levels" -}}
+{{- /* LEVEL[,COMPONENT=LEVEL...], as the service reads it: every part's syntax and level
+first (only the first part may be a bare level), then the components. */ -}}
+{{- $parts := splitList "," $text -}}
+{{- range $i, $part := $parts -}}
+{{- $pair := splitn "=" 2 (trim $part) -}}
+{{- $level := ternary $pair._0 (default "" $pair._1) (eq (len $pair) 1) -}}
+{{- if or (and (eq (len $pair) 1) (gt $i 0)) (and (eq (len $pair) 2) (eq (trim $pair._0) "")) (not (has (lower (trim $level)) $setting.levels)) -}}
+{{- fail (printf "%s: expected %s (%s would refuse to start)" $where $setting.valid $service) -}}
+{{- end -}}
+{{- end -}}
+{{- range $part := $parts -}}
+{{- $pair := splitn "=" 2 (trim $part) -}}
+{{- if and (eq (len $pair) 2) (not (has (trim $pair._0) $setting.components)) -}}
+{{- fail (printf "%s: unknown component %q; %s's components: %s (%s would refuse to start)" $where (trim $pair._0) $service (join ", " $setting.components) $service) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- else if or (hasPrefix $catalog.prefix $key) (hasPrefix "GORGE_LOG_" $key) -}}
