@@ -110,6 +110,7 @@ mod tests {
             settings["GORGE_LOG_LEVEL"],
             serde_json::json!({
                 "valid": crate::logging::LEVEL_VALID,
+                "default": "info",
                 "levels": ["trace", "debug", "info", "warn", "warning", "error", "critical"],
                 "components": components,
             })
