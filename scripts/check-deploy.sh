@@ -136,7 +136,8 @@ expect_rendered() {
 # A default install would be broken: refused, naming the value to set.
 expect_refusal "webhook.mysql.host is empty: set it to Phorge's database server" \
     --set 'notification.adminAllowedFrom[0].podSelector.matchLabels.app=phorge'
-expect_refusal "notification.adminAllowedFrom is empty" --set webhook.mysql.host=db
+expect_refusal "notification.adminAllowedFrom is empty" --set webhook.mysql.host=db \
+    --set webhook.serviceToken.existingSecret=gorge-token
 # Chart-managed settings cannot be overridden through env.
 expect_refusal "notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS is set by the chart; use notification.drainSeconds instead" \
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_DRAIN_SECONDS=60
@@ -177,6 +178,9 @@ expect_refusal 'notification.env.GORGE_NOTIFICATION_MAX_SOKETS is not a setting 
     -f "${minimal}" --set notification.env.GORGE_NOTIFICATION_MAX_SOKETS=5000
 expect_refusal 'webhook.env.GORGE_LOG_LEVL is not a setting of gorge-webhook' \
     -f "${minimal}" --set webhook.env.GORGE_LOG_LEVL=debug
+# The pod's status port is off loopback, where the service refuses an empty token.
+expect_refusal 'webhook.serviceToken.existingSecret is empty' \
+    -f "${minimal}" --set webhook.serviceToken.existingSecret=
 # Blacklist entries GORGE_WEBHOOK_OUTBOUND_BLACKLIST would refuse (values.schema.json).
 expect_refusal 'outboundBlacklist' -f "${minimal}" --set 'webhook.outboundBlacklist[0]=10.0.0.0/33'
 expect_refusal 'outboundBlacklist' -f "${minimal}" --set 'webhook.outboundBlacklist[0]=300.1.2.3'
@@ -278,7 +282,7 @@ done
 # The release notes give the kit's Phorge steps in the kit's order: bin/storage adjust before
 # the switch, and the switch with --database (docs/operations.md, "Webhooks: taking over
 # delivery"); the token, a hidden option, only in local configuration.
-for token in "" gorge-token; do
+for token in gorge-token; do
     notes="$("${helm_bin}" install gorge "${chart}" --namespace phorge -f "${minimal}" \
         --set "webhook.serviceToken.existingSecret=${token}" --dry-run=client 2>&1 |
         sed -n '/^NOTES:/,$p')"

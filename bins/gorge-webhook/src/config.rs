@@ -103,12 +103,15 @@ gorge_service::settings! {
              unreadable, not PEM, no certificate, or a certificate that is not a usable CA → \
              exit 2 naming the variable";
         #[env("GORGE_LISTEN_ADDR")]
-        listen_addr: Text = format!("0.0.0.0:{DEFAULT_HEALTH_PORT}"),
-            "status/diagnostic HTTP listener, `IP:PORT` (file key `listen_addr`; shared name, \
-             no `GORGE_WEBHOOK_` prefix)";
+        listen_addr: Text = format!("127.0.0.1:{DEFAULT_HEALTH_PORT}"),
+            "status/diagnostic HTTP listener, `IP:PORT`; loopback by default, like \
+             gorge-notification's admin port (the chart and Compose set the pod/container \
+             address). Any other address needs `GORGE_SERVICE_TOKEN` (file key `listen_addr`; \
+             shared name, no `GORGE_WEBHOOK_` prefix)";
         #[env("GORGE_SERVICE_TOKEN")]
         service_token: SecretText = Secret::default(),
-            "token for `/api/webhook/*`; empty disables auth (file key `service_token`)";
+            "token for `/api/webhook/*`; empty disables auth, allowed only when the listener \
+             is on a loopback address (else startup stops) (file key `service_token`)";
     }
 }
 
@@ -242,6 +245,16 @@ impl Config {
         self.database.max_connections + self.max_concurrent
     }
 
+    /// Descriptors kept out of the status port's reach (see `fdlimit.rs`): the fixed base,
+    /// the query pool, per delivery in flight its lock connection and its outbound
+    /// connection, and the receivers' idle keep-alive connections of one host.
+    pub fn fd_reserve(&self) -> usize {
+        crate::fdlimit::FD_BASE
+            + self.database.max_connections
+            + 2 * self.max_concurrent
+            + crate::connector::POOL_MAX_IDLE_PER_KEY
+    }
+
     /// How long without progress (a completed poll round or a written result) before the
     /// service reports not ready: a POST may take the whole delivery timeout, and a poll or
     /// a write the query timeout, twice over.
@@ -297,6 +310,16 @@ impl Derives for Config {
             |c: &Config| c.connection_budget().into(),
             "the most database connections one process opens: the query pool's bound plus one \
              lock connection per delivery in flight",
+        ),
+        Derived::computed(
+            "status_fd_reserve",
+            |c: &Config| c.fd_reserve().into(),
+            "file descriptors the status port's connections never take, kept for deliveries \
+             and the database: 64, the query pool's bound, two per delivery in flight (its \
+             lock connection and its outbound connection) and 16 idle receiver connections. \
+             The status port holds at most the soft open-file limit less this (at least 8); \
+             one more is closed at once and counted in \
+             `status_connections_closed_total{reason=\"fd_reserve\"}`",
         ),
         Derived::formula(
             "lock_session_timeout_sec",
@@ -444,6 +467,14 @@ impl Loaded {
                 config.retry_backoff.as_secs()
             ));
         }
+        if !config.listen_addr.ip().is_loopback() {
+            out.push(format!(
+                "{}={} is not a loopback address: the status port (/api/webhook/*, /metrics) is \
+                 reachable from the network; keep it behind a firewall or NetworkPolicy",
+                var(KEYS.listen_addr),
+                config.listen_addr
+            ));
+        }
         if (config.breaker_window.as_millis() as u64) < poll_ms {
             out.push(format!(
                 "{}={} is shorter than the poll interval ({poll_ms} ms): the breaker window \
@@ -523,9 +554,22 @@ fn validate(layered: &Layered<RawSettings>) -> Result<Config, ConfigError> {
         ConfigError::new(
             var(KEYS.listen_addr),
             &raw.listen_addr,
-            "expected IP:PORT, e.g. 0.0.0.0:8160",
+            "expected IP:PORT, e.g. 127.0.0.1:8160",
         )
     })?;
+    // The API's counts and PHIDs are for operators: open only where only this host reaches.
+    if raw.service_token.is_empty() && !listen_addr.ip().is_loopback() {
+        return Err(ConfigError::new(
+            var(KEYS.service_token),
+            "",
+            format!(
+                "empty while {}={listen_addr} is not a loopback address: /api/webhook/* would \
+                 be open to the network; set a token (Phorge's gorge.webhook.token) or listen \
+                 on 127.0.0.1",
+                var(KEYS.listen_addr)
+            ),
+        ));
+    }
     let ca_file = Some(raw.ca_file.trim())
         .filter(|path| !path.is_empty())
         .map(PathBuf::from);
@@ -627,7 +671,7 @@ mod tests {
             (c.breaker_window, c.breaker_threshold),
             (Duration::from_secs(300), 10)
         );
-        assert_eq!(c.listen_addr, "0.0.0.0:8160".parse().unwrap());
+        assert_eq!(c.listen_addr, "127.0.0.1:8160".parse().unwrap());
         assert_eq!(c.outbound_policy.len(), 29);
         assert!(s.adjustments().is_empty());
         assert!(s.warnings().is_empty());
@@ -780,6 +824,38 @@ mod tests {
         assert_eq!(s.config.service_token.expose(), "tok");
     }
 
+    /// The status port is loopback unless configured; elsewhere it needs a token, and
+    /// `--check-config` warns that it is reachable.
+    #[test]
+    fn an_open_api_is_allowed_on_loopback_only() {
+        let s = load_env(&[]).unwrap();
+        assert!(s.config.listen_addr.ip().is_loopback());
+        assert_eq!(shown(&s, "GORGE_LISTEN_ADDR"), "127.0.0.1:8160");
+        let err = load_env(&[("GORGE_LISTEN_ADDR", "0.0.0.0:8160")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: GORGE_SERVICE_TOKEN=\"\": empty while \
+             GORGE_LISTEN_ADDR=0.0.0.0:8160 is not a loopback address: /api/webhook/* would be \
+             open to the network; set a token (Phorge's gorge.webhook.token) or listen on \
+             127.0.0.1"
+        );
+        let s = load_env(&[("GORGE_LISTEN_ADDR", "[::1]:8160")]).unwrap();
+        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+        let s = load_env(&[
+            ("GORGE_LISTEN_ADDR", "0.0.0.0:8160"),
+            ("GORGE_SERVICE_TOKEN", "tok"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.warnings(),
+            [
+                "GORGE_LISTEN_ADDR=0.0.0.0:8160 is not a loopback address: the status port \
+              (/api/webhook/*, /metrics) is reachable from the network; keep it behind a \
+              firewall or NetworkPolicy"
+            ]
+        );
+    }
+
     #[test]
     fn describe_masks_secrets() {
         let s = load_env(&[
@@ -883,6 +959,22 @@ mod tests {
               an idle queue retries only once per poll"
             ]
         );
+    }
+
+    /// The status port's reserve follows the pools and the concurrency.
+    #[test]
+    fn the_descriptor_reserve_covers_the_pools_and_deliveries() {
+        let s = load_env(&[]).unwrap();
+        // 64 + query pool 4 + 8 deliveries × (lock + outbound) + 16 idle outbound.
+        assert_eq!(s.config.fd_reserve(), 100);
+        assert_eq!(shown(&s, "status_fd_reserve"), "100");
+        let s = load_env(&[
+            ("GORGE_WEBHOOK_MAX_CONCURRENT", "64"),
+            ("GORGE_WEBHOOK_MYSQL_MAX_LOCK_CONNECTIONS", "64"),
+            ("GORGE_WEBHOOK_MYSQL_MAX_CONNECTIONS", "10"),
+        ])
+        .unwrap();
+        assert_eq!(s.config.fd_reserve(), 64 + 10 + 128 + 16);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`connector`]: connections to receivers: the pooled hyper client and the connector that
 //!   dials only checked addresses;
 //! - [`tls`]: trusted CAs (bundled, system, `GORGE_WEBHOOK_CA_FILE`) and TLS error codes;
+//! - [`fdlimit`]: the status port's connection cap, keeping descriptors for deliveries;
 //! - [`dberror`]: database errors with where the service connects and the usual fixes;
 //! - [`dispatcher`]: polling, claiming, the breaker, writing results;
 //! - [`handover`]: whether Phorge hands requests over at all (readiness, one log line);
@@ -30,6 +31,7 @@ pub mod dberror;
 pub mod delivery;
 pub mod dispatcher;
 pub mod events;
+pub mod fdlimit;
 pub mod handover;
 pub mod metrics;
 pub mod outcome;

@@ -119,6 +119,13 @@ gorge_service::metrics! {
             "Result writes retried after a database error, within the claim's lease";
         db_timeouts: Counter,
             "Statements that hit the query timeout (their connection was closed)";
+        status_connections_max: Gauge,
+            "Connections the status port holds at most: the soft open-file limit less the \
+             derived status_fd_reserve (kept for deliveries and the database), at least 8; -1 \
+             without a limit";
+        status_connections_closed: Counter[reason] = [["fd_reserve"], ["no_request"]],
+            "Status-port connections closed unserved: fd_reserve when status_connections_max \
+             were open (closed at accept), no_request when no request head came within 10 s";
         poll_loop_up: Gauge,
             "1 while the poll loop runs; 0 once it ended (the process then exits with code 3)";
         db_up: Gauge,

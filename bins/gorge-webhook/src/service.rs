@@ -16,8 +16,8 @@ use std::time::Duration;
 use gorge_claim::ClaimStore;
 use gorge_service::derived::Started;
 use gorge_service::{
-    bind_all, BindError, BoundListener, ListenerSpec, Probes, ReadinessCheck, RunError, RunOptions,
-    Shutdown,
+    bind_all, BindError, BoundListener, ConnectionCap, ListenerSpec, Probes, ReadinessCheck,
+    RunError, RunOptions, Shutdown,
 };
 use prometheus_client::metrics::gauge::Gauge;
 use slog::Logger;
@@ -38,6 +38,10 @@ use gorge_service::{emit, emit_with};
 /// How often queue depth, pool state and open breakers are sampled into the metrics (a
 /// scrape never runs SQL).
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a status-port connection may stay open without sending a request head: idle
+/// connections must not keep their place under the cap (`fdlimit.rs`) from probes.
+const FIRST_REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Bound on the `/readyz` database round trip.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -148,6 +152,11 @@ impl Server {
             env!("CARGO_PKG_VERSION"),
         );
         let metrics = Metrics::register(&mut registry);
+        let status_cap = status_cap(&config, &metrics);
+        let no_request = metrics
+            .status_connections_closed
+            .with(["no_request"])
+            .clone();
         let db = &config.database;
         let store = ClaimStore::with_options(db.mysql_opts(), &db.name, db.store_options());
         // Built in the order of dependence: readiness reads the dispatcher's progress.
@@ -199,7 +208,16 @@ impl Server {
             addr: config.listen_addr,
             handler: api.handler(),
         }])
-        .await?;
+        .await?
+        .into_iter()
+        .map(|l| {
+            let l = l.with_first_request_deadline(FIRST_REQUEST_DEADLINE, no_request.clone());
+            match &status_cap {
+                Some(cap) => l.with_connection_cap(cap.clone()),
+                None => l,
+            }
+        })
+        .collect();
         Ok(Server {
             listeners,
             probes,
@@ -261,6 +279,20 @@ impl Server {
         }
         ran.map_err(Error::Run)
     }
+}
+
+/// The status port's connection cap under the soft open-file limit (read now), its gauge
+/// set; `None` without a limit.
+fn status_cap(config: &Config, metrics: &Metrics) -> Option<ConnectionCap> {
+    let cap =
+        crate::fdlimit::status_connection_cap(crate::fdlimit::soft_limit(), config.fd_reserve());
+    let gauge = cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
+    metrics.status_connections_max.set(gauge);
+    let refused = metrics
+        .status_connections_closed
+        .with(["fd_reserve"])
+        .clone();
+    cap.map(|cap| ConnectionCap::new(cap, refused))
 }
 
 /// `/readyz`: the poll loop is alive and has made progress within `stall_limit`, and a

@@ -46,6 +46,12 @@ fn invalid_configuration_exits_2_with_one_line_naming_the_variable() {
             "GORGE_WEBHOOK_OUTBOUND_BLACKLIST=\"nonsense\"",
         ),
         ("GORGE_LISTEN_ADDR", "8160", "GORGE_LISTEN_ADDR=\"8160\""),
+        // Off loopback, an empty token would open /api/webhook/* to the network.
+        (
+            "GORGE_LISTEN_ADDR",
+            "0.0.0.0:8160",
+            "GORGE_SERVICE_TOKEN=\"\": empty while GORGE_LISTEN_ADDR=0.0.0.0:8160",
+        ),
     ] {
         let (code, _, stderr) = run_binary(&[], &[(key, value)]);
         assert_eq!(code, Some(2), "{key}={value}: {stderr}");
@@ -84,7 +90,7 @@ fn check_config_prints_effective_values_with_secrets_masked() {
         ),
         ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "1000", "default"),
         ("GORGE_WEBHOOK_NAMESPACE", "phabricator", "default"),
-        ("GORGE_LISTEN_ADDR", "0.0.0.0:8160", "default"),
+        ("GORGE_LISTEN_ADDR", "127.0.0.1:8160", "default"),
         // What follows from the settings, each fact on its line.
         ("database", "phabricator_herald", "derived"),
         ("outbound_networks", "29", "derived"),
@@ -312,7 +318,7 @@ fn print_config_writes_a_toml_file_that_loads_back() {
         "mysql_host = \"127.0.0.1\"",
         "mysql_port = 3306",
         "poll_interval_ms = 1000",
-        "listen_addr = \"0.0.0.0:8160\"",
+        "listen_addr = \"127.0.0.1:8160\"",
         "mysql_pass = \"\"",
     ] {
         assert!(

@@ -378,6 +378,11 @@ Values a working install cannot do without, refused at template time with the va
 {{- if not $w.mysql.host -}}
 {{- fail "webhook.mysql.host is empty: set it to Phorge's database server (e.g. --set webhook.mysql.host=mariadb.phorge.svc; 127.0.0.1 only with a sidecar proxy), or set webhook.enabled=false" -}}
 {{- end -}}
+{{- /* The status port listens on the pod address (probes, Services), and gorge-webhook
+       refuses an open /api/webhook/* anywhere but loopback. */ -}}
+{{- if not $w.serviceToken.existingSecret -}}
+{{- fail "webhook.serviceToken.existingSecret is empty: the status port listens on the pod address and gorge-webhook refuses an empty GORGE_SERVICE_TOKEN there (an open /api/webhook/* is allowed on loopback only); create a Secret holding a token (e.g. kubectl create secret generic gorge-webhook-token --from-literal=token=$(openssl rand -hex 24)) and set webhook.serviceToken.existingSecret to its name" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Replica count a PodDisruptionBudget is judged by: with one pod, a PDB only blocks drains. */}}
