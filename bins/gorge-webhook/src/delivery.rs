@@ -33,6 +33,54 @@ pub const MAX_REDIRECTS: u32 = 20;
 /// The most response body read (and discarded) per hop; the status decides the outcome.
 pub const MAX_RESPONSE_BODY: u64 = 64 * 1024;
 
+/// What this process ran out of when an attempt failed before anything was sent: a failure
+/// of ours, not of the receiver, never written into the row (docs/webhook.md, "Local
+/// failures").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shortage {
+    /// EMFILE, ENFILE: no file descriptor for the socket.
+    Descriptors,
+    /// ENOMEM.
+    Memory,
+    /// EADDRNOTAVAIL: no local address or ephemeral port to connect from.
+    LocalPort,
+    /// ENOBUFS: the kernel's socket buffers.
+    Buffers,
+}
+
+impl Shortage {
+    /// Every shortage, in the metric's order.
+    pub const ALL: [Shortage; 4] = [
+        Shortage::Descriptors,
+        Shortage::Memory,
+        Shortage::LocalPort,
+        Shortage::Buffers,
+    ];
+
+    /// The shortage an OS error reports, if it is one.
+    pub fn of(err: &std::io::Error) -> Option<Shortage> {
+        use rustix::io::Errno;
+        let errno = Errno::from_io_error(err)?;
+        Some(match errno {
+            Errno::MFILE | Errno::NFILE => Shortage::Descriptors,
+            Errno::NOMEM => Shortage::Memory,
+            Errno::ADDRNOTAVAIL => Shortage::LocalPort,
+            Errno::NOBUFS => Shortage::Buffers,
+            _ => return None,
+        })
+    }
+
+    /// The metric label and log reason.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Shortage::Descriptors => "no-descriptor",
+            Shortage::Memory => "no-memory",
+            Shortage::LocalPort => "no-local-port",
+            Shortage::Buffers => "no-buffer-space",
+        }
+    }
+}
+
 /// Why an attempt produced no final HTTP status. [`DeliveryError::curl_code`] is what lands
 /// in `errorCode`; [`DeliveryError::reason`] goes into the log line and the metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +111,9 @@ pub enum DeliveryError {
     /// A redirect to an address the outbound policy rejects: not followed, recorded as
     /// Phorge's `hook`/`uri` (Phorge checks only the first URI; this service every hop).
     BlockedRedirect,
+    /// This process could not open the first connection (no descriptor, memory, local
+    /// port): nothing reached any receiver. Never written into the row; see [`Shortage`].
+    Local(Shortage),
 }
 
 impl DeliveryError {
@@ -79,7 +130,7 @@ impl DeliveryError {
             DeliveryError::Protocol => 8,
             DeliveryError::TooManyRedirects => 47,
             DeliveryError::BadRedirect => 1,
-            DeliveryError::BlockedRedirect => return None,
+            DeliveryError::BlockedRedirect | DeliveryError::Local(_) => return None,
         })
     }
 
@@ -102,6 +153,7 @@ impl DeliveryError {
             DeliveryError::TooManyRedirects => "too-many-redirects",
             DeliveryError::BadRedirect => "bad-redirect",
             DeliveryError::BlockedRedirect => "blocked-redirect",
+            DeliveryError::Local(shortage) => shortage.label(),
         }
     }
 
@@ -123,6 +175,9 @@ impl DeliveryError {
                     ConnectError::BadTarget => DeliveryError::Connection,
                     ConnectError::Tcp(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
                         DeliveryError::ConnectionRefused
+                    }
+                    ConnectError::Tcp(io) if Shortage::of(io).is_some() => {
+                        DeliveryError::Local(Shortage::of(io).expect("matched"))
                     }
                     ConnectError::Tcp(_) => DeliveryError::Connection,
                     ConnectError::Tls(failure, _) => DeliveryError::Tls(*failure),
@@ -309,9 +364,19 @@ impl Deliverer {
             } else {
                 Bytes::new()
             };
-            let answer = self
+            let answer = match self
                 .send_hop(&target, sent, with_body, &signature, &mut retries_left)
-                .await?;
+                .await
+            {
+                Ok(answer) => answer,
+                // Once a receiver may have seen a request (an earlier hop, or a reused
+                // connection that died), giving the row back would send it again: the
+                // attempt fails as a connect failure, as before.
+                Err(DeliveryError::Local(_)) if hop > 0 || retries_left < MAX_FRESH_RETRIES => {
+                    return Err(DeliveryError::Connection)
+                }
+                Err(err) => return Err(err),
+            };
             let Some(location) = answer.location else {
                 return Ok(answer.status);
             };

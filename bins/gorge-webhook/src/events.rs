@@ -41,6 +41,11 @@ gorge_service::events! {
         WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms"]
             "A poll failed on a database error: polling backs off (`retry_in_ms`, 0.5 s \
              doubling to 30 s) and continues";
+        WEBHOOK_LOCAL_FAILURE: Warning ["reason", "request", "hook", "given_back", "failures"]
+            "This process could not send a request (reason no-descriptor, no-memory, \
+             no-local-port, no-buffer-space) before anything reached the receiver: nothing \
+             written, the row given back queued (`given_back` false: it waits out the lease); \
+             at most one line per 10 s, `failures` counting the attempts since the last line";
         WEBHOOK_ROW_DB_ERROR: Warning ["error", "request", "hook"]
             "A database error in one row's steps: the row is left queued for a later poll; \
              logged for the first such row only, again after a row's steps end otherwise";

@@ -8,7 +8,7 @@
 use gorge_service::metrics::exponential_buckets;
 use prometheus_client::registry::Registry;
 
-use crate::delivery::DeliveryCounters;
+use crate::delivery::{DeliveryCounters, Shortage};
 use crate::outcome::{DeliveryOutcome, InvalidRowReason, SkipReason};
 
 /// The registry prefix of every family below (`gorge_webhook_claims_total`).
@@ -119,6 +119,15 @@ gorge_service::metrics! {
             "Result writes retried after a database error, within the claim's lease";
         db_timeouts: Counter,
             "Statements that hit the query timeout (their connection was closed)";
+        local_failures: Counter[reason] = [
+            [Shortage::Descriptors.label()],
+            [Shortage::Memory.label()],
+            [Shortage::LocalPort.label()],
+            [Shortage::Buffers.label()],
+        ], "Attempts this process could not send (no file descriptor, no memory, no local \
+            port, no socket buffer) before anything reached the receiver: nothing written, the \
+            claim given back, the row stays queued; never a receiver failure, never counted \
+            toward the breaker";
         status_connections_max: Gauge,
             "Connections the status port holds at most: the soft open-file limit less the \
              derived status_fd_reserve (kept for deliveries and the database), at least 8; -1 \
@@ -199,6 +208,14 @@ impl Metrics {
 
     pub fn invalid_rows(&self, reason: InvalidRowReason) -> u64 {
         self.invalid_rows.with([reason.label()]).get()
+    }
+
+    pub fn local_failure(&self, shortage: Shortage) {
+        self.local_failures.with([shortage.label()]).inc();
+    }
+
+    pub fn local_failures(&self, shortage: Shortage) -> u64 {
+        self.local_failures.with([shortage.label()]).get()
     }
 
     pub fn object_unchecked(&self, reason: &'static str) {

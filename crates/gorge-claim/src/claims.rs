@@ -150,6 +150,14 @@ fn result_params(claim: &Claim, write: &ResultWrite, now: u64) -> Vec<Value> {
     ]
 }
 
+/// Gives a claim back unused: the row returns to the version it had before the claim, while
+/// it is still at the claim's version (nothing written since).
+const UNCLAIM_SQL: &str = concat!(
+    "UPDATE herald_webhookrequest SET dateModified = ? \
+WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
+    handed_over_sql!()
+);
+
 /// The batch claim after its `IN (` list; see the module doc.
 const CLAIM_FRESH_SQL_TAIL: &str = concat!(
     ") AND status = 'queued' AND dateModified = dateCreated AND lastRequestEpoch = 0 AND ",
@@ -243,6 +251,19 @@ impl ClaimStore {
         let out = self.timed(conn.exec_drop(sql, params)).await;
         let (conn, ()) = self.settle(conn, out, "giving back claimed rows")?;
         Ok(conn.affected_rows())
+    }
+
+    /// Gives `claim` back without a result: the row returns to `seen_version` (its version
+    /// before the claim), so the next claimant takes it at once instead of after the lease.
+    /// Only for a claim nothing was sent for: the next claimant sends it. `false`: the row
+    /// was no longer at the claim's version.
+    pub async fn unclaim(&self, claim: &Claim, seen_version: u64) -> Result<bool, ClaimError> {
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec_drop(UNCLAIM_SQL, (seen_version, claim.id, claim.version)))
+            .await;
+        let (conn, ()) = self.settle(conn, out, "giving back a claim")?;
+        Ok(conn.affected_rows() == 1)
     }
 
     /// Writes `write` if the row is still at `claim.version`; `false`: taken over (the

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gorge_claim::{ClaimError, ClaimStore, ClaimTiming};
+use gorge_service::log_every::LogEvery;
 use gorge_service::Shutdown;
 use slog::Logger;
 use tokio::sync::{Notify, Semaphore};
@@ -45,6 +46,9 @@ const DB_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Shortest sleep of an idle poll loop waiting for a rest to end (see
 /// [`Dispatcher::idle_wait`]).
 const REST_WAKE_MIN: Duration = Duration::from_millis(50);
+
+/// At most one `WEBHOOK_LOCAL_FAILURE` line per this interval, with a count.
+const LOCAL_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the dispatcher needs from the configuration.
 #[derive(Debug, Clone)]
@@ -74,6 +78,8 @@ pub struct Dispatcher {
     /// UnixClock milliseconds of the last sign of progress: a poll round that completed or a
     /// result that was written.
     progress: AtomicU64,
+    /// `WEBHOOK_LOCAL_FAILURE`'s rate: while descriptors are short every row meets it.
+    local_failures: LogEvery,
 }
 
 impl Dispatcher {
@@ -97,6 +103,7 @@ impl Dispatcher {
             finished: Notify::new(),
             stopping: AtomicBool::new(false),
             progress: AtomicU64::new(now),
+            local_failures: LogEvery::new(LOCAL_FAILURE_LOG_INTERVAL),
             config,
         })
     }

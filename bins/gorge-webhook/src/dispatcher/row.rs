@@ -5,7 +5,9 @@
 //! policy — resolving the host only after the lock and breaker, so rows skipped this round
 //! resolve nothing — and the object as Phorge loads it) and decides what the claim will be
 //! used for; `claim` (7) makes the row ours; `post` (8) sends it, or takes the outcome a hook
-//! error decided without a POST; `record` (9) writes the result while the row is still ours;
+//! error decided without a POST; `record` (9) writes the result while the row is still ours
+//! — or, when this process could not send at all (no descriptor, memory or local port:
+//! [`Shortage`]), `give_back` returns the row as it was, queued, for a later try;
 //! `finish` counts and logs how the row ended ([`RowEnd`]); then the hook's next rows go
 //! under the same lock (`hold.rs`).
 //!
@@ -26,7 +28,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::hold::Held;
 use super::state::Slot;
 use super::Dispatcher;
-use crate::delivery::{DeliveryError, Route};
+use crate::delivery::{DeliveryError, Route, Shortage};
 use crate::events;
 use crate::outcome::{self, Decision, DeliveryOutcome, InvalidRowReason, SkipReason};
 use gorge_service::emit;
@@ -113,6 +115,10 @@ pub(super) enum RowEnd {
         landed: bool,
         host: Option<String>,
     },
+    /// This process could not send (nothing reached the receiver): nothing was written, the
+    /// claim was given back (`returned`: the row is at its version from before the claim;
+    /// else it waits out the lease), the row stays queued.
+    Local { shortage: Shortage, returned: bool },
     /// A database error: the row stays queued for a later poll.
     DbError(ClaimError),
     /// The server rejected a statement about this row (see [`Dispatcher::row_rejected`]).
@@ -256,7 +262,10 @@ impl Dispatcher {
             Ok(claimed) => claimed,
             Err(ended) => return ended,
         };
-        let posted = self.post(claimed).await;
+        let posted = match self.post(claimed).await {
+            Ok(posted) => posted,
+            Err((claim, shortage)) => return (self.give_back(row, claim, shortage).await, None),
+        };
         // A POST's result goes first through the lock's session (see `record`).
         let session = posted.host.is_some().then_some(lock);
         (self.record(posted, session).await, None)
@@ -265,11 +274,12 @@ impl Dispatcher {
     /// Steps 7–9 for a row that ends in a hook error before its hook's lock: its claim, then
     /// the outcome written.
     async fn without_lock(&self, planned: Planned<'_>) -> RowEnd {
+        let planned_row = planned.row;
         match self.claim(planned, None).await {
-            Ok(claimed) => {
-                let posted = self.post(claimed).await;
-                self.record(posted, None).await
-            }
+            Ok(claimed) => match self.post(claimed).await {
+                Ok(posted) => self.record(posted, None).await,
+                Err((claim, shortage)) => self.give_back(planned_row, claim, shortage).await,
+            },
             Err((end, _)) => end,
         }
     }
@@ -357,8 +367,9 @@ impl Dispatcher {
 
     /// Step 8: only after the claim, the body and its signature are built and the POST is
     /// sent (bounded by the delivery timeout); its answer becomes the outcome, in Phorge's
-    /// values. A hook error's outcome is taken as it is.
-    async fn post<'r>(&self, claimed: Claimed<'r>) -> Posted<'r> {
+    /// values. A hook error's outcome is taken as it is. `Err`: this process could not send
+    /// (nothing reached the receiver), with the claim to give back.
+    async fn post<'r>(&self, claimed: Claimed<'r>) -> Result<Posted<'r>, (Claim, Shortage)> {
         let Claimed {
             row,
             claim,
@@ -366,12 +377,12 @@ impl Dispatcher {
         } = claimed;
         let (hook, route, properties, transactions) = match attempt {
             Attempt::NoPost(decision) => {
-                return Posted {
+                return Ok(Posted {
                     row,
                     claim,
                     decision,
                     host: None,
-                }
+                })
             }
             Attempt::Post {
                 hook,
@@ -408,12 +419,30 @@ impl Dispatcher {
         if result == Err(DeliveryError::BlockedRedirect) {
             self.metrics.policy_blocks.inc();
         }
-        Posted {
+        if let Err(DeliveryError::Local(shortage)) = result {
+            return Err((claim, shortage));
+        }
+        Ok(Posted {
             row,
             claim,
             decision: outcome::after_attempt(&properties, result, self.clock.now_sec()),
             host: Some(host),
-        }
+        })
+    }
+
+    /// Instead of step 9 when this process could not send: nothing is written (a failure of
+    /// ours is not the receiver's, and must not count toward Phorge's breaker); the claim is
+    /// given back, the row at its version from before the claim, so a later try takes it at
+    /// once. Nothing was sent, so whoever claims it next sends it once. If the give-back
+    /// fails too (the database connection needs a descriptor as well), the row waits out
+    /// the claim's lease.
+    async fn give_back(&self, row: &Candidate, claim: Claim, shortage: Shortage) -> RowEnd {
+        let returned = self
+            .store
+            .unclaim(&claim, row.date_modified)
+            .await
+            .unwrap_or(false);
+        RowEnd::Local { shortage, returned }
     }
 
     /// Step 9: writes the outcome while the row is still ours. Database errors are retried
@@ -529,6 +558,15 @@ impl Dispatcher {
                     emit!(self.log, events::WEBHOOK_DELIVERY_FAILED;
                         "request" => request, "hook" => hook, "code" => &decision.code,
                         "reason" => decision.class, "status" => decision.row.status().as_str());
+                }
+            }
+            RowEnd::Local { shortage, returned } => {
+                self.local_state().row_errors.remove(&candidate.id);
+                self.metrics.local_failure(shortage);
+                if let Some(failures) = self.local_failures.occurred() {
+                    emit!(self.log, events::WEBHOOK_LOCAL_FAILURE;
+                        "reason" => shortage.label(), "request" => request, "hook" => hook,
+                        "given_back" => returned, "failures" => failures);
                 }
             }
             RowEnd::DbError(err) => {
