@@ -128,6 +128,9 @@ gorge_service::metrics! {
             port, no socket buffer) before anything reached the receiver: nothing written, the \
             claim given back, the row stays queued; never a receiver failure, never counted \
             toward the breaker";
+        queue_answers: Counter[source] = [["queried"], ["reused"]],
+            "/api/webhook/queue answers: queried (the database read, one at a time) or reused \
+             (the answer being made, or one made within the last 5 s)";
         status_connections_max: Gauge,
             "Connections the status port holds at most: the soft open-file limit less the \
              derived status_fd_reserve (kept for deliveries and the database), at least 8; -1 \

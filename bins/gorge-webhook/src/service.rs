@@ -174,7 +174,7 @@ impl Server {
             store.clone(),
             Arc::new(SystemClock),
             deliverer,
-            metrics,
+            metrics.clone(),
             DispatcherConfig::from(&config),
             log.clone(),
         );
@@ -201,6 +201,7 @@ impl Server {
                 window_sec: config.breaker_window.as_secs(),
                 threshold: config.breaker_threshold,
             },
+            metrics.clone(),
             log.clone(),
         );
         let listeners = bind_all(vec![ListenerSpec {

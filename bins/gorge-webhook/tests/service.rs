@@ -594,3 +594,39 @@ async fn the_queue_per_hook_shows_counts_phids_and_open_breakers() {
     drop(service);
     db.drop_database().await;
 }
+
+/// `/api/webhook/queue` costs the database hundreds of ms at a large backlog: calls at the
+/// same time share one run of its queries, and calls within 5 s reuse its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_queue_calls_make_one_query() {
+    const CALLS: usize = 20;
+    let db = TestDb::create().await.unwrap();
+    let hook = enabled_hook(&db, "http://127.0.0.1:9/hook").await;
+    let row = NewRequest::new(&hook, "PHID-TASK-q1").not_handed_over();
+    db.insert_request(&row, unix_now()).await.unwrap();
+    let service = Service::start(db.namespace(), &[("GORGE_SERVICE_TOKEN", "t0k")]);
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..CALLS)
+            .map(|_| {
+                scope.spawn(|| service.get("/api/webhook/queue", &[("X-Service-Token", "t0k")]))
+            })
+            .collect();
+        calls.into_iter().map(|call| call.join().unwrap()).collect()
+    });
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body, &answers[0].1, "one answer shared");
+    }
+    assert!(answers[0].1.contains(&hook), "{}", answers[0].1);
+    let count = |source: &str| {
+        service.metric(&format!(
+            "gorge_webhook_queue_answers_total{{source=\"{source}\"}}"
+        ))
+    };
+    assert_eq!(
+        (count("queried"), count("reused")),
+        (1.0, (CALLS - 1) as f64)
+    );
+    drop(service);
+    db.drop_database().await;
+}
