@@ -503,11 +503,7 @@ impl Loaded {
     /// nothing is set; secrets are written empty, never printed), then the derived facts as
     /// comments.
     pub fn print_config(&self) -> String {
-        let mut out = settings::toml_file(
-            "# gorge-webhook configuration (--config PATH). Environment variables\n\
-             # GORGE_WEBHOOK_<KEY> override these; see docs/webhook.md.\n",
-            &self.layered.values,
-        );
+        let mut out = settings::toml_file(&print_config_header(), &self.layered.values);
         out.push_str(&derived::print_comments(&self.config, &self.layered));
         out
     }
@@ -516,6 +512,30 @@ impl Loaded {
     pub fn derived_table(&self) -> String {
         derived::docs_table(&self.config, &self.layered)
     }
+}
+
+/// `--print-config`'s header: which variables override the file, from the declaration (the
+/// prefix + the key in upper case, except the settings whose `#[env]` names a shared one).
+fn print_config_header() -> String {
+    let prefix = RawSettings::PREFIX;
+    let mut header = format!(
+        "# gorge-webhook configuration (--config PATH). Environment variables override\n\
+         # these: {prefix}<KEY>, the key in upper case"
+    );
+    let mut shared = RawSettings::SETTINGS
+        .iter()
+        .filter_map(|info| Some((info.key, info.own_env_var()?)))
+        .peekable();
+    if shared.peek().is_some() {
+        header.push_str(", except:\n");
+        for (key, var) in shared {
+            header.push_str(&format!("#   {key}: {var}\n"));
+        }
+    } else {
+        header.push_str(".\n");
+    }
+    header.push_str("# See docs/webhook.md.\n");
+    header
 }
 
 /// Validates the settings into the [`Config`] the service runs with.
@@ -854,6 +874,28 @@ mod tests {
               firewall or NetworkPolicy"
             ]
         );
+    }
+
+    /// `--print-config`'s header names the variables that override each key, and each one
+    /// it names is the one read (a `GORGE_WEBHOOK_LISTEN_ADDR` is refused).
+    #[test]
+    fn the_print_config_header_names_the_variables_read() {
+        let printed = Loaded::defaults().print_config();
+        let header: Vec<&str> = printed.lines().take_while(|l| l.starts_with('#')).collect();
+        assert_eq!(
+            header,
+            [
+                "# gorge-webhook configuration (--config PATH). Environment variables override",
+                "# these: GORGE_WEBHOOK_<KEY>, the key in upper case, except:",
+                "#   listen_addr: GORGE_LISTEN_ADDR",
+                "#   service_token: GORGE_SERVICE_TOKEN",
+                "# See docs/webhook.md.",
+            ]
+        );
+        let s = load_env(&[("GORGE_LISTEN_ADDR", "127.0.0.1:9999")]).unwrap();
+        assert_eq!(s.config.listen_addr.port(), 9999);
+        let s = load_env(&[("GORGE_WEBHOOK_POLL_INTERVAL_MS", "250")]).unwrap();
+        assert_eq!(s.config.poll_interval, Duration::from_millis(250));
     }
 
     #[test]

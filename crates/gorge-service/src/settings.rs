@@ -313,6 +313,11 @@ impl SettingInfo {
             .map_or_else(|| self.prefixed_var(prefix), str::to_string)
     }
 
+    /// The variable when `#[env]` names one other than the prefix + the key in upper case.
+    pub fn own_env_var(&self) -> Option<&'static str> {
+        self.env
+    }
+
     /// Text given for this setting as an error shows it (its kind's [`Kind::mask`]).
     pub fn masked(&self, text: &str) -> String {
         (self.mask)(text)
