@@ -83,22 +83,35 @@ pub fn explain(err: &ClaimError, at: &DbEndpoint) -> String {
             if ACCESS_DENIED.contains(&server.code) && !at.socket =>
         {
             // Phorge's docs create `'user'@'localhost'`, which MySQL matches only for socket
-            // connections; over TCP it sees the client's address instead.
+            // connections; over TCP it sees the client's address instead (shown as
+            // 'localhost' when the server resolves 127.0.0.1 to that name).
             format!(
-                "{text} (connecting to {at}): over TCP the server matches the account by the \
-                 address it sees, shown above, never 'localhost'; an account made as '{user}'@'localhost' \
-                 only matches socket connections: create '{user}'@'<that address>' with the same \
-                 password and grants, or set {socket} to the server's socket \
+                "{text} (connecting to {at}): check {user_var} and {pass_var} — the password is \
+                 wrong, or no account '{user}' matches the address the server names above. An \
+                 account made as '{user}'@'localhost' matches only socket connections unless the \
+                 server resolves this client to localhost: create '{user}'@'<that address>' with \
+                 the same password and grants, or set {socket} to the server's socket \
                  (e.g. /run/mysqld/mysqld.sock)",
                 user = at.user,
+                user_var = var(RawSettings::KEYS.mysql_user),
+                pass_var = var(RawSettings::KEYS.mysql_pass),
                 socket = var(RawSettings::KEYS.mysql_socket)
             )
         }
         ClaimError::Database(mysql_async::Error::Server(server))
             if ACCESS_DENIED.contains(&server.code) =>
         {
-            format!("{text} (connecting to {at})")
+            format!(
+                "{text} (connecting to {at}): check {} and {}",
+                var(RawSettings::KEYS.mysql_user),
+                var(RawSettings::KEYS.mysql_pass)
+            )
         }
+        ClaimError::UnknownDatabase { .. } => format!(
+            "{text} — or {} is not Phorge's storage.default-namespace (the database is \
+             {{namespace}}_herald)",
+            var(RawSettings::KEYS.namespace)
+        ),
         _ => text,
     };
     // One line, whatever the driver said.
@@ -135,10 +148,25 @@ mod tests {
             assert!(
                 line.starts_with(&format!(
                     "{denied} (connecting to 127.0.0.1:3306 as 'gorge'"
-                )) && line.contains("only matches socket connections"),
+                )) && line.contains("matches only socket connections")
+                    && line.contains("check GORGE_WEBHOOK_MYSQL_USER and GORGE_WEBHOOK_MYSQL_PASS"),
                 "{code}: {line}"
             );
         }
+    }
+
+    /// A database that does not exist may be a namespace that is not Phorge's.
+    #[test]
+    fn an_unknown_database_names_the_namespace_setting() {
+        let missing = ClaimError::UnknownDatabase {
+            database: "phorge_herald".into(),
+        };
+        assert_eq!(
+            explain(&missing, &tcp()),
+            "unknown database `phorge_herald` (has Phorge's `bin/storage upgrade` run?) — or \
+             GORGE_WEBHOOK_NAMESPACE is not Phorge's storage.default-namespace (the database is \
+             {namespace}_herald)"
+        );
     }
 
     #[test]

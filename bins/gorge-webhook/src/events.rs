@@ -41,6 +41,11 @@ gorge_service::events! {
         WEBHOOK_POLL_ERROR: Warning ["error", "retry_in_ms"]
             "A poll failed on a database error: polling backs off (`retry_in_ms`, 0.5 s \
              doubling to 30 s) and continues";
+        WEBHOOK_GRANT_MISSING: Error ["grant", "failures"]
+            "The database user lacks a privilege the service needs (`grant`: the statement to \
+             run; docs/operations.md, \"Database grants\"): logged when the database becomes \
+             ready, and for statements the server refuses at most once per 10 s, `failures` \
+             counting them since the last line (0 at readiness)";
         WEBHOOK_LOCAL_FAILURE: Warning ["reason", "request", "hook", "given_back", "failures"]
             "This process could not send a request (reason no-descriptor, no-memory, \
              no-local-port, no-buffer-space) before anything reached the receiver: nothing \

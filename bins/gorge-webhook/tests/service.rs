@@ -500,10 +500,12 @@ async fn access_denied_over_tcp_explains_localhost_accounts() {
     let opts = gorge_claim::testdb::server_opts();
     let fix = format!(
         " (connecting to {}:{} as '{user}' (GORGE_WEBHOOK_MYSQL_HOST, GORGE_WEBHOOK_MYSQL_PORT)): \
-         over TCP the server matches the account by the address it sees, shown above, never \
-         'localhost'; an account made as '{user}'@'localhost' only matches socket connections: \
-         create '{user}'@'<that address>' with the same password and grants, or set \
-         GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket (e.g. /run/mysqld/mysqld.sock)",
+         check GORGE_WEBHOOK_MYSQL_USER and GORGE_WEBHOOK_MYSQL_PASS — the password is wrong, or \
+         no account '{user}' matches the address the server names above. An account made as \
+         '{user}'@'localhost' matches only socket connections unless the server resolves this \
+         client to localhost: create '{user}'@'<that address>' with the same password and \
+         grants, or set GORGE_WEBHOOK_MYSQL_SOCKET to the server's socket \
+         (e.g. /run/mysqld/mysqld.sock)",
         opts.ip_or_hostname(),
         opts.tcp_port()
     );
@@ -627,6 +629,102 @@ async fn concurrent_queue_calls_make_one_query() {
         (count("queried"), count("reused")),
         (1.0, (CALLS - 1) as f64)
     );
+    drop(service);
+    db.drop_database().await;
+}
+
+/// A wrong password: the reason names the two settings to check, not only the account the
+/// server saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_names_the_user_and_password_settings() {
+    let db = TestDb::create().await.unwrap();
+    let user = format!("{}_pw", db.namespace());
+    common::admin_sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'right'")).await;
+    let service = Service::start(
+        db.namespace(),
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "wrong"),
+        ],
+    );
+    let (status, body) = service.get("/readyz", &[]);
+    common::admin_sql(&format!("DROP USER '{user}'@'%'")).await;
+    assert_eq!(status, 503, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let reason = body["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("Access denied for user '{user}'@'"))
+            && reason.contains("check GORGE_WEBHOOK_MYSQL_USER and GORGE_WEBHOOK_MYSQL_PASS"),
+        "{reason}"
+    );
+    drop(service);
+    db.drop_database().await;
+}
+
+/// A user without UPDATE: the GRANT to run is logged when the database is ready; the claims
+/// the server refuses are not logged in its raw words row by row but as that GRANT, at most
+/// once per 10 s; a row whose URI is blocked is logged once, not at every poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_update_is_told_the_grant_once() {
+    let db = TestDb::create().await.unwrap();
+    let user = format!("{}_ro", db.namespace());
+    common::admin_sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    common::admin_sql(&format!(
+        "GRANT SELECT ON `{}`.* TO '{user}'@'%'",
+        db.database()
+    ))
+    .await;
+    let receiver = Receiver::start(200);
+    let hook = enabled_hook(&db, &receiver.url("/hook")).await;
+    let blocked = db.tagged_hook_phid("blocked");
+    db.insert_hook(&blocked, "http://192.0.2.1/x", HookStatus::Enabled, "k")
+        .await
+        .unwrap();
+    for hook in [&hook, &blocked] {
+        let row = NewRequest::new(hook, "PHID-GRGX-nogrant000000000");
+        db.insert_request(&row, unix_now()).await.unwrap();
+    }
+    let service = Service::start(
+        db.namespace(),
+        &[
+            ("GORGE_WEBHOOK_MYSQL_USER", user.as_str()),
+            ("GORGE_WEBHOOK_MYSQL_PASS", "pw"),
+            ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "192.0.2.0/24"),
+        ],
+    );
+    service.wait_polls(10).await;
+    common::admin_sql(&format!("DROP USER '{user}'@'%'")).await;
+    let grant = format!(
+        "GRANT UPDATE ON `{}`.`herald_webhookrequest` TO '{user}'@'%'",
+        db.database()
+    );
+    let lines = service.process.log_events("WEBHOOK_GRANT_MISSING");
+    let said: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["grant"].as_str().unwrap(),
+                l["failures"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // At readiness, then the first refused claim (the next within 10 s are only counted).
+    assert_eq!(
+        said,
+        [(grant.as_str(), 0), (grant.as_str(), 1)],
+        "{lines:?}"
+    );
+    assert_eq!(
+        service.process.log_events("WEBHOOK_ROW_DB_ERROR"),
+        Vec::<serde_json::Value>::new()
+    );
+    assert_eq!(
+        service.process.log_events("WEBHOOK_POLICY_BLOCKED").len(),
+        1,
+        "{:?}",
+        service.process.log_events("WEBHOOK_POLICY_BLOCKED")
+    );
+    assert_eq!(receiver.count(), 0);
     drop(service);
     db.drop_database().await;
 }

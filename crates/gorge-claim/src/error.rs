@@ -113,6 +113,11 @@ impl fmt::Display for ClaimError {
                     server.message
                 )
             }
+            // The driver's text repeats its prefix ("Input/output error: Input/output
+            // error: …"): the cause once.
+            ClaimError::Database(mysql_async::Error::Io(mysql_async::IoError::Io(err))) => {
+                write!(f, "database connection error: {err}")
+            }
             ClaimError::Database(err) => write!(f, "database error: {err}"),
             ClaimError::UnexpectedNull(what) => write!(f, "unexpected NULL from {what}"),
             ClaimError::Timeout(what) => write!(f, "database timeout: {what}"),
@@ -133,6 +138,17 @@ impl std::error::Error for ClaimError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_error_says_its_cause_once() {
+        let err = ClaimError::Database(mysql_async::Error::Io(mysql_async::IoError::Io(
+            std::io::Error::from_raw_os_error(5),
+        )));
+        assert_eq!(
+            err.to_string(),
+            "database connection error: Input/output error (os error 5)"
+        );
+    }
 
     fn server(code: u16) -> ClaimError {
         ClaimError::Database(mysql_async::Error::Server(mysql_async::ServerError {

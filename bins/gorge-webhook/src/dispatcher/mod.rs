@@ -47,7 +47,8 @@ const DB_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// [`Dispatcher::idle_wait`]).
 const REST_WAKE_MIN: Duration = Duration::from_millis(50);
 
-/// At most one `WEBHOOK_LOCAL_FAILURE` line per this interval, with a count.
+/// At most one `WEBHOOK_LOCAL_FAILURE` (or refused-statement `WEBHOOK_GRANT_MISSING`) line
+/// per this interval, with a count.
 const LOCAL_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the dispatcher needs from the configuration.
@@ -80,6 +81,8 @@ pub struct Dispatcher {
     progress: AtomicU64,
     /// `WEBHOOK_LOCAL_FAILURE`'s rate: while descriptors are short every row meets it.
     local_failures: LogEvery,
+    /// `WEBHOOK_GRANT_MISSING`'s rate for refused statements: every row's claim meets it.
+    refused_statements: LogEvery,
 }
 
 impl Dispatcher {
@@ -104,6 +107,7 @@ impl Dispatcher {
             stopping: AtomicBool::new(false),
             progress: AtomicU64::new(now),
             local_failures: LogEvery::new(LOCAL_FAILURE_LOG_INTERVAL),
+            refused_statements: LogEvery::new(LOCAL_FAILURE_LOG_INTERVAL),
             config,
         })
     }
@@ -176,6 +180,12 @@ impl Dispatcher {
                     if db_ok != Some(true) {
                         emit!(self.log, events::WEBHOOK_DB_READY; "database" => self.store.database());
                         db_ok = Some(true);
+                        // Polls only read: a user without UPDATE gets this far, and would
+                        // otherwise learn it from each refused claim.
+                        if let Ok(Some(grant)) = self.store.missing_grant().await {
+                            emit!(self.log, events::WEBHOOK_GRANT_MISSING;
+                                "grant" => grant, "failures" => 0u64);
+                        }
                     }
                     error_backoff = DB_ERROR_BACKOFF_MIN;
                     backlog = round.more_waiting && round.started > 0;

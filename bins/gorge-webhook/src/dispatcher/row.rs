@@ -305,9 +305,11 @@ impl Dispatcher {
             Ok(route) => route,
             Err(err) => {
                 self.metrics.policy_blocks.inc();
-                emit!(self.log, events::WEBHOOK_POLICY_BLOCKED;
-                    "request" => &row.phid, "hook" => &hook.phid,
-                    "host" => uri_host(&hook.uri), "reason" => %err);
+                if self.local_state().blocked_first_time(row.id) {
+                    emit!(self.log, events::WEBHOOK_POLICY_BLOCKED;
+                        "request" => &row.phid, "hook" => &hook.phid,
+                        "host" => uri_host(&hook.uri), "reason" => %err);
+                }
                 let decision = outcome::without_attempt(HookErrorCode::Uri, &properties);
                 return Ok(Planned::no_post(row, decision));
             }
@@ -523,7 +525,10 @@ impl Dispatcher {
         match end {
             RowEnd::Skipped(reason) => self.metrics.skip(reason),
             RowEnd::NotClaimed { lost } => {
-                self.local_state().row_errors.remove(&candidate.id);
+                let mut state = self.local_state();
+                state.row_errors.remove(&candidate.id);
+                state.blocked_logged.remove(&candidate.id);
+                drop(state);
                 if lost {
                     self.metrics.claim_lost();
                     emit!(self.log, events::WEBHOOK_CLAIM_LOST;
@@ -536,7 +541,10 @@ impl Dispatcher {
                 landed,
                 host,
             } => {
-                self.local_state().row_errors.remove(&candidate.id);
+                let mut state = self.local_state();
+                state.row_errors.remove(&candidate.id);
+                state.blocked_logged.remove(&candidate.id);
+                drop(state);
                 if !landed {
                     self.metrics.results_taken_over.inc();
                     emit!(self.log, events::WEBHOOK_RESULT_TAKEN_OVER;
@@ -567,6 +575,20 @@ impl Dispatcher {
                     emit!(self.log, events::WEBHOOK_LOCAL_FAILURE;
                         "reason" => shortage.label(), "request" => request, "hook" => hook,
                         "given_back" => returned, "failures" => failures);
+                }
+            }
+            RowEnd::DbError(err) if err.is_access_denied() => {
+                self.metrics.poll_errors.inc();
+                // Every row's claim is refused the same way: the GRANT that fixes it, at
+                // most once per interval with a count (the server's words if it cannot be
+                // told).
+                if let Some(failures) = self.refused_statements.occurred() {
+                    let grant = match self.store.missing_grant().await {
+                        Ok(Some(grant)) => grant,
+                        _ => err.to_string(),
+                    };
+                    emit!(self.log, events::WEBHOOK_GRANT_MISSING;
+                        "grant" => grant, "failures" => failures);
                 }
             }
             RowEnd::DbError(err) => {

@@ -35,6 +35,9 @@ pub(super) struct LocalState {
     pub lock_busy: HashMap<String, LockBusy>,
     /// The last check of hooks locked elsewhere failed (logged when this turns true).
     pub lock_check_failing: bool,
+    /// Rows whose blocked URI was logged and whose `hook`/`uri` result has not landed yet
+    /// (a refused write leaves them queued: not logged again each poll).
+    pub blocked_logged: HashSet<u64>,
 }
 
 /// A hook whose lock was found held by another session, as this process saw it (clock
@@ -94,6 +97,15 @@ impl LocalState {
             return false;
         }
         self.logged.insert(key)
+    }
+
+    /// True the first time `row`'s URI is refused, until its result lands (bounded: when
+    /// full it starts over).
+    pub fn blocked_first_time(&mut self, row: u64) -> bool {
+        if self.blocked_logged.len() >= MAX_REMEMBERED {
+            self.blocked_logged.clear();
+        }
+        self.blocked_logged.insert(row)
     }
 
     /// Counts one more rejected statement for `row`; returns the count.
