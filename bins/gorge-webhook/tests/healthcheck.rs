@@ -27,7 +27,10 @@ fn the_listen_addr_of_the_config_file_is_probed() {
     assert_eq!(output.0, Some(0), "{}", output.2.clone());
     // Before the subcommand, too.
     let port = Receiver::start(200).port();
-    let file = toml_file(&format!("listen_addr = \"0.0.0.0:{port}\"\n"));
+    // A wildcard address (probed on loopback) needs a token.
+    let file = toml_file(&format!(
+        "listen_addr = \"0.0.0.0:{port}\"\nservice_token = \"t\"\n"
+    ));
     let path = file.path().to_str().unwrap();
     let output = run_to_end(BIN, &["--config", path, "healthcheck"], &[]);
     assert_eq!(output.0, Some(0), "{}", output.2.clone());
