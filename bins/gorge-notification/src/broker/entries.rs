@@ -3,18 +3,15 @@
 //! `XREAD` and `XRANGE` bound a reply by a number of entries only (`COUNT`), never by bytes,
 //! so a reply can be `COUNT` times the largest entry, and one entry can be as large as
 //! Redis allows (512 MB): a 100 MB `XADD` made every reader pull 100 MB per read, and a read
-//! that could not finish in time was retried from the same id for ever. So every read but
-//! the blocking one goes through [`READ_SCRIPT`], which Redis runs: it walks the entries
-//! after (or, at start, before) an id and returns each one whose fields exceed the entry
-//! limit as its id and size only, and stops once the reply holds [`READ_BYTES`] (always at
-//! least one entry). An oversized entry is then skipped by its id without its bytes ever
-//! leaving Redis.
+//! that could not finish in time was retried from the same id for ever. So every read goes
+//! through [`READ_SCRIPT`], which Redis runs: it walks the entries after (or, at start,
+//! before) an id and returns each one whose fields exceed the entry limit as its id and size
+//! only, and stops once the reply holds [`READ_BYTES`] (always at least one entry). An
+//! oversized entry is then skipped by its id without its bytes ever leaving Redis.
 //!
-//! Redis has no blocking read that returns ids only: the one entry that ends a blocking
-//! `XREAD` (`COUNT 1`) comes whole. A reader is idle, blocked there, most of the time, so
-//! an oversized entry added then is read once by each reader and then skipped by its size;
-//! if it cannot even arrive within the call's timeout, the next connection's first read is
-//! the script, which skips it unread.
+//! Redis has no blocking read that returns ids only (the entry that ends a blocking `XREAD`
+//! comes whole), so the reader blocks on no read at all: it waits for an invalidation push
+//! ([`reader`](super::reader)), then reads here.
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
@@ -83,6 +80,19 @@ pub(super) async fn read_page(
     from: Option<&str>,
     limit: usize,
 ) -> redis::RedisResult<Vec<Item>> {
+    let read = read_command(stream_key, direction, from, limit);
+    let value = within(CALL_TIMEOUT, read.query_async::<Value>(conn)).await?;
+    Ok(items_of(value, limit))
+}
+
+/// The command [`read_page`] sends, for a pipeline of the caller's; its reply goes to
+/// [`items_of`].
+pub(super) fn read_command(
+    stream_key: &str,
+    direction: Direction,
+    from: Option<&str>,
+    limit: usize,
+) -> redis::Cmd {
     let from = match (direction, from) {
         (Direction::Forward, None) => "-".to_string(),
         (Direction::Reverse, None) => "+".to_string(),
@@ -92,21 +102,16 @@ pub(super) async fn read_page(
         Direction::Forward => "fwd",
         Direction::Reverse => "rev",
     };
-    let value = within(
-        CALL_TIMEOUT,
-        redis::cmd("EVAL")
-            .arg(READ_SCRIPT)
-            .arg(1)
-            .arg(stream_key)
-            .arg(way)
-            .arg(from)
-            .arg(READ_COUNT)
-            .arg(limit)
-            .arg(READ_BYTES)
-            .query_async::<Value>(conn),
-    )
-    .await?;
-    Ok(items_of(value, limit))
+    let mut read = redis::cmd("EVAL");
+    read.arg(READ_SCRIPT)
+        .arg(1)
+        .arg(stream_key)
+        .arg(way)
+        .arg(from)
+        .arg(READ_COUNT)
+        .arg(limit)
+        .arg(READ_BYTES);
+    read
 }
 
 /// One stream entry: its id and its field/value pairs.
@@ -185,33 +190,9 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The entries of an `XREAD` reply, per stream key: nil, or `[[stream, [entry, …]], …]`
-/// (RESP2) or a map of stream to entries (RESP3); each larger than `limit` as
-/// [`Item::Oversized`] (it was read whole, but goes no further).
-pub(super) fn read_reply(value: Value, limit: usize) -> Vec<(Vec<u8>, Vec<Item>)> {
-    let streams: Vec<(Value, Value)> = match value {
-        Value::Array(streams) => streams
-            .into_iter()
-            .filter_map(|stream| match stream {
-                Value::Array(mut pair) if pair.len() == 2 => {
-                    let entries = pair.pop()?;
-                    Some((pair.pop()?, entries))
-                }
-                _ => None,
-            })
-            .collect(),
-        Value::Map(streams) => streams,
-        _ => Vec::new(),
-    };
-    streams
-        .into_iter()
-        .filter_map(|(key, entries)| Some((bytes_of(key)?, items_of(entries, limit))))
-        .collect()
-}
-
-/// The items of an `XRANGE`-shaped reply, `[[id, [field, value, …]], …]`, where
-/// [`READ_SCRIPT`] puts `[id, size]` for an oversized entry.
-fn items_of(value: Value, limit: usize) -> Vec<Item> {
+/// The items of a [`READ_SCRIPT`] reply, `[[id, [field, value, …]], …]` with `[id, size]`
+/// for an oversized entry; an entry over `limit` all the same is [`Item::Oversized`] too.
+pub(super) fn items_of(value: Value, limit: usize) -> Vec<Item> {
     let Value::Array(items) = value else {
         return Vec::new();
     };
@@ -277,26 +258,15 @@ mod tests {
     }
 
     #[test]
-    fn xread_replies_parse_into_entries_per_stream() {
+    fn script_replies_parse_into_entries() {
         let reply = Value::Array(vec![
-            Value::Array(vec![
-                bulk("s"),
-                Value::Array(vec![
-                    entry("1-0", &["fingerprint", "a", "seq", "7", "probe", "1"]),
-                    entry("2-5", &["instance", "x", "message", "{}"]),
-                    // Read whole by a blocking read, but over the limit: only its id goes on.
-                    entry("3-0", &["message", &"x".repeat(100)]),
-                ]),
-            ]),
-            Value::Array(vec![
-                bulk("p"),
-                Value::Array(vec![entry("4-0", &["seq", "8"])]),
-            ]),
+            entry("1-0", &["fingerprint", "a", "seq", "7", "probe", "1"]),
+            entry("2-5", &["instance", "x", "message", "{}"]),
+            // Over the limit whatever the script said: only its id goes on.
+            entry("3-0", &["message", &"x".repeat(100)]),
         ]);
-        let streams = read_reply(reply, 64);
-        assert_eq!(streams.len(), 2);
-        let (key, items) = &streams[0];
-        assert_eq!((key.as_slice(), items.len()), (&b"s"[..], 3));
+        let items = items_of(reply, 64);
+        assert_eq!(items.len(), 3);
         let Item::Entry(first) = &items[0] else {
             panic!("{items:?}")
         };
@@ -318,8 +288,7 @@ mod tests {
             matches!(&items[2], Item::Oversized { id, bytes: 107 } if id == "3-0"),
             "{items:?}"
         );
-        assert_eq!(streams[1].0, b"p");
-        assert!(read_reply(Value::Nil, 64).is_empty());
+        assert!(items_of(Value::Nil, 64).is_empty());
         assert_eq!(id_millis("1733300000123-4"), 1_733_300_000_123);
     }
 

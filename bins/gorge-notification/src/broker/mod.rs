@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client};
+use redis::{AsyncConnectionConfig, Client, ProtocolVersion};
 use slog::Logger;
 use tokio::sync::{mpsc, Notify};
 
@@ -48,9 +48,10 @@ pub use metrics::BrokerMetrics;
 /// Bound of every Redis call but the blocking read (connecting included).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long one `XREAD BLOCK` waits for entries; its call timeout is this plus
-/// [`CALL_TIMEOUT`].
-const BLOCK: Duration = Duration::from_secs(5);
+/// The reader reads at least this often even when Redis pushes no invalidation (it pushes
+/// one at the first write to the stream or our probe key after each read, so this is only
+/// a floor).
+const IDLE_READ: Duration = Duration::from_secs(5);
 
 /// With nothing to publish for this long, the publisher adds a probe entry (to its probe
 /// key, not the stream), so the reader always has one of our own entries to expect.
@@ -104,7 +105,10 @@ pub struct Broker {
 pub struct ReaderLink(Arc<Shared>);
 
 struct Shared {
+    /// The publisher's client.
     client: Client,
+    /// The reader's: RESP3, so that invalidation pushes arrive on its own connection.
+    reader_client: Client,
     stream_key: String,
     epoch_key: String,
     /// This server's probe entry: `<prefix>:probe:<fingerprint>`.
@@ -160,9 +164,13 @@ impl Broker {
         log: Logger,
     ) -> (Broker, ReaderLink) {
         let client = config.client().expect("validated with the configuration");
+        let reader_client = config
+            .client_speaking(ProtocolVersion::RESP3)
+            .expect("validated with the configuration");
         let (queue, jobs) = mpsc::channel(config.queue_capacity.max(1));
         let shared = Arc::new(Shared {
             client,
+            reader_client,
             stream_key: format!("{}:stream", config.prefix),
             epoch_key: format!("{}:epoch", config.prefix),
             probe_key: format!("{}:probe:{fingerprint}", config.prefix),
@@ -249,18 +257,19 @@ impl Shared {
         }
     }
 
-    /// A new connection whose every answer must come within `response_timeout`.
+    /// A new connection of `client` whose every answer must come within [`CALL_TIMEOUT`];
+    /// `config` adds to that (the reader's push sender).
     async fn connect(
         &self,
-        response_timeout: Duration,
+        client: &Client,
+        config: AsyncConnectionConfig,
     ) -> redis::RedisResult<MultiplexedConnection> {
-        let config = AsyncConnectionConfig::new()
+        let config = config
             .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(response_timeout));
+            .set_response_timeout(Some(CALL_TIMEOUT));
         match tokio::time::timeout(
             CALL_TIMEOUT,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
+            client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
         {

@@ -4,11 +4,19 @@
 //! any failure it reconnects with a jittered backoff and resumes from the last id it read, so
 //! messages arrive late rather than never.
 //!
-//! Reading is two steps: catch up with size-aware reads ([`entries`](super::entries)) until
-//! nothing is left, then wait in one blocking `XREAD COUNT 1` on the stream and on this
-//! server's probe key, whose first entry ends the wait. An entry larger than any message can
-//! be is skipped by its id, counted and logged (at most once a minute per reason, with a
-//! count), as is an entry that is no message of this service.
+//! Every read is size-aware ([`entries`](super::entries)): an entry larger than any message
+//! can be is skipped by its id without its bytes leaving Redis, counted and logged (at most
+//! once a minute per reason, with a count), as is an entry that is no message of this
+//! service. So the reader never waits in a blocking `XREAD`, whose reply carries the entry
+//! that ends the wait whole, however large (one 100 MB `XADD` was sent to every waiting
+//! server). It waits for a doorbell instead: its connection speaks RESP3 with
+//! `CLIENT TRACKING ON`, and before each read it `EXISTS`es the stream and this server's
+//! probe key, so Redis pushes an invalidation — the key's name, nothing else — at the next
+//! write to either. The push wakes it to read again (one round trip more than the blocking
+//! read: `EXISTS` and both reads go in one pipeline); with no push it reads every
+//! [`IDLE_READ`] anyway. The pushes only ever name keys this connection read (Redis's
+//! default tracking mode), and nothing else can put one on the connection: the doorbell is
+//! bounded whatever is written to Redis.
 //!
 //! On every connection it compares the epoch key with the one it saw before: a different one
 //! means Redis restarted empty (the stream it resumed from is gone), counted and logged, and
@@ -26,12 +34,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gorge_service::log_every::LogEvery;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{AsyncConnectionConfig, PushInfo, Value};
+use tokio::sync::Notify;
 
-use super::entries::{id_millis, read_page, read_reply, Direction, Fields, Item, StreamEntry};
+use super::entries::{
+    id_millis, items_of, read_command, read_page, Direction, Fields, Item, StreamEntry,
+};
 use super::origins::Origins;
 use super::{
-    lock, within, Backoff, ReaderLink, Shared, BLOCK, CALL_TIMEOUT, HYDRATE_WAIT, PROBE_TIMEOUT,
+    lock, within, Backoff, ReaderLink, Shared, CALL_TIMEOUT, HYDRATE_WAIT, IDLE_READ, PROBE_TIMEOUT,
 };
 use crate::events;
 use crate::ingest::{ingest_relayed, NotTaken};
@@ -139,7 +150,14 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
     let mut backoff = Backoff::new();
     let mut connected_before = false;
     loop {
-        let error = match shared.connect(BLOCK + CALL_TIMEOUT).await {
+        // Rung by every push of this connection: an invalidation, or its end.
+        let doorbell = Arc::new(Notify::new());
+        let ring = doorbell.clone();
+        let config = AsyncConnectionConfig::new().set_push_sender(move |_: PushInfo| {
+            ring.notify_one();
+            Ok::<(), std::convert::Infallible>(())
+        });
+        let error = match shared.connect(&shared.reader_client, config).await {
             Ok(mut conn) => {
                 if connected_before {
                     shared.metrics.broker_reconnects.inc();
@@ -149,6 +167,7 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
                     &shared,
                     &state,
                     &mut conn,
+                    &doorbell,
                     &mut cursor,
                     started,
                     &mut backoff,
@@ -162,17 +181,22 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
     }
 }
 
-/// One connection's life: epoch check, history if not loaded yet, then reading until an
-/// error, which it returns.
+/// One connection's life: epoch check and tracking on, history if not loaded yet, then
+/// reading until an error, which it returns. `doorbell` is rung by the connection's pushes.
 async fn session(
     shared: &Shared,
     state: &ServerState,
     conn: &mut MultiplexedConnection,
+    doorbell: &Notify,
     cursor: &mut ReadState,
     started: Instant,
     backoff: &mut Backoff,
 ) -> redis::RedisError {
     if let Err(error) = check_epoch(shared, conn, cursor).await {
+        return error;
+    }
+    let tracking = redis::cmd("CLIENT").arg("TRACKING").arg("ON").to_owned();
+    if let Err(error) = within(CALL_TIMEOUT, tracking.query_async::<()>(conn)).await {
         return error;
     }
     if cursor.last_id.is_none() {
@@ -188,56 +212,53 @@ async fn session(
     backoff.reset();
     let mut overdue = shared.overdue.subscribe();
     loop {
-        // Catch up, in replies of bounded size.
-        loop {
-            let read = read_page(
-                conn,
+        // Arm the doorbell, then read: Redis pushes at the first write to either key after
+        // the `EXISTS`, so nothing added after these reads goes unnoticed.
+        let mut round = redis::pipe();
+        round
+            .cmd("EXISTS")
+            .arg(&shared.stream_key)
+            .arg(&shared.probe_key)
+            .ignore()
+            .add_command(read_command(
+                &shared.probe_key,
+                Direction::Forward,
+                Some(&cursor.last_probe_id),
+                cursor.entry_limit,
+            ))
+            .add_command(read_command(
                 &shared.stream_key,
                 Direction::Forward,
                 cursor.last_id.as_deref(),
                 cursor.entry_limit,
-            );
-            let items = match unless_overdue(&mut overdue, read).await {
-                Ok(items) => items,
-                Err(error) => return error,
-            };
-            if items.is_empty() {
-                break;
-            }
-            take_all(shared, state, cursor, items).await;
-        }
-        shared.metrics.broker_lag_seconds.set(0.0);
-        // Wait for the next entry, ours or anyone's.
-        let last_id = cursor.last_id.clone().unwrap_or_else(|| "0-0".into());
-        let mut xread = redis::cmd("XREAD");
-        xread
-            .arg("COUNT")
-            .arg(1)
-            .arg("BLOCK")
-            .arg(BLOCK.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&shared.stream_key)
-            .arg(&shared.probe_key)
-            .arg(&last_id)
-            .arg(&cursor.last_probe_id);
-        let read = within(BLOCK + CALL_TIMEOUT, xread.query_async::<Value>(conn));
-        let reply = match unless_overdue(&mut overdue, read).await {
-            Ok(reply) => reply,
+            ));
+        let read = within(CALL_TIMEOUT, round.query_async::<(Value, Value)>(conn));
+        let (probes, entries) = match unless_overdue(&mut overdue, read).await {
+            Ok(replies) => replies,
             Err(error) => return error,
         };
-        for (key, items) in read_reply(reply, cursor.entry_limit) {
-            if key == shared.probe_key.as_bytes() {
-                for item in items {
-                    cursor.last_probe_id = item.id().to_string();
-                    if let Item::Entry(entry) = item {
-                        if let Some(seq) = Fields::of(&entry.fields).seq {
-                            saw_own(shared, seq);
-                        }
-                    }
+        for item in items_of(probes, cursor.entry_limit) {
+            cursor.last_probe_id = item.id().to_string();
+            if let Item::Entry(entry) = item {
+                if let Some(seq) = Fields::of(&entry.fields).seq {
+                    saw_own(shared, seq);
                 }
-            } else {
-                take_all(shared, state, cursor, items).await;
             }
+        }
+        let entries = items_of(entries, cursor.entry_limit);
+        if !entries.is_empty() {
+            // A reply is bounded in bytes: there may be more; read again at once.
+            take_all(shared, state, cursor, entries).await;
+            continue;
+        }
+        shared.metrics.broker_lag_seconds.set(0.0);
+        let rung = async {
+            // A push that came during the reads left its permit: this returns at once.
+            let _ = tokio::time::timeout(IDLE_READ, doorbell.notified()).await;
+            Ok(())
+        };
+        if let Err(error) = unless_overdue(&mut overdue, rung).await {
+            return error;
         }
     }
 }

@@ -114,10 +114,10 @@ pub fn proxy_url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}/")
 }
 
-/// A TCP proxy in front of Redis that can wedge the reader's connections: a connection that
-/// waits in a blocking `XREAD` when it is wedged (or sends one later) gets no reply again,
-/// while it stays open; everything else (the publisher's connection, the reader's other
-/// calls before that) passes.
+/// A TCP proxy in front of Redis that can wedge the reader's connections: a connection whose
+/// last command was the reader's round (`EXISTS` of its keys, then its reads) when it is
+/// wedged (or that sends one later) gets no reply or push again, while it stays open;
+/// everything else (the publisher's connection, the reader's calls before that) passes.
 pub struct WedgingProxy {
     pub port: u16,
     /// Connections numbered below this are wedged (if they are readers).
@@ -169,14 +169,14 @@ impl WedgingProxy {
 async fn forward(client: TcpStream, server: TcpStream, id: u64, wedge_below: Arc<AtomicU64>) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
-    // Whether the last command sent was a blocking read, whose reply is still to come.
-    let in_xread = Arc::new(AtomicBool::new(false));
-    let sent_xread = in_xread.clone();
+    // Whether the last command sent was the reader's round, whose replies are still to come.
+    let in_round = Arc::new(AtomicBool::new(false));
+    let sent_round = in_round.clone();
     let upstream = tokio::spawn(async move {
         let mut buf = vec![0u8; 16 * 1024];
         while let Ok(n @ 1..) = client_read.read(&mut buf).await {
-            let xread = buf[..n].windows(5).any(|w| w == b"XREAD");
-            sent_xread.store(xread, Ordering::SeqCst);
+            let round = buf[..n].windows(6).any(|w| w == b"EXISTS");
+            sent_round.store(round, Ordering::SeqCst);
             if server_write.write_all(&buf[..n]).await.is_err() {
                 break;
             }
@@ -186,7 +186,7 @@ async fn forward(client: TcpStream, server: TcpStream, id: u64, wedge_below: Arc
     let mut buf = vec![0u8; 16 * 1024];
     while let Ok(n @ 1..) = server_read.read(&mut buf).await {
         wedged =
-            wedged || (in_xread.load(Ordering::SeqCst) && id < wedge_below.load(Ordering::SeqCst));
+            wedged || (in_round.load(Ordering::SeqCst) && id < wedge_below.load(Ordering::SeqCst));
         if wedged {
             continue;
         }
