@@ -7,7 +7,8 @@
 //! through [`READ_SCRIPT`], which Redis runs: it walks the entries after (or, at start,
 //! before) an id and returns each one whose fields exceed the entry limit as its id and size
 //! only, and stops once the reply holds [`READ_BYTES`] (always at least one entry). An
-//! oversized entry is then skipped by its id without its bytes ever leaving Redis.
+//! oversized entry is then skipped by its id without its bytes ever leaving Redis, and
+//! marked, so that no read copies it again.
 //!
 //! Redis has no blocking read that returns ids only (the entry that ends a blocking `XREAD`
 //! comes whole), so the reader blocks on no read at all: it waits for an invalidation push
@@ -27,39 +28,114 @@ const READ_COUNT: usize = 256;
 /// read in replies of this size, not in one reply of [`READ_COUNT`] times the largest entry.
 const READ_BYTES: usize = 1 << 20;
 
-/// The size-aware read, run by Redis (`EVAL`; the broker's ACL needs `+eval`, and `+xrange`
-/// and `+xrevrange` for the calls it makes). `KEYS[1]` the stream; `ARGV`: direction
-/// (`fwd` or `rev`), the first bound (`-`/`+` or an exclusive `(id`), most entries, the
-/// entry limit in bytes, most bytes. Returns `[[id, [field, value, …]] | [id, size], …]`,
-/// in pages of 16 so Redis never copies more than a few entries at a time.
+/// The size-aware read, run by Redis (`EVAL`; the broker's ACL needs `+eval`, and for the
+/// calls it makes `+xrange +xrevrange +hgetall +hset +hdel +hlen +time +pexpire`).
+/// `KEYS[1]` the stream, `KEYS[2]` (optional) its marks; `ARGV`: direction (`fwd` or
+/// `rev`), the first bound (`-`/`+` or an exclusive `(id`), most entries, the entry limit in
+/// bytes, most bytes, how long marks are kept (ms), most marks. Returns
+/// `[[id, [field, value, …]] | [id, size], …]`, in pages of 16 so Redis never copies more
+/// than a few entries at a time.
+///
+/// Measuring an entry costs Redis a copy of it into Lua (0.6 s for 100 MB, blocking every
+/// client meanwhile), so each one found over the limit is marked — its id and size in the
+/// hash `KEYS[2]` — and later reads, of every server, walk up to a marked entry (an
+/// exclusive end bound) and step over it without copying it: a cluster pays that once per
+/// entry, not once per server. A mark only stands for entries over the reading server's
+/// own limit (a server allowed larger messages reads the entry). Marks older than the
+/// stream keeps entries go when a mark is added; past the most marks, none is added (reads
+/// then pay the copy again, still skip the entry).
 const READ_SCRIPT: &str = r"
-local key, rev, from = KEYS[1], ARGV[1] == 'rev', ARGV[2]
+local key, marks = KEYS[1], KEYS[2]
+local rev, from = ARGV[1] == 'rev', ARGV[2]
 local count, limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local keep_ms, most_marks = tonumber(ARGV[6]), tonumber(ARGV[7])
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  if ms then return {tonumber(ms), tonumber(seq)} end
+end
+local function before(a, b)
+  return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+end
+local function ahead(a, b)
+  if rev then return before(a, b) end
+  return before(b, a)
+end
+local barriers, next_barrier = {}, 1
+if marks then
+  local flat = redis.call('HGETALL', marks)
+  for i = 1, #flat, 2 do
+    local at, size = parse(flat[i]), tonumber(flat[i + 1])
+    if at and size and size > limit then
+      at[3], at[4] = flat[i], size
+      barriers[#barriers + 1] = at
+    end
+  end
+  table.sort(barriers, function(a, b) return ahead(b, a) end)
+end
+local function mark(id, size)
+  if not marks then return end
+  local now = redis.call('TIME')
+  local oldest = tonumber(now[1]) * 1000 - keep_ms
+  local flat = redis.call('HGETALL', marks)
+  for i = 1, #flat, 2 do
+    local at = parse(flat[i])
+    if not at or at[1] < oldest then redis.call('HDEL', marks, flat[i]) end
+  end
+  if redis.call('HLEN', marks) < most_marks then
+    redis.call('HSET', marks, id, size)
+  end
+  redis.call('PEXPIRE', marks, keep_ms)
+end
+local at = nil
+if from ~= '-' and from ~= '+' then at = parse(string.sub(from, 2)) end
 local out, used = {}, 0
 while #out < count do
+  while barriers[next_barrier] and at and not ahead(barriers[next_barrier], at) do
+    next_barrier = next_barrier + 1
+  end
+  local barrier = barriers[next_barrier]
+  local to = rev and '-' or '+'
+  if barrier then to = '(' .. barrier[3] end
   local page
   if rev then
-    page = redis.call('XREVRANGE', key, from, '-', 'COUNT', 16)
+    page = redis.call('XREVRANGE', key, from, to, 'COUNT', 16)
   else
-    page = redis.call('XRANGE', key, from, '+', 'COUNT', 16)
+    page = redis.call('XRANGE', key, from, to, 'COUNT', 16)
   end
-  if #page == 0 then return out end
-  for _, entry in ipairs(page) do
-    local size = 0
-    for _, part in ipairs(entry[2]) do size = size + #part end
-    if size > limit then
-      out[#out + 1] = {entry[1], size}
-    else
-      if used + size > budget and #out > 0 then return out end
-      used = used + size
-      out[#out + 1] = entry
+  if #page == 0 then
+    if not barrier then return out end
+    out[#out + 1] = {barrier[3], barrier[4]}
+    from, at = '(' .. barrier[3], barrier
+  else
+    for _, entry in ipairs(page) do
+      local size = 0
+      for _, part in ipairs(entry[2]) do size = size + #part end
+      if size > limit then
+        out[#out + 1] = {entry[1], size}
+        mark(entry[1], size)
+      else
+        if used + size > budget and #out > 0 then return out end
+        used = used + size
+        out[#out + 1] = entry
+      end
+      if #out >= count then return out end
     end
-    if #out >= count then return out end
+    from = '(' .. page[#page][1]
+    at = parse(page[#page][1])
   end
-  from = '(' .. page[#page][1]
 end
 return out
 ";
+
+/// Where [`READ_SCRIPT`] keeps the marks of a stream's oversized entries, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Marks<'a> {
+    pub key: &'a str,
+    pub keep_ms: u64,
+}
+
+/// Marks one stream holds at most.
+const MOST_MARKS: usize = 1024;
 
 /// Which way [`read_page`] walks the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,19 +152,21 @@ pub(super) enum Direction {
 pub(super) async fn read_page(
     conn: &mut MultiplexedConnection,
     stream_key: &str,
+    marks: Option<Marks<'_>>,
     direction: Direction,
     from: Option<&str>,
     limit: usize,
 ) -> redis::RedisResult<Vec<Item>> {
-    let read = read_command(stream_key, direction, from, limit);
+    let read = read_command(stream_key, marks, direction, from, limit);
     let value = within(CALL_TIMEOUT, read.query_async::<Value>(conn)).await?;
     Ok(items_of(value, limit))
 }
 
 /// The command [`read_page`] sends, for a pipeline of the caller's; its reply goes to
-/// [`items_of`].
+/// [`items_of`]. Without `marks` (a key holding one entry) nothing is marked.
 pub(super) fn read_command(
     stream_key: &str,
+    marks: Option<Marks<'_>>,
     direction: Direction,
     from: Option<&str>,
     limit: usize,
@@ -103,14 +181,18 @@ pub(super) fn read_command(
         Direction::Reverse => "rev",
     };
     let mut read = redis::cmd("EVAL");
-    read.arg(READ_SCRIPT)
-        .arg(1)
-        .arg(stream_key)
-        .arg(way)
+    read.arg(READ_SCRIPT);
+    match marks {
+        Some(marks) => read.arg(2).arg(stream_key).arg(marks.key),
+        None => read.arg(1).arg(stream_key),
+    };
+    read.arg(way)
         .arg(from)
         .arg(READ_COUNT)
         .arg(limit)
-        .arg(READ_BYTES);
+        .arg(READ_BYTES)
+        .arg(marks.map_or(0, |marks| marks.keep_ms))
+        .arg(MOST_MARKS);
     read
 }
 

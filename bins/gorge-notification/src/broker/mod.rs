@@ -21,8 +21,10 @@
 //! - [`metrics`], the `gorge_notification_broker_*` families.
 //!
 //! Keys under the prefix: `<prefix>:stream` (messages, the history), `<prefix>:epoch` (see
-//! [`reader`]) and `<prefix>:probe:<fingerprint>`, each server's probe entry (one, expiring),
-//! kept out of the stream so that idle servers' probes never take the history's places.
+//! [`reader`]), `<prefix>:oversized` (marks of the stream's oversized entries, see
+//! [`entries`]) and `<prefix>:probe:<fingerprint>`, each server's probe entry (one,
+//! expiring), kept out of the stream so that idle servers' probes never take the history's
+//! places.
 
 mod entries;
 mod metrics;
@@ -111,6 +113,8 @@ struct Shared {
     reader_client: Client,
     stream_key: String,
     epoch_key: String,
+    /// The marks of the stream's oversized entries ([`entries`]).
+    marks_key: String,
     /// This server's probe entry: `<prefix>:probe:<fingerprint>`.
     probe_key: String,
     fingerprint: String,
@@ -173,6 +177,7 @@ impl Broker {
             reader_client,
             stream_key: format!("{}:stream", config.prefix),
             epoch_key: format!("{}:epoch", config.prefix),
+            marks_key: format!("{}:oversized", config.prefix),
             probe_key: format!("{}:probe:{fingerprint}", config.prefix),
             fingerprint,
             history_age: Duration::from_millis(limits.history_age_ms),
@@ -250,6 +255,15 @@ impl Broker {
 }
 
 impl Shared {
+    /// Where the size-aware read marks the stream's oversized entries: kept for as long as
+    /// the stream keeps an entry (the history age, trimmed every 10 s), and a minute more.
+    fn marks(&self) -> entries::Marks<'_> {
+        entries::Marks {
+            key: &self.marks_key,
+            keep_ms: self.history_age.as_millis() as u64 + 60_000,
+        }
+    }
+
     /// Called once for every message counted in `pending`, whatever became of it.
     fn message_done(&self) {
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -222,12 +222,14 @@ async fn session(
             .ignore()
             .add_command(read_command(
                 &shared.probe_key,
+                None,
                 Direction::Forward,
                 Some(&cursor.last_probe_id),
                 cursor.entry_limit,
             ))
             .add_command(read_command(
                 &shared.stream_key,
+                Some(shared.marks()),
                 Direction::Forward,
                 cursor.last_id.as_deref(),
                 cursor.entry_limit,
@@ -396,6 +398,7 @@ async fn hydrate(
         let page = read_page(
             conn,
             &shared.stream_key,
+            Some(shared.marks()),
             Direction::Reverse,
             before.as_deref(),
             cursor.entry_limit,
