@@ -347,3 +347,51 @@ async fn garbage_entries_are_counted_and_logged_once_per_interval() {
     assert_eq!(logged[0]["reason"], "no_message");
     assert_eq!(logged[0]["count"], 1);
 }
+
+/// The Redis ACL docs/operations.md gives the service (parsed from the page, so the page
+/// stays true) is enough for everything broker mode does: loading, publishing, probing,
+/// waiting for entries (tracking), and reading and marking an oversized entry.
+#[tokio::test]
+async fn the_documented_acl_is_all_broker_mode_needs() {
+    let page = include_str!("../../../docs/operations.md");
+    let line = page
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER gorge "))
+        .expect("operations.md gives the broker's ACL");
+    let redis = Redis::start();
+    let mut setuser = redis::cmd("ACL");
+    for word in line.split_whitespace().skip(1) {
+        setuser.arg(word.replace(">PASSWORD", ">secret"));
+    }
+    setuser.exec(&mut redis.connection()).expect(line);
+    let url = format!("redis://gorge:secret@127.0.0.1:{}/", redis.port);
+    let a = node(&url).await;
+    post(&a, "history").await;
+    let b = node(&url).await;
+    assert_eq!(replayed(&b).await, ["history"]);
+    let mut on_b = subscribed(&b).await;
+    let message = message(&"x".repeat(2 << 20));
+    xadd(
+        &mut redis.connection(),
+        &[
+            ("instance", INSTANCE.as_bytes()),
+            ("message", message.as_bytes()),
+        ],
+    );
+    post(&a, "after").await;
+    assert_eq!(keys(&mut on_b, 1).await, ["after"]);
+    assert_eq!(
+        metric(&a, SKIPPED_OVERSIZED).await + metric(&b, SKIPPED_OVERSIZED).await,
+        2.0
+    );
+    let marked: u64 = redis::cmd("HLEN")
+        .arg("gorge:notification:oversized")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(marked, 1);
+    for server in [&a, &b] {
+        assert_eq!(metric(server, "gorge_notification_broker_up").await, 1.0);
+        let refused = server.log_events("NOTIFY_BROKER_DOWN");
+        assert!(refused.is_empty(), "{refused:?}");
+    }
+}
