@@ -28,8 +28,8 @@ const READ_COUNT: usize = 256;
 /// read in replies of this size, not in one reply of [`READ_COUNT`] times the largest entry.
 const READ_BYTES: usize = 1 << 20;
 
-/// The size-aware read, run by Redis (`EVAL`; the broker's ACL needs `+eval`, and for the
-/// calls it makes `+xrange +xrevrange +hgetall +hset +hdel +hlen +time +pexpire`).
+/// The size-aware read, run by Redis (`EVALSHA`, or `EVAL` when Redis does not have it yet;
+/// the broker's ACL needs `+evalsha +eval`, and for the calls it makes `+xrange +xrevrange +hgetall +hset +hdel +hlen +time +pexpire`).
 /// `KEYS[1]` the stream, `KEYS[2]` (optional) its marks; `ARGV`: direction (`fwd` or
 /// `rev`), the first bound (`-`/`+` or an exclusive `(id`), most entries, the entry limit in
 /// bytes, most bytes, how long marks are kept (ms), most marks. Returns
@@ -157,14 +157,54 @@ pub(super) async fn read_page(
     from: Option<&str>,
     limit: usize,
 ) -> redis::RedisResult<Vec<Item>> {
-    let read = read_command(stream_key, marks, direction, from, limit);
-    let value = within(CALL_TIMEOUT, read.query_async::<Value>(conn)).await?;
-    Ok(items_of(value, limit))
+    let mut call = Call::ByHash;
+    loop {
+        let read = read_command(call, stream_key, marks, direction, from, limit);
+        match within(CALL_TIMEOUT, read.query_async::<Value>(conn)).await {
+            Ok(value) => return Ok(items_of(value, limit)),
+            Err(error) => call = call.after(&error).ok_or(error)?,
+        }
+    }
+}
+
+/// How a read names [`READ_SCRIPT`]: by its SHA-1 (`EVALSHA`: Redis neither receives nor
+/// hashes its 3 KiB again, which halved the cost of a read), or with its text (`EVAL`), once
+/// Redis answered `NOSCRIPT` (restarted, or its script cache flushed); `EVAL` caches it
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Call {
+    ByHash,
+    WithText,
+}
+
+impl Call {
+    /// The call to make after `error`: with the text if Redis did not know the script.
+    /// `None`: the error is not that, nothing to retry.
+    pub fn after(self, error: &redis::RedisError) -> Option<Call> {
+        // A pipeline's error wraps its commands' (its kind is the pipeline's): the code is
+        // matched in the text, which holds every one.
+        let unknown = error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+            || error.to_string().contains("NOSCRIPT");
+        (self == Call::ByHash && unknown).then_some(Call::WithText)
+    }
+}
+
+/// [`READ_SCRIPT`]'s SHA-1 in hex, what `EVALSHA` names it by.
+fn script_hash() -> &'static str {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| {
+        let digest = ring::digest::digest(
+            &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
+            READ_SCRIPT.as_bytes(),
+        );
+        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    })
 }
 
 /// The command [`read_page`] sends, for a pipeline of the caller's; its reply goes to
 /// [`items_of`]. Without `marks` (a key holding one entry) nothing is marked.
 pub(super) fn read_command(
+    call: Call,
     stream_key: &str,
     marks: Option<Marks<'_>>,
     direction: Direction,
@@ -180,8 +220,10 @@ pub(super) fn read_command(
         Direction::Forward => "fwd",
         Direction::Reverse => "rev",
     };
-    let mut read = redis::cmd("EVAL");
-    read.arg(READ_SCRIPT);
+    let mut read = match call {
+        Call::ByHash => redis::cmd("EVALSHA").arg(script_hash()).to_owned(),
+        Call::WithText => redis::cmd("EVAL").arg(READ_SCRIPT).to_owned(),
+    };
     match marks {
         Some(marks) => read.arg(2).arg(stream_key).arg(marks.key),
         None => read.arg(1).arg(stream_key),
@@ -372,6 +414,19 @@ mod tests {
         );
         assert!(items_of(Value::Nil, 64).is_empty());
         assert_eq!(id_millis("1733300000123-4"), 1_733_300_000_123);
+    }
+
+    #[test]
+    fn the_script_is_called_by_its_sha1_until_redis_does_not_know_it() {
+        assert_eq!(script_hash().len(), 40);
+        let noscript = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            "NOSCRIPT No matching script",
+        ));
+        assert_eq!(Call::ByHash.after(&noscript), Some(Call::WithText));
+        assert_eq!(Call::WithText.after(&noscript), None);
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(Call::ByHash.after(&io), None);
     }
 
     #[test]

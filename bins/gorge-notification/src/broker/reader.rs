@@ -38,7 +38,7 @@ use redis::{AsyncConnectionConfig, PushInfo, Value};
 use tokio::sync::Notify;
 
 use super::entries::{
-    id_millis, items_of, read_command, read_page, Direction, Fields, Item, StreamEntry,
+    id_millis, items_of, read_command, read_page, Call, Direction, Fields, Item, StreamEntry,
 };
 use super::origins::Origins;
 use super::{
@@ -211,6 +211,7 @@ async fn session(
     }
     backoff.reset();
     let mut overdue = shared.overdue.subscribe();
+    let mut call = Call::ByHash;
     loop {
         // Arm the doorbell, then read: Redis pushes at the first write to either key after
         // the `EXISTS`, so nothing added after these reads goes unnoticed.
@@ -221,6 +222,7 @@ async fn session(
             .arg(&shared.probe_key)
             .ignore()
             .add_command(read_command(
+                call,
                 &shared.probe_key,
                 None,
                 Direction::Forward,
@@ -228,6 +230,7 @@ async fn session(
                 cursor.entry_limit,
             ))
             .add_command(read_command(
+                call,
                 &shared.stream_key,
                 Some(shared.marks()),
                 Direction::Forward,
@@ -237,8 +240,15 @@ async fn session(
         let read = within(CALL_TIMEOUT, round.query_async::<(Value, Value)>(conn));
         let (probes, entries) = match unless_overdue(&mut overdue, read).await {
             Ok(replies) => replies,
-            Err(error) => return error,
+            Err(error) => match call.after(&error) {
+                Some(again) => {
+                    call = again;
+                    continue;
+                }
+                None => return error,
+            },
         };
+        call = Call::ByHash;
         for item in items_of(probes, cursor.entry_limit) {
             cursor.last_probe_id = item.id().to_string();
             if let Item::Entry(entry) = item {
