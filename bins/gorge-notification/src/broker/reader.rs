@@ -12,9 +12,9 @@
 //! server). It waits for a doorbell instead: its connection speaks RESP3 with
 //! `CLIENT TRACKING ON`, and before each read it `EXISTS`es the stream and this server's
 //! probe key, so Redis pushes an invalidation — the key's name, nothing else — at the next
-//! write to either. The push wakes it to read again (one round trip more than the blocking
-//! read: `EXISTS` and both reads go in one pipeline); with no push it reads every
-//! [`IDLE_READ`] anyway. The pushes only ever name keys this connection read (Redis's
+//! write to either. The push wakes it to read the key it names (one round trip more than
+//! the blocking read: `EXISTS` and the reads go in one pipeline); with no push it reads
+//! both every [`IDLE_READ`] anyway. The pushes only ever name keys this connection read (Redis's
 //! default tracking mode), and nothing else can put one on the connection: the doorbell is
 //! bounded whatever is written to Redis.
 //!
@@ -28,13 +28,13 @@
 //! the fan-out); it is up again once it reads our entry. A reader waiting on its connection
 //! then gives the connection up.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gorge_service::log_every::LogEvery;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, PushInfo, Value};
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::entries::{
@@ -150,11 +150,10 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
     let mut backoff = Backoff::new();
     let mut connected_before = false;
     loop {
-        // Rung by every push of this connection: an invalidation, or its end.
-        let doorbell = Arc::new(Notify::new());
+        let doorbell = Arc::new(Doorbell::new(&shared));
         let ring = doorbell.clone();
-        let config = AsyncConnectionConfig::new().set_push_sender(move |_: PushInfo| {
-            ring.notify_one();
+        let config = AsyncConnectionConfig::new().set_push_sender(move |push: PushInfo| {
+            ring.ring(push);
             Ok::<(), std::convert::Infallible>(())
         });
         let error = match shared.connect(&shared.reader_client, config).await {
@@ -187,7 +186,7 @@ async fn session(
     shared: &Shared,
     state: &ServerState,
     conn: &mut MultiplexedConnection,
-    doorbell: &Notify,
+    doorbell: &Doorbell,
     cursor: &mut ReadState,
     started: Instant,
     backoff: &mut Backoff,
@@ -213,23 +212,28 @@ async fn session(
     let mut overdue = shared.overdue.subscribe();
     let mut call = Call::ByHash;
     loop {
-        // Arm the doorbell, then read: Redis pushes at the first write to either key after
-        // the `EXISTS`, so nothing added after these reads goes unnoticed.
+        // Arm the doorbell, then read the keys it rang for: Redis pushes at the first write
+        // to either key after the `EXISTS`, so nothing added after these reads goes
+        // unnoticed.
+        let (read_probes, read_stream) = doorbell.take();
         let mut round = redis::pipe();
         round
             .cmd("EXISTS")
             .arg(&shared.stream_key)
             .arg(&shared.probe_key)
-            .ignore()
-            .add_command(read_command(
+            .ignore();
+        if read_probes {
+            round.add_command(read_command(
                 call,
                 &shared.probe_key,
                 None,
                 Direction::Forward,
                 Some(&cursor.last_probe_id),
                 cursor.entry_limit,
-            ))
-            .add_command(read_command(
+            ));
+        }
+        if read_stream {
+            round.add_command(read_command(
                 call,
                 &shared.stream_key,
                 Some(shared.marks()),
@@ -237,17 +241,27 @@ async fn session(
                 cursor.last_id.as_deref(),
                 cursor.entry_limit,
             ));
-        let read = within(CALL_TIMEOUT, round.query_async::<(Value, Value)>(conn));
-        let (probes, entries) = match unless_overdue(&mut overdue, read).await {
-            Ok(replies) => replies,
-            Err(error) => match call.after(&error) {
-                Some(again) => {
-                    call = again;
-                    continue;
+        }
+        let read = within(CALL_TIMEOUT, round.query_async::<Vec<Value>>(conn));
+        let mut replies = match unless_overdue(&mut overdue, read).await {
+            Ok(replies) => replies.into_iter(),
+            Err(error) => {
+                // Not read: read both again.
+                doorbell.ring_all();
+                match call.after(&error) {
+                    Some(again) => {
+                        call = again;
+                        continue;
+                    }
+                    None => return error,
                 }
-                None => return error,
-            },
+            }
         };
+        let probes = match read_probes {
+            true => replies.next().unwrap_or(Value::Nil),
+            false => Value::Nil,
+        };
+        let entries = replies.next().unwrap_or(Value::Nil);
         call = Call::ByHash;
         for item in items_of(probes, cursor.entry_limit) {
             cursor.last_probe_id = item.id().to_string();
@@ -261,17 +275,97 @@ async fn session(
         if !entries.is_empty() {
             // A reply is bounded in bytes: there may be more; read again at once.
             take_all(shared, state, cursor, entries).await;
+            doorbell.ring_stream();
             continue;
         }
         shared.metrics.broker_lag_seconds.set(0.0);
         let rung = async {
             // A push that came during the reads left its permit: this returns at once.
-            let _ = tokio::time::timeout(IDLE_READ, doorbell.notified()).await;
+            if tokio::time::timeout(IDLE_READ, doorbell.rung.notified())
+                .await
+                .is_err()
+            {
+                doorbell.ring_all();
+            }
             Ok(())
         };
         if let Err(error) = unless_overdue(&mut overdue, rung).await {
             return error;
         }
+    }
+}
+
+/// What one connection's pushes say: which of the reader's keys changed since it last read
+/// them, and a wake-up for the reader waiting for one to.
+struct Doorbell {
+    stream_key: Vec<u8>,
+    probe_key: Vec<u8>,
+    probe: AtomicBool,
+    stream: AtomicBool,
+    rung: Notify,
+}
+
+impl Doorbell {
+    /// Rung for both keys: a new connection reads both first.
+    fn new(shared: &Shared) -> Doorbell {
+        Doorbell {
+            stream_key: shared.stream_key.as_bytes().to_vec(),
+            probe_key: shared.probe_key.as_bytes().to_vec(),
+            probe: AtomicBool::new(true),
+            stream: AtomicBool::new(true),
+            rung: Notify::new(),
+        }
+    }
+
+    /// One push of the connection: an invalidation of either key rings for it; one that
+    /// names neither (another key a script read) rings nothing; any other push (a flush,
+    /// the connection's end) rings for both.
+    fn ring(&self, push: PushInfo) {
+        let keys: Option<Vec<Vec<u8>>> = match (push.kind, push.data.first()) {
+            (PushKind::Invalidate, Some(Value::Array(keys))) => Some(
+                keys.iter()
+                    .filter_map(|key| match key {
+                        Value::BulkString(key) => Some(key.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let Some(keys) = keys else {
+            return self.ring_all();
+        };
+        let (probe, stream) = (
+            keys.contains(&self.probe_key),
+            keys.contains(&self.stream_key),
+        );
+        if probe {
+            self.probe.store(true, Ordering::Release);
+        }
+        if stream {
+            self.stream.store(true, Ordering::Release);
+        }
+        if probe || stream {
+            self.rung.notify_one();
+        }
+    }
+
+    fn ring_all(&self) {
+        self.probe.store(true, Ordering::Release);
+        self.ring_stream();
+    }
+
+    fn ring_stream(&self) {
+        self.stream.store(true, Ordering::Release);
+        self.rung.notify_one();
+    }
+
+    /// Which keys to read now, `(probe, stream)`; both are unrung until pushed again.
+    fn take(&self) -> (bool, bool) {
+        (
+            self.probe.swap(false, Ordering::AcqRel),
+            self.stream.swap(false, Ordering::AcqRel),
+        )
     }
 }
 
@@ -540,4 +634,63 @@ fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doorbell() -> Doorbell {
+        let doorbell = Doorbell {
+            stream_key: b"p:stream".to_vec(),
+            probe_key: b"p:probe:f".to_vec(),
+            probe: AtomicBool::new(true),
+            stream: AtomicBool::new(true),
+            rung: Notify::new(),
+        };
+        assert_eq!(doorbell.take(), (true, true), "a new connection reads both");
+        doorbell
+    }
+
+    fn invalidate(keys: &[&str]) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Invalidate,
+            data: vec![Value::Array(
+                keys.iter()
+                    .map(|key| Value::BulkString(key.as_bytes().to_vec()))
+                    .collect(),
+            )],
+        }
+    }
+
+    #[test]
+    fn the_doorbell_rings_for_the_keys_pushed() {
+        let bell = doorbell();
+        bell.ring(invalidate(&["p:stream"]));
+        assert_eq!(bell.take(), (false, true));
+        bell.ring(invalidate(&["p:probe:f"]));
+        assert_eq!(bell.take(), (true, false));
+        assert_eq!(bell.take(), (false, false), "taken once");
+
+        // Another key a script read (the marks): nothing to read.
+        let bell = doorbell();
+        bell.ring(invalidate(&["p:oversized"]));
+        assert_eq!(bell.take(), (false, false));
+
+        // A flush (no key names) or the connection's end: read both.
+        for push in [
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Nil],
+            },
+            PushInfo {
+                kind: PushKind::Disconnection,
+                data: vec![],
+            },
+        ] {
+            let bell = doorbell();
+            bell.ring(push);
+            assert_eq!(bell.take(), (true, true));
+        }
+    }
 }
