@@ -33,8 +33,9 @@ const READ_BYTES: usize = 1 << 20;
 /// `KEYS[1]` the stream, `KEYS[2]` (optional) its marks; `ARGV`: direction (`fwd` or
 /// `rev`), the first bound (`-`/`+` or an exclusive `(id`), most entries, the entry limit in
 /// bytes, most bytes, how long marks are kept (ms), most marks. Returns
-/// `[[id, [field, value, …]] | [id, size], …]`, in pages of 16 so Redis never copies more
-/// than a few entries at a time.
+/// `[[id, [field, value, …]] | [id, size], …]`, and a last element `more` when it stopped
+/// before the end of the stream (the reply's entries or bytes ran out), in pages of 16 so
+/// Redis never copies more than a few entries at a time.
 ///
 /// Measuring an entry costs Redis a copy of it into Lua (0.6 s for 100 MB, blocking every
 /// client meanwhile), so each one found over the limit is marked — its id and size in the
@@ -86,6 +87,10 @@ local function mark(id, size)
   end
   redis.call('PEXPIRE', marks, keep_ms)
 end
+local function more(out)
+  out[#out + 1] = 'more'
+  return out
+end
 local at = nil
 if from ~= '-' and from ~= '+' then at = parse(string.sub(from, 2)) end
 local out, used = {}, 0
@@ -114,17 +119,17 @@ while #out < count do
         out[#out + 1] = {entry[1], size}
         mark(entry[1], size)
       else
-        if used + size > budget and #out > 0 then return out end
+        if used + size > budget and #out > 0 then return more(out) end
         used = used + size
         out[#out + 1] = entry
       end
-      if #out >= count then return out end
+      if #out >= count then return more(out) end
     end
     from = '(' .. page[#page][1]
     at = parse(page[#page][1])
   end
 end
-return out
+return more(out)
 ";
 
 /// Where [`READ_SCRIPT`] keeps the marks of a stream's oversized entries, and for how long.
@@ -314,6 +319,15 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Whether a [`READ_SCRIPT`] reply stopped before the end of the stream (there may be more
+/// to read at once).
+pub(super) fn has_more(value: &Value) -> bool {
+    let Value::Array(items) = value else {
+        return false;
+    };
+    matches!(items.last(), Some(Value::BulkString(last)) if last == b"more")
+}
+
 /// The items of a [`READ_SCRIPT`] reply, `[[id, [field, value, …]], …]` with `[id, size]`
 /// for an oversized entry; an entry over `limit` all the same is [`Item::Oversized`] too.
 pub(super) fn items_of(value: Value, limit: usize) -> Vec<Item> {
@@ -434,8 +448,12 @@ mod tests {
         let reply = Value::Array(vec![
             entry("1-0", &["message", "{}"]),
             Value::Array(vec![bulk("2-0"), Value::Int(104_857_600)]),
+            bulk("more"),
         ]);
+        assert!(has_more(&reply));
+        assert!(!has_more(&Value::Array(vec![entry("1-0", &["a", "b"])])));
         let items = items_of(reply, 1024);
+        assert_eq!(items.len(), 2, "{items:?}");
         assert!(matches!(&items[0], Item::Entry(e) if e.id == "1-0"));
         assert!(
             matches!(&items[1], Item::Oversized { id, bytes: 104_857_600 } if id == "2-0"),

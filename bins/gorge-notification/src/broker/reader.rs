@@ -38,7 +38,8 @@ use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::entries::{
-    id_millis, items_of, read_command, read_page, Call, Direction, Fields, Item, StreamEntry,
+    has_more, id_millis, items_of, read_command, read_page, Call, Direction, Fields, Item,
+    StreamEntry,
 };
 use super::origins::Origins;
 use super::{
@@ -271,10 +272,10 @@ async fn session(
                 }
             }
         }
-        let entries = items_of(entries, cursor.entry_limit);
-        if !entries.is_empty() {
-            // A reply is bounded in bytes: there may be more; read again at once.
-            take_all(shared, state, cursor, entries).await;
+        let more = has_more(&entries);
+        take_all(shared, state, cursor, items_of(entries, cursor.entry_limit)).await;
+        if more {
+            // The reply ran out of entries or bytes before the stream's end: read on at once.
             doorbell.ring_stream();
             continue;
         }
