@@ -133,6 +133,11 @@ struct Shared {
     /// The first of our own entries Redis acknowledged that the reader has not seen yet,
     /// `(seq, when acknowledged)`.
     unseen_own: Mutex<Option<(u64, Instant)>>,
+    /// Whether the reader waits for the answer to a read it sent: that wait is bounded by
+    /// the call's own timeout ([`CALL_TIMEOUT`]), so the watchdog leaves it to that. A
+    /// Redis busy for a while (copying a 100 MB entry into the read script once: 0.6 s)
+    /// is not a reader making no progress.
+    reader_in_call: AtomicBool,
     /// The highest seq of our own entries the reader has seen.
     own_seen: AtomicU64,
     /// The highest seq the publisher has sent (set before sending, so the reader may read
@@ -190,6 +195,7 @@ impl Broker {
             publisher_up: Updown::default(),
             reader_up: Updown::default(),
             unseen_own: Mutex::new(None),
+            reader_in_call: AtomicBool::new(false),
             own_seen: AtomicU64::new(0),
             own_sent: AtomicU64::new(0),
             overdue: tokio::sync::watch::Sender::new(0),

@@ -244,7 +244,10 @@ async fn session(
             ));
         }
         let read = within(CALL_TIMEOUT, round.query_async::<Vec<Value>>(conn));
-        let mut replies = match unless_overdue(&mut overdue, read).await {
+        shared.reader_in_call.store(true, Ordering::Release);
+        let replies = unless_overdue(&mut overdue, read).await;
+        shared.reader_in_call.store(false, Ordering::Release);
+        let mut replies = match replies {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 // Not read: read both again.
@@ -412,11 +415,17 @@ async fn take_all(shared: &Shared, state: &ServerState, cursor: &mut ReadState, 
 /// Reports the reader down, and gives up a connection it waits on, each time one of our
 /// entries has been acknowledged by Redis for longer than [`PROBE_TIMEOUT`] without the
 /// reader reading it back; the entry is then forgotten, so the next one (a probe follows
-/// within a second) gets its own chance.
+/// within a second) gets its own chance. Not while the reader waits for the answer to a
+/// read: that call's timeout ends it if Redis does not answer, and a Redis that answers
+/// late (busy, not broken) is not a reader that makes no progress.
 async fn watchdog(shared: Arc<Shared>) {
     let timeouts = LogEvery::new(LOG_EVERY);
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
+        // A read waiting for its answer is bounded by its own timeout: its end decides.
+        if shared.reader_in_call.load(Ordering::Acquire) {
+            continue;
+        }
         let overdue = {
             let mut unseen = lock(&shared.unseen_own);
             match *unseen {
