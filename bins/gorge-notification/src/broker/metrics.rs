@@ -24,7 +24,7 @@ gorge_service::metrics! {
         broker_skipped: Counter[reason] =
             [["oversized"], ["no_message"], ["malformed"], ["instance_name"]],
             "Stream entries skipped as no message this server can take: oversized (larger \
-             than an admin POST can carry; skipped by id, unread where Redis allows), \
+             than an admin POST can carry; skipped by id and size, its bytes never sent), \
              no_message (no instance or message field), malformed (not a JSON object), \
              instance_name (over the limit)";
         broker_lag_seconds: GaugeF64,

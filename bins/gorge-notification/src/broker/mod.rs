@@ -21,8 +21,10 @@
 //! - [`metrics`], the `gorge_notification_broker_*` families.
 //!
 //! Keys under the prefix: `<prefix>:stream` (messages, the history), `<prefix>:epoch` (see
-//! [`reader`]) and `<prefix>:probe:<fingerprint>`, each server's probe entry (one, expiring),
-//! kept out of the stream so that idle servers' probes never take the history's places.
+//! [`reader`]), `<prefix>:oversized` (marks of the stream's oversized entries, see
+//! [`entries`]) and `<prefix>:probe:<fingerprint>`, each server's probe entry (one,
+//! expiring), kept out of the stream so that idle servers' probes never take the history's
+//! places.
 
 mod entries;
 mod metrics;
@@ -36,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client};
+use redis::{AsyncConnectionConfig, Client, ProtocolVersion};
 use slog::Logger;
 use tokio::sync::{mpsc, Notify};
 
@@ -48,9 +50,10 @@ pub use metrics::BrokerMetrics;
 /// Bound of every Redis call but the blocking read (connecting included).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long one `XREAD BLOCK` waits for entries; its call timeout is this plus
-/// [`CALL_TIMEOUT`].
-const BLOCK: Duration = Duration::from_secs(5);
+/// The reader reads at least this often even when Redis pushes no invalidation (it pushes
+/// one at the first write to the stream or our probe key after each read, so this is only
+/// a floor).
+const IDLE_READ: Duration = Duration::from_secs(5);
 
 /// With nothing to publish for this long, the publisher adds a probe entry (to its probe
 /// key, not the stream), so the reader always has one of our own entries to expect.
@@ -104,9 +107,14 @@ pub struct Broker {
 pub struct ReaderLink(Arc<Shared>);
 
 struct Shared {
+    /// The publisher's client.
     client: Client,
+    /// The reader's: RESP3, so that invalidation pushes arrive on its own connection.
+    reader_client: Client,
     stream_key: String,
     epoch_key: String,
+    /// The marks of the stream's oversized entries ([`entries`]).
+    marks_key: String,
     /// This server's probe entry: `<prefix>:probe:<fingerprint>`.
     probe_key: String,
     fingerprint: String,
@@ -125,6 +133,11 @@ struct Shared {
     /// The first of our own entries Redis acknowledged that the reader has not seen yet,
     /// `(seq, when acknowledged)`.
     unseen_own: Mutex<Option<(u64, Instant)>>,
+    /// Whether the reader waits for the answer to a read it sent: that wait is bounded by
+    /// the call's own timeout ([`CALL_TIMEOUT`]), so the watchdog leaves it to that. A
+    /// Redis busy for a while (copying a 100 MB entry into the read script once: 0.6 s)
+    /// is not a reader making no progress.
+    reader_in_call: AtomicBool,
     /// The highest seq of our own entries the reader has seen.
     own_seen: AtomicU64,
     /// The highest seq the publisher has sent (set before sending, so the reader may read
@@ -160,11 +173,16 @@ impl Broker {
         log: Logger,
     ) -> (Broker, ReaderLink) {
         let client = config.client().expect("validated with the configuration");
+        let reader_client = config
+            .client_speaking(ProtocolVersion::RESP3)
+            .expect("validated with the configuration");
         let (queue, jobs) = mpsc::channel(config.queue_capacity.max(1));
         let shared = Arc::new(Shared {
             client,
+            reader_client,
             stream_key: format!("{}:stream", config.prefix),
             epoch_key: format!("{}:epoch", config.prefix),
+            marks_key: format!("{}:oversized", config.prefix),
             probe_key: format!("{}:probe:{fingerprint}", config.prefix),
             fingerprint,
             history_age: Duration::from_millis(limits.history_age_ms),
@@ -177,6 +195,7 @@ impl Broker {
             publisher_up: Updown::default(),
             reader_up: Updown::default(),
             unseen_own: Mutex::new(None),
+            reader_in_call: AtomicBool::new(false),
             own_seen: AtomicU64::new(0),
             own_sent: AtomicU64::new(0),
             overdue: tokio::sync::watch::Sender::new(0),
@@ -242,6 +261,15 @@ impl Broker {
 }
 
 impl Shared {
+    /// Where the size-aware read marks the stream's oversized entries: kept for as long as
+    /// the stream keeps an entry (the history age, trimmed every 10 s), and a minute more.
+    fn marks(&self) -> entries::Marks<'_> {
+        entries::Marks {
+            key: &self.marks_key,
+            keep_ms: self.history_age.as_millis() as u64 + 60_000,
+        }
+    }
+
     /// Called once for every message counted in `pending`, whatever became of it.
     fn message_done(&self) {
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -249,18 +277,19 @@ impl Shared {
         }
     }
 
-    /// A new connection whose every answer must come within `response_timeout`.
+    /// A new connection of `client` whose every answer must come within [`CALL_TIMEOUT`];
+    /// `config` adds to that (the reader's push sender).
     async fn connect(
         &self,
-        response_timeout: Duration,
+        client: &Client,
+        config: AsyncConnectionConfig,
     ) -> redis::RedisResult<MultiplexedConnection> {
-        let config = AsyncConnectionConfig::new()
+        let config = config
             .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(response_timeout));
+            .set_response_timeout(Some(CALL_TIMEOUT));
         match tokio::time::timeout(
             CALL_TIMEOUT,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
+            client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
         {

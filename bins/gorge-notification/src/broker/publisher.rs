@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
 use tokio::sync::mpsc;
 
 use super::{
@@ -92,7 +93,10 @@ pub(super) async fn run(shared: Arc<Shared>, mut jobs: mpsc::Receiver<Outgoing>)
         };
         let connection = match conn.as_mut() {
             Some(connection) => connection,
-            None => match shared.connect(CALL_TIMEOUT).await {
+            None => match shared
+                .connect(&shared.client, AsyncConnectionConfig::new())
+                .await
+            {
                 Ok(connection) => {
                     if connected_before {
                         shared.metrics.broker_reconnects.inc();

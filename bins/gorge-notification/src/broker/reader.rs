@@ -4,11 +4,19 @@
 //! any failure it reconnects with a jittered backoff and resumes from the last id it read, so
 //! messages arrive late rather than never.
 //!
-//! Reading is two steps: catch up with size-aware reads ([`entries`](super::entries)) until
-//! nothing is left, then wait in one blocking `XREAD COUNT 1` on the stream and on this
-//! server's probe key, whose first entry ends the wait. An entry larger than any message can
-//! be is skipped by its id, counted and logged (at most once a minute per reason, with a
-//! count), as is an entry that is no message of this service.
+//! Every read is size-aware ([`entries`](super::entries)): an entry larger than any message
+//! can be is skipped by its id without its bytes leaving Redis, counted and logged (at most
+//! once a minute per reason, with a count), as is an entry that is no message of this
+//! service. So the reader never waits in a blocking `XREAD`, whose reply carries the entry
+//! that ends the wait whole, however large (one 100 MB `XADD` was sent to every waiting
+//! server). It waits for a doorbell instead: its connection speaks RESP3 with
+//! `CLIENT TRACKING ON`, and before each read it `EXISTS`es the stream and this server's
+//! probe key, so Redis pushes an invalidation — the key's name, nothing else — at the next
+//! write to either. The push wakes it to read the key it names (one round trip more than
+//! the blocking read: `EXISTS` and the reads go in one pipeline); with no push it reads
+//! both every [`IDLE_READ`] anyway. The pushes only ever name keys this connection read (Redis's
+//! default tracking mode), and nothing else can put one on the connection: the doorbell is
+//! bounded whatever is written to Redis.
 //!
 //! On every connection it compares the epoch key with the one it saw before: a different one
 //! means Redis restarted empty (the stream it resumed from is gone), counted and logged, and
@@ -20,18 +28,22 @@
 //! the fan-out); it is up again once it reads our entry. A reader waiting on its connection
 //! then gives the connection up.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gorge_service::log_every::LogEvery;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
+use tokio::sync::Notify;
 
-use super::entries::{id_millis, read_page, read_reply, Direction, Fields, Item, StreamEntry};
+use super::entries::{
+    has_more, id_millis, items_of, read_command, read_page, Call, Direction, Fields, Item,
+    StreamEntry,
+};
 use super::origins::Origins;
 use super::{
-    lock, within, Backoff, ReaderLink, Shared, BLOCK, CALL_TIMEOUT, HYDRATE_WAIT, PROBE_TIMEOUT,
+    lock, within, Backoff, ReaderLink, Shared, CALL_TIMEOUT, HYDRATE_WAIT, IDLE_READ, PROBE_TIMEOUT,
 };
 use crate::events;
 use crate::ingest::{ingest_relayed, NotTaken};
@@ -139,7 +151,13 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
     let mut backoff = Backoff::new();
     let mut connected_before = false;
     loop {
-        let error = match shared.connect(BLOCK + CALL_TIMEOUT).await {
+        let doorbell = Arc::new(Doorbell::new(&shared));
+        let ring = doorbell.clone();
+        let config = AsyncConnectionConfig::new().set_push_sender(move |push: PushInfo| {
+            ring.ring(push);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        let error = match shared.connect(&shared.reader_client, config).await {
             Ok(mut conn) => {
                 if connected_before {
                     shared.metrics.broker_reconnects.inc();
@@ -149,6 +167,7 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
                     &shared,
                     &state,
                     &mut conn,
+                    &doorbell,
                     &mut cursor,
                     started,
                     &mut backoff,
@@ -162,17 +181,22 @@ pub async fn run(link: ReaderLink, state: Arc<ServerState>) {
     }
 }
 
-/// One connection's life: epoch check, history if not loaded yet, then reading until an
-/// error, which it returns.
+/// One connection's life: epoch check and tracking on, history if not loaded yet, then
+/// reading until an error, which it returns. `doorbell` is rung by the connection's pushes.
 async fn session(
     shared: &Shared,
     state: &ServerState,
     conn: &mut MultiplexedConnection,
+    doorbell: &Doorbell,
     cursor: &mut ReadState,
     started: Instant,
     backoff: &mut Backoff,
 ) -> redis::RedisError {
     if let Err(error) = check_epoch(shared, conn, cursor).await {
+        return error;
+    }
+    let tracking = redis::cmd("CLIENT").arg("TRACKING").arg("ON").to_owned();
+    if let Err(error) = within(CALL_TIMEOUT, tracking.query_async::<()>(conn)).await {
         return error;
     }
     if cursor.last_id.is_none() {
@@ -187,58 +211,165 @@ async fn session(
     }
     backoff.reset();
     let mut overdue = shared.overdue.subscribe();
+    let mut call = Call::ByHash;
     loop {
-        // Catch up, in replies of bounded size.
-        loop {
-            let read = read_page(
-                conn,
+        // Arm the doorbell, then read the keys it rang for: Redis pushes at the first write
+        // to either key after the `EXISTS`, so nothing added after these reads goes
+        // unnoticed.
+        let (read_probes, read_stream) = doorbell.take();
+        let mut round = redis::pipe();
+        round
+            .cmd("EXISTS")
+            .arg(&shared.stream_key)
+            .arg(&shared.probe_key)
+            .ignore();
+        if read_probes {
+            round.add_command(read_command(
+                call,
+                &shared.probe_key,
+                None,
+                Direction::Forward,
+                Some(&cursor.last_probe_id),
+                cursor.entry_limit,
+            ));
+        }
+        if read_stream {
+            round.add_command(read_command(
+                call,
                 &shared.stream_key,
+                Some(shared.marks()),
                 Direction::Forward,
                 cursor.last_id.as_deref(),
                 cursor.entry_limit,
-            );
-            let items = match unless_overdue(&mut overdue, read).await {
-                Ok(items) => items,
-                Err(error) => return error,
-            };
-            if items.is_empty() {
-                break;
+            ));
+        }
+        let read = within(CALL_TIMEOUT, round.query_async::<Vec<Value>>(conn));
+        shared.reader_in_call.store(true, Ordering::Release);
+        let replies = unless_overdue(&mut overdue, read).await;
+        shared.reader_in_call.store(false, Ordering::Release);
+        let mut replies = match replies {
+            Ok(replies) => replies.into_iter(),
+            Err(error) => {
+                // Not read: read both again.
+                doorbell.ring_all();
+                match call.after(&error) {
+                    Some(again) => {
+                        call = again;
+                        continue;
+                    }
+                    None => return error,
+                }
             }
-            take_all(shared, state, cursor, items).await;
+        };
+        let probes = match read_probes {
+            true => replies.next().unwrap_or(Value::Nil),
+            false => Value::Nil,
+        };
+        let entries = replies.next().unwrap_or(Value::Nil);
+        call = Call::ByHash;
+        for item in items_of(probes, cursor.entry_limit) {
+            cursor.last_probe_id = item.id().to_string();
+            if let Item::Entry(entry) = item {
+                if let Some(seq) = Fields::of(&entry.fields).seq {
+                    saw_own(shared, seq);
+                }
+            }
+        }
+        let more = has_more(&entries);
+        take_all(shared, state, cursor, items_of(entries, cursor.entry_limit)).await;
+        if more {
+            // The reply ran out of entries or bytes before the stream's end: read on at once.
+            doorbell.ring_stream();
+            continue;
         }
         shared.metrics.broker_lag_seconds.set(0.0);
-        // Wait for the next entry, ours or anyone's.
-        let last_id = cursor.last_id.clone().unwrap_or_else(|| "0-0".into());
-        let mut xread = redis::cmd("XREAD");
-        xread
-            .arg("COUNT")
-            .arg(1)
-            .arg("BLOCK")
-            .arg(BLOCK.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&shared.stream_key)
-            .arg(&shared.probe_key)
-            .arg(&last_id)
-            .arg(&cursor.last_probe_id);
-        let read = within(BLOCK + CALL_TIMEOUT, xread.query_async::<Value>(conn));
-        let reply = match unless_overdue(&mut overdue, read).await {
-            Ok(reply) => reply,
-            Err(error) => return error,
-        };
-        for (key, items) in read_reply(reply, cursor.entry_limit) {
-            if key == shared.probe_key.as_bytes() {
-                for item in items {
-                    cursor.last_probe_id = item.id().to_string();
-                    if let Item::Entry(entry) = item {
-                        if let Some(seq) = Fields::of(&entry.fields).seq {
-                            saw_own(shared, seq);
-                        }
-                    }
-                }
-            } else {
-                take_all(shared, state, cursor, items).await;
+        let rung = async {
+            // A push that came during the reads left its permit: this returns at once.
+            if tokio::time::timeout(IDLE_READ, doorbell.rung.notified())
+                .await
+                .is_err()
+            {
+                doorbell.ring_all();
             }
+            Ok(())
+        };
+        if let Err(error) = unless_overdue(&mut overdue, rung).await {
+            return error;
         }
+    }
+}
+
+/// What one connection's pushes say: which of the reader's keys changed since it last read
+/// them, and a wake-up for the reader waiting for one to.
+struct Doorbell {
+    stream_key: Vec<u8>,
+    probe_key: Vec<u8>,
+    probe: AtomicBool,
+    stream: AtomicBool,
+    rung: Notify,
+}
+
+impl Doorbell {
+    /// Rung for both keys: a new connection reads both first.
+    fn new(shared: &Shared) -> Doorbell {
+        Doorbell {
+            stream_key: shared.stream_key.as_bytes().to_vec(),
+            probe_key: shared.probe_key.as_bytes().to_vec(),
+            probe: AtomicBool::new(true),
+            stream: AtomicBool::new(true),
+            rung: Notify::new(),
+        }
+    }
+
+    /// One push of the connection: an invalidation of either key rings for it; one that
+    /// names neither (another key a script read) rings nothing; any other push (a flush,
+    /// the connection's end) rings for both.
+    fn ring(&self, push: PushInfo) {
+        let keys: Option<Vec<Vec<u8>>> = match (push.kind, push.data.first()) {
+            (PushKind::Invalidate, Some(Value::Array(keys))) => Some(
+                keys.iter()
+                    .filter_map(|key| match key {
+                        Value::BulkString(key) => Some(key.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let Some(keys) = keys else {
+            return self.ring_all();
+        };
+        let (probe, stream) = (
+            keys.contains(&self.probe_key),
+            keys.contains(&self.stream_key),
+        );
+        if probe {
+            self.probe.store(true, Ordering::Release);
+        }
+        if stream {
+            self.stream.store(true, Ordering::Release);
+        }
+        if probe || stream {
+            self.rung.notify_one();
+        }
+    }
+
+    fn ring_all(&self) {
+        self.probe.store(true, Ordering::Release);
+        self.ring_stream();
+    }
+
+    fn ring_stream(&self) {
+        self.stream.store(true, Ordering::Release);
+        self.rung.notify_one();
+    }
+
+    /// Which keys to read now, `(probe, stream)`; both are unrung until pushed again.
+    fn take(&self) -> (bool, bool) {
+        (
+            self.probe.swap(false, Ordering::AcqRel),
+            self.stream.swap(false, Ordering::AcqRel),
+        )
     }
 }
 
@@ -284,11 +415,17 @@ async fn take_all(shared: &Shared, state: &ServerState, cursor: &mut ReadState, 
 /// Reports the reader down, and gives up a connection it waits on, each time one of our
 /// entries has been acknowledged by Redis for longer than [`PROBE_TIMEOUT`] without the
 /// reader reading it back; the entry is then forgotten, so the next one (a probe follows
-/// within a second) gets its own chance.
+/// within a second) gets its own chance. Not while the reader waits for the answer to a
+/// read: that call's timeout ends it if Redis does not answer, and a Redis that answers
+/// late (busy, not broken) is not a reader that makes no progress.
 async fn watchdog(shared: Arc<Shared>) {
     let timeouts = LogEvery::new(LOG_EVERY);
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
+        // A read waiting for its answer is bounded by its own timeout: its end decides.
+        if shared.reader_in_call.load(Ordering::Acquire) {
+            continue;
+        }
         let overdue = {
             let mut unseen = lock(&shared.unseen_own);
             match *unseen {
@@ -375,6 +512,7 @@ async fn hydrate(
         let page = read_page(
             conn,
             &shared.stream_key,
+            Some(shared.marks()),
             Direction::Reverse,
             before.as_deref(),
             cursor.entry_limit,
@@ -506,4 +644,63 @@ fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doorbell() -> Doorbell {
+        let doorbell = Doorbell {
+            stream_key: b"p:stream".to_vec(),
+            probe_key: b"p:probe:f".to_vec(),
+            probe: AtomicBool::new(true),
+            stream: AtomicBool::new(true),
+            rung: Notify::new(),
+        };
+        assert_eq!(doorbell.take(), (true, true), "a new connection reads both");
+        doorbell
+    }
+
+    fn invalidate(keys: &[&str]) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Invalidate,
+            data: vec![Value::Array(
+                keys.iter()
+                    .map(|key| Value::BulkString(key.as_bytes().to_vec()))
+                    .collect(),
+            )],
+        }
+    }
+
+    #[test]
+    fn the_doorbell_rings_for_the_keys_pushed() {
+        let bell = doorbell();
+        bell.ring(invalidate(&["p:stream"]));
+        assert_eq!(bell.take(), (false, true));
+        bell.ring(invalidate(&["p:probe:f"]));
+        assert_eq!(bell.take(), (true, false));
+        assert_eq!(bell.take(), (false, false), "taken once");
+
+        // Another key a script read (the marks): nothing to read.
+        let bell = doorbell();
+        bell.ring(invalidate(&["p:oversized"]));
+        assert_eq!(bell.take(), (false, false));
+
+        // A flush (no key names) or the connection's end: read both.
+        for push in [
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Nil],
+            },
+            PushInfo {
+                kind: PushKind::Disconnection,
+                data: vec![],
+            },
+        ] {
+            let bell = doorbell();
+            bell.ring(push);
+            assert_eq!(bell.take(), (true, true));
+        }
+    }
 }

@@ -6,7 +6,7 @@
 use gorge_service::config::Secret;
 use gorge_service::ConfigError;
 use redis::io::tcp::TcpSettings;
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, TlsCertificates};
 
 use gorge_service::settings::{Declared, Layered};
 
@@ -57,7 +57,14 @@ impl BrokerConfig {
     /// the server's certificate against that CA instead of the system's roots (a private CA
     /// is what most self-hosted and several managed Redis use).
     pub fn client(&self) -> Result<Client, String> {
+        self.client_speaking(ProtocolVersion::RESP2)
+    }
+
+    /// [`Self::client`], speaking `protocol` (the reader's RESP3, for invalidation pushes).
+    pub fn client_speaking(&self, protocol: ProtocolVersion) -> Result<Client, String> {
         let info = self.connection_info()?;
+        let redis = info.redis_settings().clone().set_protocol(protocol);
+        let info = info.set_redis_settings(redis);
         match &self.ca_pem {
             None => Client::open(info).map_err(|e| format!("is not a usable Redis URL: {e}")),
             Some(pem) => {

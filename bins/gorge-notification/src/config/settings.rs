@@ -54,8 +54,9 @@ gorge_service::settings! {
             "PEM file of the CA certificate(s) that signed the broker's TLS certificate \
              (`rediss://` only); trusted instead of the system's roots";
         broker_prefix: Text = "gorge:notification".to_string(),
-            "Prefix of the broker's keys (`<prefix>:stream`, `<prefix>:epoch`); one per Phorge \
-             install sharing a Redis";
+            "Prefix of the broker's keys (`<prefix>:stream`, `<prefix>:epoch`, \
+             `<prefix>:oversized`, `<prefix>:probe:<fingerprint>`); one per Phorge install \
+             sharing a Redis";
         broker_queue_capacity: Count = 4096,
             "Messages waiting to be published to the broker before new ones are dropped (counted)";
         max_frame_bytes: Bytes = 64 * 1024,

@@ -115,13 +115,16 @@ pub fn proxy_url(port: u16) -> String {
 }
 
 /// A TCP proxy in front of Redis that can wedge the reader's connections: a connection that
-/// waits in a blocking `XREAD` when it is wedged (or sends one later) gets no reply again,
-/// while it stays open; everything else (the publisher's connection, the reader's other
-/// calls before that) passes.
+/// has sent the reader's round (`EXISTS` of its keys, then its reads) when it is wedged (or
+/// that sends one later) gets no reply or push again, while it stays open; everything else
+/// (the publisher's connection, the reader's calls before its first round) passes. Or it
+/// can deafen them: every reply still arrives, no push (the reader's doorbell) does.
 pub struct WedgingProxy {
     pub port: u16,
     /// Connections numbered below this are wedged (if they are readers).
     wedge_below: Arc<AtomicU64>,
+    /// Connections numbered below this get no pushes.
+    deaf_below: Arc<AtomicU64>,
     /// Connections accepted so far.
     opened: Arc<AtomicU64>,
 }
@@ -129,17 +132,19 @@ pub struct WedgingProxy {
 impl WedgingProxy {
     pub async fn start(upstream: u16) -> WedgingProxy {
         let wedge_below = Arc::new(AtomicU64::new(0));
-        let wedge = wedge_below.clone();
+        let deaf_below = Arc::new(AtomicU64::new(0));
+        let (wedge, deaf) = (wedge_below.clone(), deaf_below.clone());
         let opened = Arc::new(AtomicU64::new(0));
         let counted = opened.clone();
         let port = tcp_proxy(upstream, move |client, server| {
             let id = counted.fetch_add(1, Ordering::SeqCst);
-            forward(client, server, id, wedge.clone())
+            forward(client, server, id, wedge.clone(), deaf.clone())
         })
         .await;
         WedgingProxy {
             port,
             wedge_below,
+            deaf_below,
             opened,
         }
     }
@@ -148,10 +153,11 @@ impl WedgingProxy {
         proxy_url(self.port)
     }
 
-    /// Wedges the reader connections open now; later ones work.
-    pub fn wedge_open_readers(&self) {
+    /// The connections open now get no pushes from now on (their replies still arrive):
+    /// the reader's connection looks healthy and its wait never ends. Later ones work.
+    pub fn deafen_open_readers(&self) {
         let opened = self.opened.load(Ordering::SeqCst);
-        self.wedge_below.store(opened, Ordering::SeqCst);
+        self.deaf_below.store(opened, Ordering::SeqCst);
     }
 
     /// Wedges every reader connection, those opened later too, until [`Self::release`].
@@ -166,17 +172,25 @@ impl WedgingProxy {
     }
 }
 
-async fn forward(client: TcpStream, server: TcpStream, id: u64, wedge_below: Arc<AtomicU64>) {
+async fn forward(
+    client: TcpStream,
+    server: TcpStream,
+    id: u64,
+    wedge_below: Arc<AtomicU64>,
+    deaf_below: Arc<AtomicU64>,
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
-    // Whether the last command sent was a blocking read, whose reply is still to come.
-    let in_xread = Arc::new(AtomicBool::new(false));
-    let sent_xread = in_xread.clone();
+    // Whether the connection sent the reader's round (it waits for entries from then on).
+    // Sticky: a round of several KiB can reach the proxy in more than one read.
+    let in_round = Arc::new(AtomicBool::new(false));
+    let sent_round = in_round.clone();
     let upstream = tokio::spawn(async move {
         let mut buf = vec![0u8; 16 * 1024];
         while let Ok(n @ 1..) = client_read.read(&mut buf).await {
-            let xread = buf[..n].windows(5).any(|w| w == b"XREAD");
-            sent_xread.store(xread, Ordering::SeqCst);
+            if buf[..n].windows(6).any(|w| w == b"EXISTS") {
+                sent_round.store(true, Ordering::SeqCst);
+            }
             if server_write.write_all(&buf[..n]).await.is_err() {
                 break;
             }
@@ -186,8 +200,10 @@ async fn forward(client: TcpStream, server: TcpStream, id: u64, wedge_below: Arc
     let mut buf = vec![0u8; 16 * 1024];
     while let Ok(n @ 1..) = server_read.read(&mut buf).await {
         wedged =
-            wedged || (in_xread.load(Ordering::SeqCst) && id < wedge_below.load(Ordering::SeqCst));
-        if wedged {
+            wedged || (in_round.load(Ordering::SeqCst) && id < wedge_below.load(Ordering::SeqCst));
+        // A push (RESP3 `>`) to an idle reader comes alone, at the start of a read.
+        let push = buf[0] == b'>';
+        if wedged || (push && id < deaf_below.load(Ordering::SeqCst)) {
             continue;
         }
         if client_write.write_all(&buf[..n]).await.is_err() {
