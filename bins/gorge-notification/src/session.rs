@@ -84,7 +84,8 @@ impl Drop for Registration {
 /// plain TCP, or TLS over TCP (a TLS port).
 enum Stream {
     Plain(TcpStream),
-    Tls(TlsSocket),
+    /// Boxed: a plaintext socket's `Stream` stays the size of its `TcpStream`.
+    Tls(Box<TlsSocket>),
 }
 
 /// A TLS socket after its handshake. The rustls state is behind a per-socket lock because
@@ -276,7 +277,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
                     conn: std::sync::Mutex::new(conn),
                     leftover: Notify::new(),
                 };
-                (Stream::Tls(tls), parts.read_buf)
+                (Stream::Tls(Box::new(tls)), parts.read_buf)
             }
             Err(_) => {
                 emit!(state.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP or TLS stream");

@@ -1070,14 +1070,25 @@ mod tests {
         build_with(Settings::default(), Some(file)).unwrap_err()
     }
 
+    /// TLS needs a certificate and its key: one alone names itself and what is missing.
     #[test]
-    fn ssl_is_a_startup_error() {
+    fn an_ssl_key_without_a_certificate_is_a_startup_error() {
         let e = file_error(
             json!({"servers": [{"type": "client", "port": 22280, "ssl.key": "/k.pem"}, {"type": "admin", "port": 22281}]}),
         );
         assert_eq!(e.key, "servers[0].ssl.key");
         assert_eq!(e.value, "/k.pem");
-        assert!(e.reason.contains("terminate TLS"), "{e}");
+        assert_eq!(
+            e.reason,
+            "needs a certificate too (ssl.cert of the same server, or \
+             GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE)"
+        );
+        let e = load_env(&[("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")
+        );
+        assert!(e.reason.starts_with("needs its key too"), "{e}");
     }
 
     #[test]
@@ -1323,7 +1334,11 @@ mod tests {
             .collect();
         for key in Settings::file_keys() {
             let var = Settings::env_var(key);
-            let skipped = ["GORGE_NOTIFICATION_BROKER_CA_FILE"];
+            // Files that must exist and hold PEM certificates.
+            let skipped = [
+                "GORGE_NOTIFICATION_BROKER_CA_FILE",
+                "GORGE_NOTIFICATION_PEER_CA_FILE",
+            ];
             assert!(
                 set.contains(&var) || skipped.contains(&var.as_str()),
                 "{var} is not set"
