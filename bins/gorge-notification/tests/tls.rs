@@ -425,3 +425,46 @@ fn the_aphlict_file_s_ssl_keys_are_checked_at_startup() {
         "{stderr}"
     );
 }
+
+/// A mesh peer whose admin port serves TLS is relayed to over `https://`, verified against
+/// `PEER_CA_FILE`; without that CA (the system's roots) the relay fails and is counted.
+#[tokio::test]
+async fn an_https_peer_is_relayed_to_when_its_certificate_chains_to_the_peer_ca() {
+    use gorge_notification::config::{ClusterConfig, PeerConfig, PeerProtocol, PeerUrl};
+    let dir = tempfile::tempdir().unwrap();
+    let chain = Chain::new(dir.path());
+    let root = chain.root_pem();
+    let peer = tls_server(&chain, tls_recheck_never()).await;
+    let mut wss = Wss::connect(peer.client_port, "/", &root).await;
+    wss.subscribe(&[PHID]).await;
+    let url = PeerUrl {
+        protocol: PeerProtocol::Https,
+        host: "127.0.0.1".into(),
+        port: peer.admin_port,
+    };
+    for trusted in [true, false] {
+        let ca_pem = trusted.then(|| root.clone().into_bytes());
+        let static_peers = vec![url.clone()];
+        let relay = InProcess::start(|config| {
+            config.cluster = ClusterConfig::Mesh(PeerConfig {
+                static_peers,
+                ca_pem,
+                ..PeerConfig::default()
+            })
+        })
+        .await;
+        relay.post_ok("", BODY).await;
+        let peer = format!("127.0.0.1:{}", peer.admin_port);
+        if trusted {
+            assert!(wss.next_text().await.contains(r#""key":"7""#));
+        } else {
+            let failed = format!(
+                "gorge_notification_peer_relays_total{{peer=\"{peer}\",result=\"failed\"}}"
+            );
+            gorge_testkit::eventually(PATIENCE, &failed, || async {
+                relay.metric(&failed).await.is_some_and(|n| n >= 1.0)
+            })
+            .await;
+        }
+    }
+}

@@ -170,6 +170,9 @@ pub struct PeerConfig {
     /// How long a relay to an unreachable peer is kept and retried: the history age, past
     /// which the message could not be replayed anyway.
     pub keep_for: Duration,
+    /// From `PEER_CA_FILE`: the PEM of the CA(s) `https://` peers must chain to, instead of
+    /// the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl PeerConfig {
@@ -186,6 +189,7 @@ impl PeerConfig {
             queue_capacity: usize_of(settings.peer_queue_capacity),
             timeout: Duration::from_millis(settings.peer_timeout_ms),
             keep_for: Duration::from_millis(settings.history_age_ms),
+            ca_pem: None,
         }
     }
 }
@@ -487,7 +491,10 @@ fn build(
     let has_peers = !static_peers.is_empty() || dns.is_some();
     let cluster = match broker_config(&layered, has_peers)? {
         Some(broker) => ClusterConfig::Broker(broker),
-        None if has_peers => ClusterConfig::Mesh(PeerConfig::new(static_peers, dns, settings)),
+        None if has_peers => ClusterConfig::Mesh(PeerConfig {
+            ca_pem: peer_ca(&layered)?,
+            ..PeerConfig::new(static_peers, dns, settings)
+        }),
         None => ClusterConfig::Alone,
     };
 
@@ -574,6 +581,28 @@ fn build(
         log: Layered::default(),
         servers_source,
     })
+}
+
+/// `PEER_CA_FILE`, read and checked: a readable file holding PEM certificates.
+fn peer_ca(layered: &Layered<Settings>) -> Result<Option<Vec<u8>>, ConfigError> {
+    let key = Settings::KEYS.peer_ca_file;
+    let Some(path) = layered
+        .values
+        .peer_ca_file
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(None);
+    };
+    let pem =
+        std::fs::read(path).map_err(|e| layered.refuse(key, format!("cannot be read: {e}")))?;
+    if crate::tls::pem_certificates(&pem).map_or(true, |certs| certs.is_empty()) {
+        return Err(layered.refuse(
+            key,
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(Some(pem))
 }
 
 /// The settings that override the port and the address of a kind's servers.
