@@ -256,15 +256,28 @@ async fn a_broken_renewal_keeps_the_old_pair() {
     let server = tls_server(&chain, Duration::from_millis(50)).await;
     let before = tls::served_leaf(&tls::connect(server.client_port, &root).await.unwrap());
     let failed = r#"gorge_notification_tls_reloads_total{port="client",result="failed"}"#;
-    let checked = |metric: &'static str| metric;
 
     // A new certificate without its new key: mismatch.
     let (leaf, key) = chain.intermediate.leaf();
     replace_by_rename(&chain.path("leaf.pem"), &leaf);
-    wait_metric(&server, &root, checked(failed), 1.0).await;
+    wait_metric(&server, &root, failed, 1.0).await;
     assert_eq!(
         tls::served_leaf(&tls::connect(server.client_port, &root).await.unwrap()),
         before
+    );
+    // Still ready (the old pair serves), and /readyz says why the renewal was not taken.
+    let (status, body) = tls::https(server.admin_port, &root, "GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{body}");
+    let readyz: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let warning = readyz["warnings"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        warning.starts_with("the client port's renewed TLS files were not taken")
+            && warning.contains("servers[0].ssl.key=")
+            && warning.contains("does not match the certificate"),
+        "{readyz}"
     );
     // Half of the certificate written: not PEM.
     replace_by_rename(&chain.path("leaf.pem"), &leaf[..leaf.len() / 2]);
@@ -283,6 +296,8 @@ async fn a_broken_renewal_keeps_the_old_pair() {
         tls::served_leaf(&tls::connect(server.client_port, &root).await.unwrap()),
         tls::der_of(&leaf)
     );
+    let (_, body) = tls::https(server.admin_port, &root, "GET", "/readyz", "").await;
+    assert_eq!(body, r#"{"status":"ok"}"#);
 }
 
 /// Keys as openssl writes them: PKCS#1 RSA (`genrsa -traditional`), SEC1 EC (`ecparam
