@@ -483,3 +483,61 @@ async fn an_https_peer_is_relayed_to_when_its_certificate_chains_to_the_peer_ca(
         }
     }
 }
+
+/// With TLS on both ports, `healthcheck`, `selftest` and `status` reach the server from its
+/// configuration (over https and wss, on loopback), as the image's HEALTHCHECK and an
+/// operator run them; a plaintext probe of the TLS admin port would fail.
+#[tokio::test]
+async fn healthcheck_selftest_and_status_work_when_the_ports_serve_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = Chain::new(dir.path());
+    let path = |name: &str| chain.path(name).display().to_string();
+    let (leaf, key, inter) = (path("leaf.pem"), path("key.pem"), path("chain.pem"));
+    let mut env = vec![
+        ("GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE", leaf.clone()),
+        ("GORGE_NOTIFICATION_CLIENT_TLS_KEY_FILE", key.clone()),
+        ("GORGE_NOTIFICATION_CLIENT_TLS_CHAIN_FILE", inter.clone()),
+        ("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", leaf),
+        ("GORGE_NOTIFICATION_ADMIN_TLS_KEY_FILE", key),
+        ("GORGE_NOTIFICATION_ADMIN_TLS_CHAIN_FILE", inter),
+    ];
+    let borrowed: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = Server::start(&borrowed);
+    env.push(("GORGE_NOTIFICATION_LISTEN_ADDR", "127.0.0.1".into()));
+    env.push((
+        "GORGE_NOTIFICATION_CLIENT_PORT",
+        server.client_port.to_string(),
+    ));
+    env.push((
+        "GORGE_NOTIFICATION_ADMIN_PORT",
+        server.admin_port.to_string(),
+    ));
+    let run = move |args: &[&str]| {
+        let output = std::process::Command::new(common::BIN)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.code(), text)
+    };
+    let runs = tokio::task::spawn_blocking(move || {
+        ["healthcheck", "selftest", "status"].map(|command| (command, run(&[command])))
+    })
+    .await
+    .unwrap();
+    for (command, (code, text)) in runs {
+        assert_eq!(code, Some(0), "{command}: {text}");
+    }
+    // The plaintext probe the TLS port refuses: what `healthcheck` would do without TLS.
+    let plain = gorge_service::healthcheck::probe(([127, 0, 0, 1], server.admin_port).into());
+    assert!(
+        plain.is_err(),
+        "a plaintext /healthz was answered on the TLS admin port"
+    );
+}
