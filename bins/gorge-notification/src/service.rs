@@ -15,6 +15,7 @@ use gorge_service::{
 };
 use rand::RngCore;
 use slog::Logger;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::Notify;
 
 use crate::broker::{self, Broker, BrokerMetrics};
@@ -320,6 +321,9 @@ impl Server {
             .iter()
             .map(|l| format!("{}={}", l.name(), l.local_addr()))
             .collect();
+        // Handled from before NOTIFY_STARTED: a SIGHUP sent once the server says it serves
+        // must not meet the default action (which ends the process).
+        let hangups = signal(SignalKind::hangup());
         gorge_service::emit_with!(log, events::NOTIFY_STARTED, self.derived;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
@@ -339,7 +343,7 @@ impl Server {
         // SIGHUP re-reads the TLS files at once (a certbot deploy hook's `systemctl reload`);
         // without TLS it does nothing. Before, SIGHUP's default action ended the process.
         let reread = Arc::new(Notify::new());
-        let hangup = tokio::spawn(on_hangup(reread.clone(), log.clone()));
+        let hangup = tokio::spawn(on_hangup(hangups, reread.clone(), log.clone()));
         let tls_watch = (!self.tls_ports.is_empty()).then(|| {
             tokio::spawn(tls::watch(
                 self.tls_ports.clone(),
@@ -370,9 +374,9 @@ impl Server {
     }
 }
 
-/// Notifies `reread` at every SIGHUP.
-async fn on_hangup(reread: Arc<Notify>, log: Logger) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+/// Notifies `reread` at every SIGHUP `hangups` receives.
+async fn on_hangup(hangups: std::io::Result<Signal>, reread: Arc<Notify>, log: Logger) {
+    let mut hangups = match hangups {
         Ok(hangups) => hangups,
         Err(e) => {
             emit!(log, events::NOTIFY_CONFIG_WARNING;

@@ -541,3 +541,20 @@ async fn healthcheck_selftest_and_status_work_when_the_ports_serve_tls() {
         "a plaintext /healthz was answered on the TLS admin port"
     );
 }
+
+/// SIGHUP (`systemctl reload`) without TLS changes nothing: the process serves on, with its
+/// sockets. Its default action would end the process.
+#[tokio::test]
+async fn sighup_without_tls_keeps_serving() {
+    let mut server = Server::start(&[]);
+    let mut ws = server.ws("/").await;
+    ws.subscribe(&[PHID]).await;
+    server.process.signal(gorge_testkit::process::Signal::HUP);
+    // Ordered after the signal's delivery: the process handled it before answering this.
+    server.post_ok("", BODY).await;
+    assert!(ws.next_text().await.contains(r#""key":"7""#));
+    assert!(
+        server.process.try_wait().is_none(),
+        "SIGHUP ended the process"
+    );
+}
