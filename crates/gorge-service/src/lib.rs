@@ -48,12 +48,12 @@ pub mod variables;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};
-pub use probes::{Probes, ReadinessCheck};
+pub use probes::{Probes, ReadinessCheck, ReadinessWarnings};
 #[doc(hidden)]
 pub use prometheus_client as __prometheus_client;
 pub use server::{
     bind_all, Accepted, BindError, BoundListener, ConnectionCap, ConnectionSlot, Handler,
-    ListenerSpec,
+    ListenerSpec, TlsServing,
 };
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
 #[doc(hidden)]

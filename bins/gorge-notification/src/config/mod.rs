@@ -10,6 +10,7 @@
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
 //! - [`broker`]: broker mode's Redis URL, password and CA;
+//! - [`tls_files`]: a server's TLS files, read and checked;
 //! - [`derived`]: what follows from the settings (the stop bound);
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
@@ -18,6 +19,7 @@ mod broker;
 pub mod derived;
 mod peer_url;
 pub mod settings;
+pub mod tls_files;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -33,6 +35,7 @@ use gorge_service::logging::LogVars;
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
 use gorge_service::ConfigError;
 use serde_json::Value;
+use tls_files::TlsFiles;
 
 pub use broker::BrokerConfig;
 #[allow(unused_imports)] // PeerProtocol: for the peer relay's tests
@@ -77,15 +80,79 @@ pub struct ServerConfig {
     /// the shared `GORGE_NOTIFICATION_LISTEN_ADDR` (which may have been meant for the
     /// client port only): an admin port exposed that way is warned about at every start.
     pub listen_chosen: bool,
+    /// The TLS files of this server, each with the setting that named it (none: plaintext).
+    pub tls: TlsSettings,
+}
+
+/// A server's TLS files as the operator named them: each path with its setting (the file's
+/// `servers[i].ssl.*` or a `GORGE_NOTIFICATION_*_TLS_*_FILE` variable).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub cert: Option<(PathBuf, String)>,
+    pub key: Option<(PathBuf, String)>,
+    pub chain: Option<(PathBuf, String)>,
+}
+
+impl TlsSettings {
+    /// The files to serve, when a certificate and its key are both given.
+    pub fn files(&self) -> Option<TlsFiles> {
+        let ((cert, cert_setting), (key, key_setting)) = (self.cert.clone()?, self.key.clone()?);
+        let (chain, chain_setting) = match self.chain.clone() {
+            Some((path, setting)) => (Some(path), setting),
+            None => (None, String::new()),
+        };
+        Some(TlsFiles {
+            cert,
+            cert_setting,
+            key,
+            key_setting,
+            chain,
+            chain_setting,
+        })
+    }
+
+    /// A certificate with its key, or neither; a chain only with a certificate; and the
+    /// pair readable, PEM and matching (see [`TlsFiles::load`]).
+    fn check(&self, kind: ServerKind) -> Result<(), ConfigError> {
+        let k = Settings::KEYS;
+        let (cert_var, key_var) = match kind {
+            ServerKind::Client => (k.client_tls_cert_file, k.client_tls_key_file),
+            ServerKind::Admin => (k.admin_tls_cert_file, k.admin_tls_key_file),
+        };
+        let needs = |(path, setting): &(PathBuf, String), what: &str, var: &str| {
+            ConfigError::new(
+                setting,
+                path.display(),
+                format!(
+                    "needs {what} too (ssl.{} of the same server, or {})",
+                    if what == "its key" { "key" } else { "cert" },
+                    Settings::env_var(var)
+                ),
+            )
+        };
+        match (&self.cert, &self.key, &self.chain) {
+            (Some(cert), None, _) => Err(needs(cert, "its key", key_var)),
+            (None, Some(key), _) => Err(needs(key, "a certificate", cert_var)),
+            (None, None, Some(chain)) => Err(needs(chain, "a certificate", cert_var)),
+            _ => match self.files() {
+                Some(files) => files
+                    .load()
+                    .map(|_| ())
+                    .map_err(|e| ConfigError::new(e.setting, e.file.display(), e.reason)),
+                None => Ok(()),
+            },
+        }
+    }
 }
 
 impl ServerConfig {
-    /// A server of `kind` on `addr` whose address nobody chose (a default).
+    /// A server of `kind` on `addr` whose address nobody chose (a default), plaintext.
     pub fn new(kind: ServerKind, addr: SocketAddr) -> ServerConfig {
         ServerConfig {
             kind,
             addr,
             listen_chosen: false,
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -105,6 +172,9 @@ pub struct PeerConfig {
     /// How long a relay to an unreachable peer is kept and retried: the history age, past
     /// which the message could not be replayed anyway.
     pub keep_for: Duration,
+    /// From `PEER_CA_FILE`: the PEM of the CA(s) `https://` peers must chain to, instead of
+    /// the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl PeerConfig {
@@ -121,6 +191,7 @@ impl PeerConfig {
             queue_capacity: usize_of(settings.peer_queue_capacity),
             timeout: Duration::from_millis(settings.peer_timeout_ms),
             keep_for: Duration::from_millis(settings.history_age_ms),
+            ca_pem: None,
         }
     }
 }
@@ -332,6 +403,34 @@ fn build(
             server.listen_chosen = false;
         }
     }
+    // TLS files from the environment win over the file's `ssl.*`, one by one.
+    for server in &mut servers {
+        let (cert, key, chain) = match server.kind {
+            ServerKind::Client => (
+                (k.client_tls_cert_file, &settings.client_tls_cert_file),
+                (k.client_tls_key_file, &settings.client_tls_key_file),
+                (k.client_tls_chain_file, &settings.client_tls_chain_file),
+            ),
+            ServerKind::Admin => (
+                (k.admin_tls_cert_file, &settings.admin_tls_cert_file),
+                (k.admin_tls_key_file, &settings.admin_tls_key_file),
+                (k.admin_tls_chain_file, &settings.admin_tls_chain_file),
+            ),
+        };
+        let tls = &mut server.tls;
+        for ((key, value), slot) in [
+            (cert, &mut tls.cert),
+            (key, &mut tls.key),
+            (chain, &mut tls.chain),
+        ] {
+            if let Some(path) = value.as_deref().filter(|p| !p.is_empty()) {
+                *slot = Some((PathBuf::from(path), layered.name(key)));
+            }
+        }
+    }
+    for server in &servers {
+        server.tls.check(server.kind)?;
+    }
     for kind in [ServerKind::Client, ServerKind::Admin] {
         if !servers.iter().any(|s| s.kind == kind) {
             return Err(ConfigError::new(
@@ -394,7 +493,10 @@ fn build(
     let has_peers = !static_peers.is_empty() || dns.is_some();
     let cluster = match broker_config(&layered, has_peers)? {
         Some(broker) => ClusterConfig::Broker(broker),
-        None if has_peers => ClusterConfig::Mesh(PeerConfig::new(static_peers, dns, settings)),
+        None if has_peers => ClusterConfig::Mesh(PeerConfig {
+            ca_pem: peer_ca(&layered)?,
+            ..PeerConfig::new(static_peers, dns, settings)
+        }),
         None => ClusterConfig::Alone,
     };
 
@@ -483,6 +585,28 @@ fn build(
     })
 }
 
+/// `PEER_CA_FILE`, read and checked: a readable file holding PEM certificates.
+fn peer_ca(layered: &Layered<Settings>) -> Result<Option<Vec<u8>>, ConfigError> {
+    let key = Settings::KEYS.peer_ca_file;
+    let Some(path) = layered
+        .values
+        .peer_ca_file
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(None);
+    };
+    let pem =
+        std::fs::read(path).map_err(|e| layered.refuse(key, format!("cannot be read: {e}")))?;
+    if tls_files::pem_certificates(&pem).map_or(true, |certs| certs.is_empty()) {
+        return Err(layered.refuse(
+            key,
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(Some(pem))
+}
+
 /// The settings that override the port and the address of a kind's servers.
 fn server_keys(kind: ServerKind) -> (&'static str, &'static str) {
     let k = Settings::KEYS;
@@ -546,9 +670,22 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
     let env_source = |key: &str| Some(layered.source(key)).filter(|s| matches!(s, Source::Env(_)));
     for (i, server) in config.servers.iter().enumerate() {
         let (port_key, listen_key) = server_keys(server.kind);
+        let tls = match server.tls.files() {
+            Some(files) => {
+                format!(
+                    " tls cert={} key={}",
+                    files.cert.display(),
+                    files.key.display()
+                ) + &files
+                    .chain
+                    .map(|c| format!(" chain={}", c.display()))
+                    .unwrap_or_default()
+            }
+            None => String::new(),
+        };
         lines.push(CheckLine {
             name: format!("servers[{i}]"),
-            value: format!("{} {}", server.kind, server.addr),
+            value: format!("{} {}{tls}", server.kind, server.addr),
             source: env_source(port_key)
                 .or_else(|| env_source(listen_key))
                 .or_else(|| env_source(Settings::KEYS.listen_addr))
@@ -623,9 +760,9 @@ pub fn print_config(config: &Config) -> Value {
                 "type": s.kind.to_string(),
                 "port": s.addr.port(),
                 "listen": s.addr.ip().to_string(),
-                "ssl.key": null,
-                "ssl.cert": null,
-                "ssl.chain": null,
+                "ssl.key": path_of(&s.tls.key),
+                "ssl.cert": path_of(&s.tls.cert),
+                "ssl.chain": path_of(&s.tls.chain),
             })
         })
         .collect();
@@ -662,6 +799,13 @@ pub fn print_config(config: &Config) -> Value {
         gorge_service::derived::json(config, &config.layered),
     );
     Value::Object(out)
+}
+
+/// A TLS file's path for `--print-config`, or null.
+fn path_of(file: &Option<(PathBuf, String)>) -> Value {
+    file.as_ref().map_or(Value::Null, |(path, _)| {
+        Value::from(path.display().to_string())
+    })
 }
 
 /// What `--print-config` could not write, for stderr (a JSON file has no comments): a
@@ -957,14 +1101,25 @@ mod tests {
         build_with(Settings::default(), Some(file)).unwrap_err()
     }
 
+    /// TLS needs a certificate and its key: one alone names itself and what is missing.
     #[test]
-    fn ssl_is_a_startup_error() {
+    fn an_ssl_key_without_a_certificate_is_a_startup_error() {
         let e = file_error(
             json!({"servers": [{"type": "client", "port": 22280, "ssl.key": "/k.pem"}, {"type": "admin", "port": 22281}]}),
         );
         assert_eq!(e.key, "servers[0].ssl.key");
         assert_eq!(e.value, "/k.pem");
-        assert!(e.reason.contains("terminate TLS"), "{e}");
+        assert_eq!(
+            e.reason,
+            "needs a certificate too (ssl.cert of the same server, or \
+             GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE)"
+        );
+        let e = load_env(&[("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")
+        );
+        assert!(e.reason.starts_with("needs its key too"), "{e}");
     }
 
     #[test]
@@ -1210,7 +1365,11 @@ mod tests {
             .collect();
         for key in Settings::file_keys() {
             let var = Settings::env_var(key);
-            let skipped = ["GORGE_NOTIFICATION_BROKER_CA_FILE"];
+            // Files that must exist and hold PEM certificates.
+            let skipped = [
+                "GORGE_NOTIFICATION_BROKER_CA_FILE",
+                "GORGE_NOTIFICATION_PEER_CA_FILE",
+            ];
             assert!(
                 set.contains(&var) || skipped.contains(&var.as_str()),
                 "{var} is not set"
