@@ -58,6 +58,7 @@ async fn open_subscribed(
     let mut opened = open_many(
         &url,
         server.client_addr(),
+        None,
         indices,
         concurrency,
         None,
@@ -76,6 +77,7 @@ async fn open_subscribed(
             let again = open_many(
                 &url,
                 server.client_addr(),
+                None,
                 index..index + 1,
                 1,
                 None,
