@@ -21,6 +21,14 @@ use crate::server_metrics;
 use crate::sys;
 use crate::tls::ClientTls;
 
+/// Where browsers connect: the client URL, its address, and TLS for a `wss://` URL.
+#[derive(Clone)]
+pub struct Target {
+    pub url: String,
+    pub server: SocketAddr,
+    pub tls: Option<Arc<ClientTls>>,
+}
+
 /// The label PHP's cURL puts on the raw JSON body; the server must ignore it.
 pub const PHP_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 
@@ -106,9 +114,7 @@ pub struct Opened {
 /// Opens `count` sockets with bounded handshake concurrency; each is subscribed to
 /// `phids(index)` and confirmed by pong before it counts as opened.
 pub async fn open_many(
-    url: &str,
-    server: SocketAddr,
-    tls: Option<Arc<ClientTls>>,
+    target: &Target,
     indices: std::ops::Range<usize>,
     concurrency: usize,
     recv_buffer: Option<u32>,
@@ -124,8 +130,7 @@ pub async fn open_many(
     };
     for index in indices {
         let permit = permits.clone().acquire_owned().await;
-        let url = url.to_string();
-        let tls = tls.clone();
+        let Target { url, server, tls } = target.clone();
         let subscriptions = phids(index);
         tasks.spawn(async move {
             let _permit = permit;
@@ -192,6 +197,11 @@ pub async fn run(args: NotifyArgs) -> Value {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
+    let browsers = Target {
+        url: args.server.client.clone(),
+        server,
+        tls: client_tls,
+    };
     let rss_before = args.pid.and_then(|pid| sys::rss_bytes(pid).ok());
 
     // Ramp up: readers first, then the stuck sockets (tiny receive buffers so that they
@@ -199,9 +209,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     let shared: Vec<String> = (0..args.shared.max(1)).map(shared_phid).collect();
     let ramp_started = Instant::now();
     let readers = open_many(
-        &args.server.client,
-        server,
-        client_tls.clone(),
+        &browsers,
         0..args.sockets,
         args.connect_concurrency,
         None,
@@ -214,9 +222,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     )
     .await;
     let stuck = open_many(
-        &args.server.client,
-        server,
-        client_tls.clone(),
+        &browsers,
         args.sockets..args.sockets + args.stuck,
         args.connect_concurrency,
         Some(4096),
