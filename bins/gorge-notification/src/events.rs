@@ -21,6 +21,12 @@ gorge_service::events! {
         NOTIFY_FILE_LIMIT_NOT_RAISED: Warning ["error"] "Raising the open-file limit failed";
         NOTIFY_BIND_FAILED: Error ["addr", "error"]
             "A listener could not be bound: nothing serves, exit 1";
+        NOTIFY_TLS_RELOADED: Info ["port", "expires_in_seconds"]
+            "A TLS port's files changed (renewal, SIGHUP) and the new pair is served to new \
+             handshakes; open sockets keep theirs";
+        NOTIFY_TLS_RELOAD_FAILED: Warning ["port", "setting", "file", "reason"]
+            "A TLS port's files changed into a pair that cannot be served (unreadable, not PEM, \
+             key not matching): the old pair serves on; once per distinct failure";
         NOTIFY_STOPPED: Error ["error"] "A runtime failure stopped the server (exit 1)";
         NOTIFY_CLIENT_CONNECTED: Debug @ "clients" ["instance"] "A browser's WebSocket was accepted";
         NOTIFY_CLIENT_DISCONNECTED: Debug @ "clients" ["instance", "reason"]

@@ -27,6 +27,7 @@
 //! - [`metrics`]: the Prometheus metrics;
 //! - [`fdlimit`]: raising the open-file limit at startup;
 //! - [`memory`]: handing freed heap memory back after a large release (an attack's sockets);
+//! - [`tls`]: TLS on a server entry, its files checked and a renewal taken while serving;
 //! - [`inspect`]: the `selftest` and `status` subcommands, which check a running server.
 
 pub mod admin;
@@ -51,4 +52,5 @@ pub mod runtimes;
 pub mod service;
 pub mod session;
 pub mod state;
+pub mod tls;
 pub mod warmup;

@@ -102,6 +102,20 @@ gorge_service::metrics! {
              within 10 s of the accept";
         accept_errors: Counter,
             "Failed accepts on any listener (out of file descriptors and the like)";
+        tls_certificate_expires_in_seconds: Gauge[port],
+            "Seconds until the certificate a TLS port (client or admin) serves expires, as of \
+             the last check of its files (every 60 s and on SIGHUP); negative once expired. \
+             Only TLS ports have a series";
+        tls_reloads: Counter[port, result],
+            "Renewed certificate files found on a TLS port: taken (new handshakes use them), \
+             or failed (unreadable, not PEM, key not matching: the old pair serves on; once \
+             per distinct failure)";
+        tls_plaintext_refused: Counter[port],
+            "Connections to a TLS port closed unanswered because they spoke plaintext (an \
+             http:// or ws:// URL pointed at it)";
+        tls_handshakes_failed: Counter[port],
+            "TLS handshakes that failed or did not finish within the first-request deadline \
+             (10 s on the client port, 30 s on the admin port)";
     }
 }
 

@@ -11,7 +11,7 @@ use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::settings::Declared;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
-    RunError, RunOptions, Shutdown,
+    RunError, RunOptions, Shutdown, TlsServing,
 };
 use rand::RngCore;
 use slog::Logger;
@@ -28,6 +28,7 @@ use crate::peers::{PeerMetrics, PeerRelay};
 use crate::recent_ids::RecentIds;
 use crate::runtimes::OwnRuntime;
 use crate::state::{ConnectionLimits, ServerState};
+use crate::tls::{self, PortTls};
 use crate::{admin, client_port, drain, fdlimit, warmup};
 use gorge_service::emit;
 
@@ -54,6 +55,9 @@ pub struct Server {
     client_runtime: OwnRuntime,
     /// Bounds the warm-up from peers in a mesh (the gate opens by then whatever happened).
     warmup_deadline: Duration,
+    /// The TLS listeners' files and pairs, re-checked while serving.
+    tls_ports: Vec<Arc<PortTls>>,
+    tls_recheck: Duration,
 }
 
 impl Server {
@@ -151,6 +155,27 @@ impl Server {
                     networks, and set {variable} (or the admin server's listen) to say this \
                     address is meant"));
         }
+        // Each TLS server's pair, read again (the configuration checked it) and served from an
+        // `Arc` that a renewal swaps.
+        let mut tls_ports = Vec::new();
+        let mut tls = Vec::new();
+        for server in &config.servers {
+            let port = match server.tls.files() {
+                Some(files) => {
+                    let pair = files.load().map_err(|e| BindError {
+                        name: server.kind.to_string(),
+                        addr: server.addr,
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+                    let port = Arc::new(PortTls::new(server.kind, files, pair));
+                    tls::set_expiry(&port, &state.metrics);
+                    tls_ports.push(port.clone());
+                    Some(port)
+                }
+                None => None,
+            };
+            tls.push(port);
+        }
         let specs = config
             .servers
             .iter()
@@ -186,10 +211,30 @@ impl Server {
         let listeners = bind_all(specs)
             .await?
             .into_iter()
-            .map(|l| {
+            .zip(tls)
+            .map(|(l, tls)| {
                 let l = l
                     .close_at_drain_start()
                     .with_accept_error_counter(state.metrics.accept_errors.clone());
+                let l = match tls {
+                    Some(port) => {
+                        let label = tls::port_label(port.kind);
+                        l.with_tls(TlsServing {
+                            acceptor: port.server_config().into(),
+                            plaintext_refused: state
+                                .metrics
+                                .tls_plaintext_refused
+                                .with([label])
+                                .clone(),
+                            handshakes_failed: state
+                                .metrics
+                                .tls_handshakes_failed
+                                .with([label])
+                                .clone(),
+                        })
+                    }
+                    None => l,
+                };
                 if l.name() == admin_name {
                     l.on_runtime(admin_runtime.handle())
                 } else {
@@ -214,7 +259,15 @@ impl Server {
             admin_runtime,
             client_runtime,
             warmup_deadline,
+            tls_ports,
+            tls_recheck: tls::RECHECK,
         })
+    }
+
+    /// Replaces how often the TLS files are re-read (default [`tls::RECHECK`]); for tests.
+    pub fn with_tls_recheck(mut self, every: Duration) -> Self {
+        self.tls_recheck = every;
+        self
     }
 
     /// Replaces the whole-request time limit (default 30 s) of every listener.
@@ -265,6 +318,19 @@ impl Server {
                 self.warmup_deadline,
             ));
         }
+        // SIGHUP re-reads the TLS files at once (a certbot deploy hook's `systemctl reload`);
+        // without TLS it does nothing. Before, SIGHUP's default action ended the process.
+        let reread = Arc::new(Notify::new());
+        let hangup = tokio::spawn(on_hangup(reread.clone(), log.clone()));
+        let tls_watch = (!self.tls_ports.is_empty()).then(|| {
+            tokio::spawn(tls::watch(
+                self.tls_ports.clone(),
+                state.metrics.clone(),
+                log.clone(),
+                self.tls_recheck,
+                reread,
+            ))
+        });
         let options = RunOptions {
             drain_deadline: self.drain_deadline.saturating_sub(REQUEST_GRACE),
             request_grace: REQUEST_GRACE,
@@ -276,9 +342,28 @@ impl Server {
             Box::new(move || Box::pin(drain::drain(drain_state, window)));
         let result = run(self.listeners, state.probes.clone(), hook, options, &log).await;
         housekeeping.abort();
+        hangup.abort();
+        if let Some(watch) = tls_watch {
+            watch.abort();
+        }
         drop(self.admin_runtime);
         drop(self.client_runtime);
         result
+    }
+}
+
+/// Notifies `reread` at every SIGHUP.
+async fn on_hangup(reread: Arc<Notify>, log: Logger) {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(e) => {
+            emit!(log, events::NOTIFY_CONFIG_WARNING;
+                "warning" => format!("SIGHUP cannot be handled ({e}): TLS files are re-read every 60 s only"));
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        reread.notify_one();
     }
 }
 

@@ -8,6 +8,9 @@
 //! so a queued frame is always written and a close request is never swallowed by a write.
 //! Everything the socket makes the server hold (frames, pongs, our pings) is in one bounded
 //! queue; over the bound the socket is closed with 1008 and counted.
+//!
+//! On a TLS port the same socket is written through rustls: frames are encrypted as they are
+//! written, and what the kernel did not take yet is finished like a queued frame.
 
 use std::io::{self, IoSlice};
 use std::sync::Arc;
@@ -20,7 +23,9 @@ use hyper_util::rt::TokioIo;
 use phorge_wire::aphlict::{self, ClientCommand};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 
 use crate::budget::{Budget, Over};
 use crate::events;
@@ -75,16 +80,116 @@ impl Drop for Registration {
     }
 }
 
-/// The socket, shared by this task (reads, waits) and the fan-out (non-blocking writes).
-struct Stream(TcpStream);
+/// The socket, shared by this task (reads, waits) and the fan-out (non-blocking writes):
+/// plain TCP, or TLS over TCP (a TLS port).
+enum Stream {
+    Plain(TcpStream),
+    Tls(TlsSocket),
+}
+
+/// A TLS socket after its handshake. The rustls state is behind a per-socket lock because
+/// the fan-out and this task both write; it is held only around non-blocking socket calls
+/// and never across an await. Records encrypted but not yet taken by the kernel stay in
+/// rustls: new frames wait behind them (the write answers `WouldBlock`), and `leftover`
+/// wakes this task to finish them when the fan-out's write left some.
+struct TlsSocket {
+    tcp: TcpStream,
+    conn: std::sync::Mutex<rustls::ServerConnection>,
+    leftover: Notify,
+}
+
+/// `std::io` over a non-blocking tokio socket, for rustls's `read_tls` / `write_tls`.
+struct Nonblocking<'a>(&'a TcpStream);
+
+impl io::Read for Nonblocking<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
+    }
+}
+
+impl io::Write for Nonblocking<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.try_write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl TlsSocket {
+    fn lock(&self) -> std::sync::MutexGuard<'_, rustls::ServerConnection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the records already encrypted; `Err(WouldBlock)` while some are left.
+    fn flush_records(&self, conn: &mut rustls::ServerConnection) -> io::Result<()> {
+        while conn.wants_write() {
+            if conn.write_tls(&mut Nonblocking(&self.tcp))? == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(tcp) => tcp,
+            Stream::Tls(tls) => &tls.tcp,
+        }
+    }
+
+    /// Writes what TLS holds encrypted; `Ok(true)` while some is left (wait until writable).
+    fn flush_pending(&self) -> io::Result<bool> {
+        match self {
+            Stream::Plain(_) => Ok(false),
+            Stream::Tls(tls) => match tls.flush_records(&mut tls.lock()) {
+                Ok(()) => Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(true),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Completes when the fan-out left encrypted records unwritten (never for plain TCP).
+    async fn leftover(&self) {
+        match self {
+            Stream::Plain(_) => std::future::pending().await,
+            Stream::Tls(tls) => tls.leftover.notified().await,
+        }
+    }
+}
 
 impl Sink for Stream {
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        // sendmsg rather than tokio's writev: a socket call skips the file layer (its
-        // position lock and checks), a measurable share of the fan-out's CPU per frame.
-        self.0.try_io(Interest::WRITABLE, || {
-            socket2::SockRef::from(&self.0).send_vectored(bufs)
-        })
+        match self {
+            // sendmsg rather than tokio's writev: a socket call skips the file layer (its
+            // position lock and checks), a measurable share of the fan-out's CPU per frame.
+            Stream::Plain(tcp) => tcp.try_io(Interest::WRITABLE, || {
+                socket2::SockRef::from(tcp).send_vectored(bufs)
+            }),
+            Stream::Tls(tls) => {
+                let mut conn = tls.lock();
+                // New frames go behind the records already encrypted, never beside them.
+                tls.flush_records(&mut conn)?;
+                let taken = io::Write::write_vectored(&mut conn.writer(), bufs)?;
+                if taken == 0 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                match tls.flush_records(&mut conn) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => tls.leftover.notify_one(),
+                    Err(e) => return Err(e),
+                }
+                Ok(taken)
+            }
+        }
     }
 }
 
@@ -157,19 +262,33 @@ impl End {
 /// Runs the session until the socket closes; the registration is released on return.
 pub async fn run(registration: Registration, upgraded: Upgraded) {
     let state = registration.state.clone();
-    let parts = match upgraded.downcast::<TokioIo<Http10AsHttp11<TcpStream>>>() {
-        Ok(parts) => parts,
-        Err(_) => {
-            emit!(state.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP stream");
-            return;
-        }
+    let (stream, read_buf) = match upgraded.downcast::<TokioIo<Http10AsHttp11<TcpStream>>>() {
+        Ok(parts) => (
+            Stream::Plain(parts.io.into_inner().into_inner()),
+            parts.read_buf,
+        ),
+        Err(upgraded) => match upgraded.downcast::<TokioIo<Http10AsHttp11<TlsStream<TcpStream>>>>()
+        {
+            Ok(parts) => {
+                let (tcp, conn) = parts.io.into_inner().into_inner().into_inner();
+                let tls = TlsSocket {
+                    tcp,
+                    conn: std::sync::Mutex::new(conn),
+                    leftover: Notify::new(),
+                };
+                (Stream::Tls(tls), parts.read_buf)
+            }
+            Err(_) => {
+                emit!(state.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP or TLS stream");
+                return;
+            }
+        },
     };
-    let tcp = parts.io.into_inner().into_inner();
-    let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
-    let stream = Arc::new(Stream(tcp));
+    let _ = socket2::SockRef::from(stream.tcp()).set_send_buffer_size(SEND_BUFFER_BYTES);
+    let stream = Arc::new(stream);
     let send_queue = registration.handle.send_queue().clone();
     send_queue.attach(stream.clone());
-    let mut reader = frames::Reader::new(parts.read_buf, state.limits.max_frame_bytes);
+    let mut reader = frames::Reader::new(read_buf, state.limits.max_frame_bytes);
     let end = serve(&state, &registration.handle, &stream, &mut reader).await;
     // Counted when the decision is made, not after the close handshake below.
     state.metrics.sockets_closed.with([end.label()]).inc();
@@ -218,7 +337,7 @@ async fn finish(
             Flush::Empty => break,
             Flush::More => {}
             Flush::WouldBlock => {
-                if stream.0.writable().await.is_err() {
+                if stream.tcp().writable().await.is_err() {
                     return;
                 }
             }
@@ -226,11 +345,23 @@ async fn finish(
             Flush::Detached | Flush::Failed => return,
         }
     }
+    // What TLS still holds encrypted, the close frame included.
+    loop {
+        match stream.flush_pending() {
+            Ok(false) => break,
+            Ok(true) => {
+                if stream.tcp().writable().await.is_err() {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
     if !ours {
         return;
     }
     loop {
-        if stream.0.readable().await.is_err() {
+        if stream.tcp().readable().await.is_err() {
             return;
         }
         match read_some(stream, reader) {
@@ -251,12 +382,40 @@ async fn finish(
     }
 }
 
-/// Reads what the socket has into the reader; `Ok(0)` is the end of the stream.
+/// Reads what the socket has into the reader (through TLS on a TLS port); `Ok(0)` is the
+/// end of the stream. Returns the bytes read from the socket.
 fn read_some(stream: &Stream, reader: &mut frames::Reader) -> io::Result<usize> {
     let mut chunk = [0u8; READ_CHUNK];
-    let n = stream.0.try_read(&mut chunk)?;
-    reader.extend(&chunk[..n]);
-    Ok(n)
+    let tls = match stream {
+        Stream::Plain(tcp) => {
+            let n = tcp.try_read(&mut chunk)?;
+            reader.extend(&chunk[..n]);
+            return Ok(n);
+        }
+        Stream::Tls(tls) => tls,
+    };
+    let mut conn = tls.lock();
+    let n = conn.read_tls(&mut Nonblocking(&tls.tcp))?;
+    if n == 0 {
+        return Ok(0);
+    }
+    let processed = conn.process_new_packets();
+    // An alert or a handshake answer rustls wrote goes out now when it can; what is left is
+    // finished by the session's writer.
+    match tls.flush_records(&mut conn) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => tls.leftover.notify_one(),
+        _ => {}
+    }
+    processed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    loop {
+        match io::Read::read(&mut conn.reader(), &mut chunk) {
+            // close_notify: the client ended the stream.
+            Ok(0) => return Ok(0),
+            Ok(m) => reader.extend(&chunk[..m]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(n),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// What one round of writing found.
@@ -307,6 +466,12 @@ async fn serve(
         let Ok(Written { blocked, progress }) = write_some(send_queue) else {
             return End::Gone;
         };
+        // On a TLS port, encrypted records the kernel did not take yet wait for writability
+        // like queued frames.
+        let blocked = match stream.flush_pending() {
+            Ok(pending) => blocked || pending,
+            Err(_) => return End::Gone,
+        };
         if progress && backlogged {
             // A backlogged client that still takes bytes is alive, even when the backlog in
             // the kernel's buffers delays its answer to our ping past the idle timeout. (A
@@ -331,7 +496,7 @@ async fn serve(
                     next_ping = now + limits.ping_interval;
                 }
             }
-            readable = stream.0.readable() => {
+            readable = stream.tcp().readable() => {
                 if readable.is_err() {
                     return End::Gone;
                 }
@@ -369,7 +534,8 @@ async fn serve(
                 tokio::task::consume_budget().await;
             }
             () = send_queue.ready(), if !blocked => {}
-            writable = stream.0.writable(), if blocked => {
+            () = stream.leftover(), if !blocked => {}
+            writable = stream.tcp().writable(), if blocked => {
                 if writable.is_err() {
                     return End::Gone;
                 }

@@ -53,7 +53,7 @@ pub use probes::{Probes, ReadinessCheck};
 pub use prometheus_client as __prometheus_client;
 pub use server::{
     bind_all, Accepted, BindError, BoundListener, ConnectionCap, ConnectionSlot, Handler,
-    ListenerSpec,
+    ListenerSpec, TlsServing,
 };
 pub use shutdown::{run, DrainHook, RunError, RunOptions, Shutdown};
 #[doc(hidden)]

@@ -14,6 +14,12 @@
 //! ([`BoundListener::with_first_request_deadline`]) and read HTTP/1.0 upgrades as HTTP/1.1
 //! ([`BoundListener::serve_http10_upgrades`]). Each request carries its connection's
 //! [`Accepted`] instant.
+//!
+//! A listener may serve TLS ([`BoundListener::with_tls`]): the handshake runs before hyper
+//! sees the connection, within the same first-request deadline (or the header timeout), and
+//! a connection whose first byte is not a TLS record (plaintext HTTP on a TLS port) is closed
+//! without an answer and counted. A plaintext listener's connections are served exactly as
+//! before: their stream type does not change and nothing is buffered for them.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -32,8 +38,10 @@ use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use slog::Logger;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 use crate::http::{error_response, Response};
 use crate::http10::{Http10AsHttp11, WasHttp10};
@@ -108,6 +116,22 @@ struct FirstRequestDeadline {
     expired: Counter,
 }
 
+/// TLS on a listener: the acceptor (its certificate resolver may swap pairs while serving)
+/// and what it counts.
+#[derive(Clone)]
+pub struct TlsServing {
+    /// Handshakes with the listener's `rustls::ServerConfig`.
+    pub acceptor: TlsAcceptor,
+    /// Connections whose first byte was not a TLS handshake record (plaintext HTTP).
+    pub plaintext_refused: Counter,
+    /// Handshakes that failed or did not finish in time.
+    pub handshakes_failed: Counter,
+}
+
+/// The first byte of a TLS handshake record (RFC 8446 §5.1, `ContentType.handshake`); a
+/// plaintext HTTP request starts with a method's letter.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// A listener to open: a name for logs and errors, an address, and its request handler.
 pub struct ListenerSpec {
     /// Name used in logs and in a [`BindError`] (`admin`, `client`, `status`…).
@@ -132,6 +156,7 @@ pub struct BoundListener {
     cap: Option<ConnectionCap>,
     first_request: Option<FirstRequestDeadline>,
     http10_upgrades: bool,
+    tls: Option<TlsServing>,
 }
 
 impl BoundListener {
@@ -200,6 +225,12 @@ impl BoundListener {
         self
     }
 
+    /// Serves TLS on this listener (see the module's doc).
+    pub fn with_tls(mut self, tls: TlsServing) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
         self.runtime.clone()
     }
@@ -260,6 +291,7 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 cap: None,
                 first_request: None,
                 http10_upgrades: false,
+                tls: None,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -349,9 +381,24 @@ pub(crate) async fn serve(
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
                 let guard = open_connections.clone();
-                tokio::spawn(serve_connection(
-                    stream, connection, handler, timeouts, stop, guard,
-                ));
+                match &bound.tls {
+                    None => {
+                        tokio::spawn(serve_connection(
+                            stream, connection, handler, timeouts, stop, guard,
+                        ));
+                    }
+                    Some(tls) => {
+                        tokio::spawn(serve_tls_connection(
+                            tls.clone(),
+                            stream,
+                            connection,
+                            handler,
+                            timeouts,
+                            stop,
+                            guard,
+                        ));
+                    }
+                }
             }
             Err(err) if is_transient_accept_error(&err) => {
                 bound.accept_errors.inc();
@@ -375,8 +422,79 @@ struct Connection {
     http10_upgrades: bool,
 }
 
-async fn serve_connection(
+/// Completes the TLS handshake of `stream`, then serves it as [`serve_connection`] does. The
+/// handshake must finish within the connection's first-request deadline (or the header
+/// timeout): a client that opens connections and never completes one holds nothing for
+/// longer than a slow plaintext client could. The time it took is taken off that deadline.
+async fn serve_tls_connection(
+    tls: TlsServing,
     stream: TcpStream,
+    mut connection: Connection,
+    handler: Handler,
+    timeouts: (Duration, Duration),
+    stop: watch::Receiver<bool>,
+    open_connection: watch::Receiver<()>,
+) {
+    let within = connection
+        .first_request
+        .as_ref()
+        .map_or(timeouts.0, |deadline| deadline.within);
+    let started = tokio::time::Instant::now();
+    let _ = stream.set_nodelay(true);
+    let handshake = async {
+        // Peeked, not read: a TLS client's bytes stay in the kernel for rustls.
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first).await {
+            Ok(1) if first[0] == TLS_HANDSHAKE_RECORD => {}
+            Ok(1) => return Err(Some(&tls.plaintext_refused)),
+            // Closed before a byte (a TCP probe): nothing failed.
+            Ok(_) => return Err(None),
+            Err(_) => return Err(Some(&tls.handshakes_failed)),
+        }
+        tls.acceptor
+            .accept(stream)
+            .await
+            .map_err(|_| Some(&tls.handshakes_failed))
+    };
+    let stream = match tokio::time::timeout(within, handshake).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(counter)) => {
+            if let Some(counter) = counter {
+                counter.inc();
+            }
+            return;
+        }
+        Err(_) => {
+            tls.handshakes_failed.inc();
+            return;
+        }
+    };
+    if let Some(deadline) = &mut connection.first_request {
+        deadline.within = deadline.within.saturating_sub(started.elapsed());
+    }
+    serve_connection(stream, connection, handler, timeouts, stop, open_connection).await;
+}
+
+/// A connection's byte stream: a TCP stream, or TLS over one.
+trait ConnectionStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Sets `TCP_NODELAY` on the socket beneath.
+    fn set_nodelay(&self);
+}
+
+impl ConnectionStream for TcpStream {
+    fn set_nodelay(&self) {
+        let _ = TcpStream::set_nodelay(self, true);
+    }
+}
+
+impl ConnectionStream for tokio_rustls::server::TlsStream<TcpStream> {
+    fn set_nodelay(&self) {
+        let _ = self.get_ref().0.set_nodelay(true);
+    }
+}
+
+async fn serve_connection<S: ConnectionStream>(
+    stream: S,
     Connection {
         peer,
         accepted,
@@ -390,7 +508,7 @@ async fn serve_connection(
     _open_connection: watch::Receiver<()>,
 ) {
     // Small responses and WebSocket frames should not wait for Nagle's algorithm.
-    let _ = stream.set_nodelay(true);
+    stream.set_nodelay();
     let stream = Http10AsHttp11::new(stream, http10_upgrades);
     let was_http10 = stream.patched_flag();
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));

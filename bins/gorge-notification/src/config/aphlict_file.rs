@@ -3,11 +3,14 @@
 //! settings under their keys (`"max_sockets": 100000`, applied by the shared declaration),
 //! which Aphlict itself ignores.
 //!
+//! `ssl.key`, `ssl.cert` and `ssl.chain` turn TLS on for their server entry, as Aphlict
+//! (see [`crate::tls`]).
+//!
 //! An unknown key inside a `servers[]` or `cluster[]` entry is refused with a did-you-mean:
 //! `"lisen": "127.0.0.1"` would otherwise leave the unauthenticated admin port on 0.0.0.0.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gorge_service::config::unknown_key_reason;
 use gorge_service::settings::{self, Declared, FileFormat, Kind, Layered, Port};
@@ -15,10 +18,12 @@ use gorge_service::ConfigError;
 use serde_json::{Map, Value};
 
 use super::peer_url::{PeerProtocol, PeerUrl};
-use super::{IgnoredKey, ServerConfig, ServerKind, Settings};
+use super::{IgnoredKey, ServerConfig, ServerKind, Settings, TlsSettings};
 
 /// Keys of a `servers[]` entry.
 const SERVER_KEYS: [&str; 6] = ["type", "port", "listen", "ssl.key", "ssl.cert", "ssl.chain"];
+/// The TLS keys of a `servers[]` entry, as Aphlict reads them.
+const SSL_KEYS: [&str; 3] = ["ssl.key", "ssl.cert", "ssl.chain"];
 /// Keys of a `cluster[]` entry.
 const CLUSTER_KEYS: [&str; 3] = ["host", "port", "protocol"];
 /// Aphlict's top-level keys that mean nothing here, and why.
@@ -150,15 +155,19 @@ fn parse_servers(value: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
     for (i, entry) in entries("servers", value)?.into_iter().enumerate() {
         let at = |field: &str| format!("servers[{i}].{field}");
         refuse_unknown(&format!("servers[{i}]"), entry, &SERVER_KEYS)?;
-        for ssl in ["ssl.key", "ssl.cert", "ssl.chain"] {
-            if let Some(v) = entry.get(ssl).filter(|v| !v.is_null()) {
-                return Err(ConfigError::new(
-                    at(ssl),
-                    json_text(v),
-                    "TLS is not served here: terminate TLS in front of gorge-notification \
-                     (ingress or proxy) and set ssl.* to null",
-                ));
-            }
+        let mut ssl = [None, None, None];
+        for (slot, name) in ssl.iter_mut().zip(SSL_KEYS) {
+            *slot = match entry.get(name) {
+                None | Some(Value::Null) => None,
+                Some(Value::String(path)) if !path.is_empty() => Some(PathBuf::from(path)),
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        at(name),
+                        json_text(other),
+                        "expected the path of a PEM file as a string, or null",
+                    ))
+                }
+            };
         }
         let kind = match entry.get("type") {
             Some(Value::String(t)) if t == "client" => ServerKind::Client,
@@ -184,10 +193,16 @@ fn parse_servers(value: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
                 ))
             }
         };
+        let [key, cert, chain] = ssl;
         servers.push(ServerConfig {
             kind,
             addr: SocketAddr::new(ip, port),
             listen_chosen,
+            tls: TlsSettings {
+                cert: cert.map(|path| (path, at("ssl.cert"))),
+                key: key.map(|path| (path, at("ssl.key"))),
+                chain: chain.map(|path| (path, at("ssl.chain"))),
+            },
         });
     }
     Ok(servers)

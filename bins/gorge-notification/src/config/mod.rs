@@ -28,6 +28,7 @@ use std::time::Duration;
 use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
+use crate::tls::TlsFiles;
 use gorge_service::config::{env_value, without_url_password, CheckLine, Secret, Source};
 use gorge_service::logging::LogVars;
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
@@ -77,15 +78,79 @@ pub struct ServerConfig {
     /// the shared `GORGE_NOTIFICATION_LISTEN_ADDR` (which may have been meant for the
     /// client port only): an admin port exposed that way is warned about at every start.
     pub listen_chosen: bool,
+    /// The TLS files of this server, each with the setting that named it (none: plaintext).
+    pub tls: TlsSettings,
+}
+
+/// A server's TLS files as the operator named them: each path with its setting (the file's
+/// `servers[i].ssl.*` or a `GORGE_NOTIFICATION_*_TLS_*_FILE` variable).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub cert: Option<(PathBuf, String)>,
+    pub key: Option<(PathBuf, String)>,
+    pub chain: Option<(PathBuf, String)>,
+}
+
+impl TlsSettings {
+    /// The files to serve, when a certificate and its key are both given.
+    pub fn files(&self) -> Option<TlsFiles> {
+        let ((cert, cert_setting), (key, key_setting)) = (self.cert.clone()?, self.key.clone()?);
+        let (chain, chain_setting) = match self.chain.clone() {
+            Some((path, setting)) => (Some(path), setting),
+            None => (None, String::new()),
+        };
+        Some(TlsFiles {
+            cert,
+            cert_setting,
+            key,
+            key_setting,
+            chain,
+            chain_setting,
+        })
+    }
+
+    /// A certificate with its key, or neither; a chain only with a certificate; and the
+    /// pair readable, PEM and matching (see [`TlsFiles::load`]).
+    fn check(&self, kind: ServerKind) -> Result<(), ConfigError> {
+        let k = Settings::KEYS;
+        let (cert_var, key_var) = match kind {
+            ServerKind::Client => (k.client_tls_cert_file, k.client_tls_key_file),
+            ServerKind::Admin => (k.admin_tls_cert_file, k.admin_tls_key_file),
+        };
+        let needs = |(path, setting): &(PathBuf, String), what: &str, var: &str| {
+            ConfigError::new(
+                setting,
+                path.display(),
+                format!(
+                    "needs {what} too (ssl.{} of the same server, or {})",
+                    if what == "its key" { "key" } else { "cert" },
+                    Settings::env_var(var)
+                ),
+            )
+        };
+        match (&self.cert, &self.key, &self.chain) {
+            (Some(cert), None, _) => Err(needs(cert, "its key", key_var)),
+            (None, Some(key), _) => Err(needs(key, "a certificate", cert_var)),
+            (None, None, Some(chain)) => Err(needs(chain, "a certificate", cert_var)),
+            _ => match self.files() {
+                Some(files) => files
+                    .load()
+                    .map(|_| ())
+                    .map_err(|e| ConfigError::new(e.setting, e.file.display(), e.reason)),
+                None => Ok(()),
+            },
+        }
+    }
 }
 
 impl ServerConfig {
-    /// A server of `kind` on `addr` whose address nobody chose (a default).
+    /// A server of `kind` on `addr` whose address nobody chose (a default), plaintext.
     pub fn new(kind: ServerKind, addr: SocketAddr) -> ServerConfig {
         ServerConfig {
             kind,
             addr,
             listen_chosen: false,
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -332,6 +397,34 @@ fn build(
             server.listen_chosen = false;
         }
     }
+    // TLS files from the environment win over the file's `ssl.*`, one by one.
+    for server in &mut servers {
+        let (cert, key, chain) = match server.kind {
+            ServerKind::Client => (
+                (k.client_tls_cert_file, &settings.client_tls_cert_file),
+                (k.client_tls_key_file, &settings.client_tls_key_file),
+                (k.client_tls_chain_file, &settings.client_tls_chain_file),
+            ),
+            ServerKind::Admin => (
+                (k.admin_tls_cert_file, &settings.admin_tls_cert_file),
+                (k.admin_tls_key_file, &settings.admin_tls_key_file),
+                (k.admin_tls_chain_file, &settings.admin_tls_chain_file),
+            ),
+        };
+        let tls = &mut server.tls;
+        for ((key, value), slot) in [
+            (cert, &mut tls.cert),
+            (key, &mut tls.key),
+            (chain, &mut tls.chain),
+        ] {
+            if let Some(path) = value.as_deref().filter(|p| !p.is_empty()) {
+                *slot = Some((PathBuf::from(path), layered.name(key)));
+            }
+        }
+    }
+    for server in &servers {
+        server.tls.check(server.kind)?;
+    }
     for kind in [ServerKind::Client, ServerKind::Admin] {
         if !servers.iter().any(|s| s.kind == kind) {
             return Err(ConfigError::new(
@@ -546,9 +639,22 @@ pub fn check_lines(config: &Config) -> Vec<CheckLine> {
     let env_source = |key: &str| Some(layered.source(key)).filter(|s| matches!(s, Source::Env(_)));
     for (i, server) in config.servers.iter().enumerate() {
         let (port_key, listen_key) = server_keys(server.kind);
+        let tls = match server.tls.files() {
+            Some(files) => {
+                format!(
+                    " tls cert={} key={}",
+                    files.cert.display(),
+                    files.key.display()
+                ) + &files
+                    .chain
+                    .map(|c| format!(" chain={}", c.display()))
+                    .unwrap_or_default()
+            }
+            None => String::new(),
+        };
         lines.push(CheckLine {
             name: format!("servers[{i}]"),
-            value: format!("{} {}", server.kind, server.addr),
+            value: format!("{} {}{tls}", server.kind, server.addr),
             source: env_source(port_key)
                 .or_else(|| env_source(listen_key))
                 .or_else(|| env_source(Settings::KEYS.listen_addr))
@@ -623,9 +729,9 @@ pub fn print_config(config: &Config) -> Value {
                 "type": s.kind.to_string(),
                 "port": s.addr.port(),
                 "listen": s.addr.ip().to_string(),
-                "ssl.key": null,
-                "ssl.cert": null,
-                "ssl.chain": null,
+                "ssl.key": path_of(&s.tls.key),
+                "ssl.cert": path_of(&s.tls.cert),
+                "ssl.chain": path_of(&s.tls.chain),
             })
         })
         .collect();
@@ -662,6 +768,13 @@ pub fn print_config(config: &Config) -> Value {
         gorge_service::derived::json(config, &config.layered),
     );
     Value::Object(out)
+}
+
+/// A TLS file's path for `--print-config`, or null.
+fn path_of(file: &Option<(PathBuf, String)>) -> Value {
+    file.as_ref().map_or(Value::Null, |(path, _)| {
+        Value::from(path.display().to_string())
+    })
 }
 
 /// What `--print-config` could not write, for stderr (a JSON file has no comments): a

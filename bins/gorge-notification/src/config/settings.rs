@@ -36,11 +36,36 @@ gorge_service::settings! {
         admin_listen_addr: Optional<Text> = None,
             "IP address (host only) of every `admin` server, overriding its `listen`; the \
              admin port has no authentication, so its default is loopback (as Aphlict's)";
+        #[env_only]
+        client_tls_cert_file: Optional<Text> = None,
+            "PEM certificate file: the `client` servers serve `wss://` (TLS), as the file's \
+             `ssl.cert`; needs `CLIENT_TLS_KEY_FILE`. Re-read every 60 s and on SIGHUP";
+        #[env_only]
+        client_tls_key_file: Optional<Text> = None,
+            "PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC) of `CLIENT_TLS_CERT_FILE`, as \
+             `ssl.key`";
+        #[env_only]
+        client_tls_chain_file: Optional<Text> = None,
+            "PEM intermediate certificates sent after `CLIENT_TLS_CERT_FILE`'s, as `ssl.chain`";
+        #[env_only]
+        admin_tls_cert_file: Optional<Text> = None,
+            "PEM certificate file: the `admin` servers serve `https://`, as the file's \
+             `ssl.cert`; needs `ADMIN_TLS_KEY_FILE` (Phorge's `notification.servers` entry \
+             of type `admin` then says `\"protocol\": \"https\"`)";
+        #[env_only]
+        admin_tls_key_file: Optional<Text> = None,
+            "PEM private key of `ADMIN_TLS_CERT_FILE`, as `ssl.key`";
+        #[env_only]
+        admin_tls_chain_file: Optional<Text> = None,
+            "PEM intermediate certificates sent after `ADMIN_TLS_CERT_FILE`'s, as `ssl.chain`";
         peers: Optional<Text> = None,
             "Comma list of peer admin URLs `http://host:port` (or `https://`)";
         peer_dns: Optional<Text> = None,
             "`host:port`; `host` resolves to every peer pod (e.g. a Kubernetes headless Service)";
         peer_dns_refresh_seconds: Seconds = 10, "How often `PEER_DNS` is re-resolved";
+        peer_ca_file: Optional<Text> = None,
+            "PEM file of the CA certificate(s) that `https://` peers' certificates must chain \
+             to, instead of the system's roots";
         peer_queue_capacity: Count = 1024,
             "Messages queued per peer before new ones are dropped (counted)";
         peer_timeout_ms: Millis = 5000, "Timeout of one relay POST";
