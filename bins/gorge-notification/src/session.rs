@@ -84,7 +84,9 @@ impl Drop for Registration {
 /// plain TCP, or TLS over TCP (a TLS port).
 enum Stream {
     Plain(TcpStream),
-    Tls(TlsSocket),
+    /// Boxed: rustls's connection is over 1 KiB, and every plain socket's `Arc<Stream>`
+    /// would be that large too (plain sockets pay nothing for TLS, issue 29).
+    Tls(Box<TlsSocket>),
 }
 
 /// A TLS socket after its handshake. The rustls state is behind a per-socket lock because
@@ -276,7 +278,7 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
                     conn: std::sync::Mutex::new(conn),
                     leftover: Notify::new(),
                 };
-                (Stream::Tls(tls), parts.read_buf)
+                (Stream::Tls(Box::new(tls)), parts.read_buf)
             }
             Err(_) => {
                 emit!(state.log, events::NOTIFY_UPGRADE_UNSUPPORTED; "reason" => "not a TCP or TLS stream");
@@ -627,4 +629,20 @@ fn apply(state: &ServerState, hub: &Hub, handle: &SocketHandle, command: ClientC
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every plain socket holds one `Stream` (in the `Arc` the fan-out shares): it must
+    /// stay the size of a TCP socket and a tag, whatever the TLS variant needs.
+    #[test]
+    fn a_plain_socket_pays_nothing_for_tls() {
+        let size = std::mem::size_of::<Stream>();
+        assert!(
+            size <= std::mem::size_of::<TcpStream>() + 8,
+            "Stream is {size} bytes"
+        );
+    }
 }
