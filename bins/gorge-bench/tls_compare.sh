@@ -196,7 +196,7 @@ for round in $(seq 1 "$ROUNDS"); do
                 start_server "$server" "$transport"
                 line=$("$BENCH" notify --client "$(client_url "$transport")" --ca-file "$CERTS/root.pem" \
                     --admin "http://127.0.0.1:$ADMIN_PORT/" --pid "$PID" --sockets "$SOCKETS" \
-                    --messages 100 --rate 10 --fanout all --timeout 150 || true)
+                    --messages 100 --rate 10 --fanout all --settle-ms 30000 --timeout 180 || true)
                 stop_server
                 record "idle-$SOCKETS" "$server" "$transport" "$line"
             fi
