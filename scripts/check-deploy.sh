@@ -251,6 +251,21 @@ expect_rendered notification-deployment.yaml '!replicas: 2' --set notification.a
 expect_rendered notification-deployment.yaml 'topologyKey: kubernetes.io/hostname'
 # Alerts and dashboards: opt-in, and then exactly the files VM users load
 # (files/monitoring/; their own checks against real /metrics: scripts/check-monitoring.py).
+# TLS served by the pods (notification.tls): the Secret's directory mounted, the files wired,
+# the probes on HTTPS only when the admin port serves TLS; tls.admin refused where it cannot
+# work.
+tls_both=(--set notification.tls.secretName=notify-tls --set notification.tls.admin=true
+    --set notification.broker.url=redis://redis:6379/0)
+expect_rendered notification-deployment.yaml 'secretName: notify-tls' --set notification.tls.secretName=notify-tls
+expect_rendered notification-deployment.yaml 'mountPath: /etc/gorge/tls' --set notification.tls.secretName=notify-tls
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE: "/etc/gorge/tls/tls.crt"' --set notification.tls.secretName=notify-tls
+expect_rendered notification-configmap.yaml '!GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE: "/etc/gorge/tls/tls.crt"' --set notification.tls.secretName=notify-tls
+expect_rendered notification-deployment.yaml '!scheme: HTTPS' --set notification.tls.secretName=notify-tls
+expect_rendered notification-configmap.yaml 'GORGE_NOTIFICATION_ADMIN_TLS_KEY_FILE: "/etc/gorge/tls/tls.key"' "${tls_both[@]}"
+expect_rendered notification-deployment.yaml 'scheme: HTTPS' "${tls_both[@]}"
+expect_rendered notification-monitoring.yaml 'scheme: https' "${tls_both[@]}" --set notification.monitoring.podMonitor.enabled=true
+expect_refusal "notification.tls.admin needs notification.tls.secretName" -f "${minimal}" --set notification.tls.admin=true
+expect_refusal "notification.tls.admin needs broker mode" -f "${minimal}" --set notification.tls.secretName=notify-tls --set notification.tls.admin=true
 expect_rendered notification-alerts.yaml '!kind: PrometheusRule'
 expect_rendered webhook-alerts.yaml '!kind: ConfigMap'
 for component in notification webhook; do

@@ -60,6 +60,8 @@ variants=(
     "defaults|"
     "notification disabled|--set notification.enabled=false"
     "webhook disabled|--set webhook.enabled=false"
+    "TLS on the client port|--set notification.tls.secretName=notify-tls"
+    "TLS on both ports (broker mode)|--set notification.tls.secretName=notify-tls --set notification.tls.admin=true --set notification.broker.url=redis://redis:6379/0 --set notification.monitoring.podMonitor.enabled=true --set notification.monitoring.serviceMonitor.enabled=true"
 )
 for variant in "${variants[@]}"; do
     name="${variant%%|*}"

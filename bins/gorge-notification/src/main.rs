@@ -14,6 +14,7 @@ use gorge_notification::service::Server;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::{check_config_text, exit_config_error};
 use gorge_service::emit;
+use gorge_service::healthcheck::HealthTarget;
 use gorge_service::logging::init_logging;
 use gorge_service::{ConfigError, Shutdown};
 
@@ -90,8 +91,17 @@ fn main() {
     }
     if let Some(Subcommand::Common(Command::Healthcheck { port })) = cli.command {
         exit_healthcheck(port, || {
-            config::load(config_path)?.admin_addr().ok_or_else(|| {
-                ConfigError::new("servers", "", "no admin server: pass healthcheck --port")
+            let config = config::load(config_path)?;
+            let admin = config
+                .servers
+                .iter()
+                .find(|s| s.kind == config::ServerKind::Admin)
+                .ok_or_else(|| {
+                    ConfigError::new("servers", "", "no admin server: pass healthcheck --port")
+                })?;
+            Ok(HealthTarget {
+                addr: admin.addr,
+                tls: admin.tls.files().is_some(),
             })
         });
     }

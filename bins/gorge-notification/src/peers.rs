@@ -103,6 +103,33 @@ struct PeerHandle {
     queue: SyncSender<RelayJob>,
 }
 
+/// How `https://` peers are verified: against `PEER_CA_FILE`'s certificates (checked at
+/// startup), or the system's roots (the bundled Mozilla roots when the system has none).
+fn peer_tls(ca_pem: Option<&[u8]>) -> ureq::tls::TlsConfig {
+    let der: Vec<Vec<u8>> = match ca_pem {
+        Some(pem) => crate::tls::pem_certificates(pem)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|cert| cert.as_ref().to_vec())
+            .collect(),
+        None => rustls_native_certs::load_native_certs()
+            .certs
+            .into_iter()
+            .map(|cert| cert.as_ref().to_vec())
+            .collect(),
+    };
+    let roots = if der.is_empty() {
+        ureq::tls::RootCerts::WebPki
+    } else {
+        let certs = der
+            .iter()
+            .map(|der| ureq::tls::Certificate::from_der(der).to_owned())
+            .collect();
+        ureq::tls::RootCerts::Specific(Arc::new(certs))
+    };
+    ureq::tls::TlsConfig::builder().root_certs(roots).build()
+}
+
 impl PeerRelay {
     /// Starts a worker per configured peer and, if configured, DNS discovery. Must be called
     /// inside a Tokio runtime (discovery is a task).
@@ -120,6 +147,7 @@ impl PeerRelay {
             // must not capture them.
             .proxy(None)
             .user_agent(concat!("gorge-notification/", env!("CARGO_PKG_VERSION")))
+            .tls_config(peer_tls(cfg.ca_pem.as_deref()))
             .build()
             .into();
         let shared = Arc::new(Shared {

@@ -11,10 +11,11 @@ use gorge_service::server::HEADER_READ_TIMEOUT;
 use gorge_service::settings::Declared;
 use gorge_service::{
     bind_all, run, BindError, BoundListener, ConnectionCap, Handler, ListenerSpec, Probes,
-    RunError, RunOptions, Shutdown, TlsServing,
+    ReadinessWarnings, RunError, RunOptions, Shutdown, TlsServing,
 };
 use rand::RngCore;
 use slog::Logger;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::Notify;
 
 use crate::broker::{self, Broker, BrokerMetrics};
@@ -118,8 +119,47 @@ impl Server {
                 (Cluster::Broker(broker), gate)
             }
         };
+        // Each TLS server's pair, read again (the configuration checked it) and served from an
+        // `Arc` that a renewal swaps.
+        let mut tls_ports = Vec::new();
+        let mut tls = Vec::new();
+        for server in &config.servers {
+            let port = match server.tls.files() {
+                Some(files) => {
+                    let pair = files.load().map_err(|e| BindError {
+                        name: server.kind.to_string(),
+                        addr: server.addr,
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+                    let port = Arc::new(PortTls::new(server.kind, files, pair));
+                    tls::set_expiry(&port, &metrics);
+                    tls_ports.push(port.clone());
+                    Some(port)
+                }
+                None => None,
+            };
+            tls.push(port);
+        }
         let history_gate = Arc::new(history_gate);
-        let probes = Probes::new(registry, history_gate.readiness());
+        // A renewal that could not be taken does not make the server unready (the old pair
+        // serves on, and every replica reading the same broken files would leave the
+        // Service empty); /readyz says so.
+        let failing = tls_ports.clone();
+        let warnings: ReadinessWarnings = Arc::new(move || {
+            failing
+                .iter()
+                .filter_map(|port| {
+                    port.failure().map(|e| {
+                        format!(
+                            "the {} port's renewed TLS files were not taken, the old pair \
+                             serves on: {e}",
+                            port.kind
+                        )
+                    })
+                })
+                .collect()
+        });
+        let probes = Probes::with_warnings(registry, history_gate.readiness(), Some(warnings));
         // The publisher holds the hub too; the fan-out thread takes both.
         let (_, publisher) = Hub::new(config.hub.clone(), clock);
         let fanout = Fanout::start(publisher, metrics.clone(), log.clone());
@@ -154,27 +194,6 @@ impl Server {
                 "hint" => format!("the admin port has no authentication: keep it off public \
                     networks, and set {variable} (or the admin server's listen) to say this \
                     address is meant"));
-        }
-        // Each TLS server's pair, read again (the configuration checked it) and served from an
-        // `Arc` that a renewal swaps.
-        let mut tls_ports = Vec::new();
-        let mut tls = Vec::new();
-        for server in &config.servers {
-            let port = match server.tls.files() {
-                Some(files) => {
-                    let pair = files.load().map_err(|e| BindError {
-                        name: server.kind.to_string(),
-                        addr: server.addr,
-                        source: std::io::Error::other(e.to_string()),
-                    })?;
-                    let port = Arc::new(PortTls::new(server.kind, files, pair));
-                    tls::set_expiry(&port, &state.metrics);
-                    tls_ports.push(port.clone());
-                    Some(port)
-                }
-                None => None,
-            };
-            tls.push(port);
         }
         let specs = config
             .servers
@@ -302,6 +321,9 @@ impl Server {
             .iter()
             .map(|l| format!("{}={}", l.name(), l.local_addr()))
             .collect();
+        // Handled from before NOTIFY_STARTED: a SIGHUP sent once the server says it serves
+        // must not meet the default action (which ends the process).
+        let hangups = signal(SignalKind::hangup());
         gorge_service::emit_with!(log, events::NOTIFY_STARTED, self.derived;
             "fingerprint" => &state.fingerprint, "listeners" => addresses.join(","),
             "peers" => self.static_peers);
@@ -321,7 +343,7 @@ impl Server {
         // SIGHUP re-reads the TLS files at once (a certbot deploy hook's `systemctl reload`);
         // without TLS it does nothing. Before, SIGHUP's default action ended the process.
         let reread = Arc::new(Notify::new());
-        let hangup = tokio::spawn(on_hangup(reread.clone(), log.clone()));
+        let hangup = tokio::spawn(on_hangup(hangups, reread.clone(), log.clone()));
         let tls_watch = (!self.tls_ports.is_empty()).then(|| {
             tokio::spawn(tls::watch(
                 self.tls_ports.clone(),
@@ -352,9 +374,9 @@ impl Server {
     }
 }
 
-/// Notifies `reread` at every SIGHUP.
-async fn on_hangup(reread: Arc<Notify>, log: Logger) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+/// Notifies `reread` at every SIGHUP `hangups` receives.
+async fn on_hangup(hangups: std::io::Result<Signal>, reread: Arc<Notify>, log: Logger) {
+    let mut hangups = match hangups {
         Ok(hangups) => hangups,
         Err(e) => {
             emit!(log, events::NOTIFY_CONFIG_WARNING;

@@ -84,8 +84,7 @@ impl Drop for Registration {
 /// plain TCP, or TLS over TCP (a TLS port).
 enum Stream {
     Plain(TcpStream),
-    /// Boxed: rustls's connection is over 1 KiB, and every plain socket's `Arc<Stream>`
-    /// would be that large too (plain sockets pay nothing for TLS, issue 29).
+    /// Boxed: a plaintext socket's `Stream` stays the size of its `TcpStream`.
     Tls(Box<TlsSocket>),
 }
 
@@ -291,6 +290,15 @@ pub async fn run(registration: Registration, upgraded: Upgraded) {
     let send_queue = registration.handle.send_queue().clone();
     send_queue.attach(stream.clone());
     let mut reader = frames::Reader::new(read_buf, state.limits.max_frame_bytes);
+    if let Stream::Tls(tls) = &*stream {
+        // Frames sent right behind the upgrade request may wait inside rustls, where no
+        // readiness of the socket would announce them.
+        let taken = take_plaintext(tls, &mut tls.lock(), &mut reader);
+        if !matches!(taken, Ok(Plaintext::Taken)) {
+            state.metrics.sockets_closed.with(["client"]).inc();
+            return;
+        }
+    }
     let end = serve(&state, &registration.handle, &stream, &mut reader).await;
     // Counted when the decision is made, not after the close handshake below.
     state.metrics.sockets_closed.with([end.label()]).inc();
@@ -401,20 +409,43 @@ fn read_some(stream: &Stream, reader: &mut frames::Reader) -> io::Result<usize> 
     if n == 0 {
         return Ok(0);
     }
+    match take_plaintext(tls, &mut conn, reader)? {
+        Plaintext::Ended => Ok(0),
+        Plaintext::Taken => Ok(n),
+    }
+}
+
+/// What [`take_plaintext`] found.
+enum Plaintext {
+    /// Every record received so far is decrypted into the reader.
+    Taken,
+    /// The client sent close_notify.
+    Ended,
+}
+
+/// Processes the TLS records rustls holds and moves their plaintext into `reader`: after a
+/// read from the socket, and once at the start of a session for what arrived with the upgrade
+/// request (hyper may have left some of it inside rustls).
+fn take_plaintext(
+    tls: &TlsSocket,
+    conn: &mut rustls::ServerConnection,
+    reader: &mut frames::Reader,
+) -> io::Result<Plaintext> {
     let processed = conn.process_new_packets();
     // An alert or a handshake answer rustls wrote goes out now when it can; what is left is
     // finished by the session's writer.
-    match tls.flush_records(&mut conn) {
+    match tls.flush_records(conn) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => tls.leftover.notify_one(),
         _ => {}
     }
     processed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut chunk = [0u8; READ_CHUNK];
     loop {
         match io::Read::read(&mut conn.reader(), &mut chunk) {
             // close_notify: the client ended the stream.
-            Ok(0) => return Ok(0),
+            Ok(0) => return Ok(Plaintext::Ended),
             Ok(m) => reader.extend(&chunk[..m]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Plaintext::Taken),
             Err(e) => return Err(e),
         }
     }

@@ -174,6 +174,13 @@ enum Which {
     Chain,
 }
 
+/// The certificates of a PEM text (`Err` if a block is not valid PEM).
+pub fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
+}
+
 /// The pair a listener serves, swapped whole (an `Arc`) when a renewal is taken.
 #[derive(Debug)]
 pub struct ServedPair {

@@ -53,3 +53,15 @@ fn the_env_files_commented_settings_are_the_defaults() {
         );
     }
 }
+
+/// `systemctl reload` sends SIGHUP, which re-reads the TLS files at once (tests/tls.rs), as a
+/// certbot deploy hook needs.
+#[test]
+fn the_unit_reloads_with_sighup() {
+    let unit = std::fs::read_to_string(root(env!("CARGO_MANIFEST_DIR")).join(UNIT)).unwrap();
+    assert!(
+        unit.lines()
+            .any(|l| l == "ExecReload=/bin/kill -HUP $MAINPID"),
+        "{UNIT} has no ExecReload sending SIGHUP"
+    );
+}

@@ -8,6 +8,7 @@
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
 use gorge_service::config::exit_config_error;
 use gorge_service::emit;
+use gorge_service::healthcheck::HealthTarget;
 use gorge_service::logging::init_logging;
 use gorge_service::Shutdown;
 use gorge_webhook::config::Loaded;
@@ -44,7 +45,8 @@ fn main() {
     let config_path = cli.common.config.as_deref();
     if let Some(Command::Healthcheck { port }) = cli.command {
         exit_healthcheck(port, || {
-            Loaded::load(config_path, events::ALL).map(|loaded| loaded.config.listen_addr)
+            Loaded::load(config_path, events::ALL)
+                .map(|loaded| HealthTarget::plain(loaded.config.listen_addr))
         });
     }
     let loaded = Loaded::load(config_path, events::ALL).unwrap_or_else(|e| exit_config_error(&e));

@@ -17,7 +17,9 @@ use std::path::PathBuf;
 use slog::Logger;
 
 use crate::config::ConfigError;
-use crate::healthcheck::{exit_failed as exit_healthcheck_failed, SUBCOMMAND as HEALTHCHECK};
+use crate::healthcheck::{
+    exit_failed as exit_healthcheck_failed, HealthTarget, SUBCOMMAND as HEALTHCHECK,
+};
 use crate::logging::Logging;
 
 /// Flatten into a binary's `clap::Parser` with `#[command(flatten)]`.
@@ -125,21 +127,29 @@ fn usage_error_line(err: &clap::Error) -> String {
 /// health address `configured` returns (loaded exactly as the service loads it; a wildcard
 /// address is probed on loopback). Exits 0 when healthy; otherwise prints one line on stderr
 /// and exits [`EXIT_FAILED`](crate::healthcheck::EXIT_FAILED) — also for an invalid `--port` or configuration.
+/// A health port that serves TLS is probed over TLS.
 pub fn exit_healthcheck(
     port: Option<String>,
-    configured: impl FnOnce() -> Result<SocketAddr, ConfigError>,
+    configured: impl FnOnce() -> Result<HealthTarget, ConfigError>,
 ) -> ! {
-    let addr = match port {
+    let target = match port {
         Some(text) => match text.parse::<u16>() {
-            Ok(port) if port != 0 => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            // The port given, over TLS when the configured health port serves TLS.
+            Ok(port) if port != 0 => HealthTarget {
+                addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                tls: configured().is_ok_and(|target| target.tls),
+            },
             _ => exit_healthcheck_failed(format!("--port {text} is not a port: expected 1-65535")),
         },
         None => match configured() {
-            Ok(listen) => crate::healthcheck::probe_target(listen),
+            Ok(target) => HealthTarget {
+                addr: crate::healthcheck::probe_target(target.addr),
+                tls: target.tls,
+            },
             Err(err) => exit_healthcheck_failed(err),
         },
     };
-    std::process::exit(crate::healthcheck::healthcheck(addr))
+    std::process::exit(crate::healthcheck::healthcheck(target))
 }
 
 /// Runs `service` on a multi-threaded runtime and exits with the code it returns, after the

@@ -1,10 +1,16 @@
 //! The `healthcheck` subcommand: container images carry no curl, so the binary probes its own
-//! `/healthz` over plain TCP and turns the answer into an exit code, printing why on failure.
+//! `/healthz` over plain TCP (or TLS, when its health port serves TLS) and turns the answer
+//! into an exit code, printing why on failure.
 
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -34,6 +40,22 @@ pub fn probe_target(listen: SocketAddr) -> SocketAddr {
         ip => ip,
     };
     SocketAddr::new(ip, listen.port())
+}
+
+/// Where the health port is, and whether it serves TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthTarget {
+    /// The address to probe (or the listen address, see [`probe_target`]).
+    pub addr: SocketAddr,
+    /// The port serves TLS: probe over TLS.
+    pub tls: bool,
+}
+
+impl HealthTarget {
+    /// A plaintext health port at `addr`.
+    pub fn plain(addr: SocketAddr) -> HealthTarget {
+        HealthTarget { addr, tls: false }
+    }
 }
 
 /// Why a probe failed, as one line.
@@ -71,13 +93,19 @@ fn is_timeout(err: &std::io::Error) -> bool {
     )
 }
 
-/// 0 when `GET /healthz` on `addr` answers 200 within two seconds; otherwise prints
-/// `healthcheck: http://<addr>/healthz: <why>` on stderr and returns [`EXIT_FAILED`].
-pub fn healthcheck(addr: SocketAddr) -> i32 {
-    match probe(addr) {
+/// 0 when `GET /healthz` on the target answers 200 within two seconds; otherwise prints
+/// `healthcheck: http(s)://<addr>/healthz: <why>` on stderr and returns [`EXIT_FAILED`].
+pub fn healthcheck(target: HealthTarget) -> i32 {
+    let result = if target.tls {
+        probe_tls(target.addr)
+    } else {
+        probe(target.addr)
+    };
+    match result {
         Ok(()) => 0,
         Err(why) => {
-            eprintln!("{SUBCOMMAND}: http://{addr}/healthz: {why}");
+            let scheme = if target.tls { "https" } else { "http" };
+            eprintln!("{SUBCOMMAND}: {scheme}://{}/healthz: {why}", target.addr);
             EXIT_FAILED
         }
     }
@@ -85,10 +113,89 @@ pub fn healthcheck(addr: SocketAddr) -> i32 {
 
 /// `GET /healthz` on `addr`: `Ok` for a 200 answer.
 pub fn probe(addr: SocketAddr) -> Result<(), ProbeFailure> {
-    let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(ProbeFailure::Connect)?;
+    let stream = connect(addr)?;
+    exchange(addr, stream)
+}
+
+/// [`probe`] over TLS. The certificate is not verified: this probes our own process on a
+/// loopback (or its own) address, where the certificate's names (the public host name) do
+/// not match and its CA may not be in the image's store; what is checked is that the process
+/// completes a handshake and answers, not who it is.
+pub fn probe_tls(addr: SocketAddr) -> Result<(), ProbeFailure> {
+    let tcp = connect(addr)?;
+    let name = ServerName::IpAddress(addr.ip().into());
+    let conn = rustls::ClientConnection::new(own_process_tls(), name)
+        .map_err(|e| ProbeFailure::Io(std::io::Error::other(e)))?;
+    exchange(addr, rustls::StreamOwned::new(conn, tcp))
+}
+
+/// A TLS client configuration for checks of our own process that does not verify the
+/// certificate (see [`probe_tls`] for why that is enough there).
+pub fn own_process_tls() -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("the ring provider supports the default versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(OwnProcess(provider)))
+            .with_no_client_auth(),
+    )
+}
+
+fn connect(addr: SocketAddr) -> Result<TcpStream, ProbeFailure> {
+    let stream = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(ProbeFailure::Connect)?;
     let io = ProbeFailure::Io;
     stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+    Ok(stream)
+}
+
+/// Accepts the certificate of our own process (see [`probe_tls`]); the handshake's
+/// signatures are still checked.
+#[derive(Debug)]
+struct OwnProcess(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for OwnProcess {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Sends `GET /healthz` on `stream` and reads the status line.
+fn exchange(addr: SocketAddr, mut stream: impl Read + Write) -> Result<(), ProbeFailure> {
+    let io = ProbeFailure::Io;
     // One write: a server that answers after the first segment must not see a reset.
     let request = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).map_err(io)?;

@@ -48,7 +48,7 @@ pub mod variables;
 
 pub use config::{ConfigError, Secret};
 pub use http::{Body, Response};
-pub use probes::{Probes, ReadinessCheck};
+pub use probes::{Probes, ReadinessCheck, ReadinessWarnings};
 #[doc(hidden)]
 pub use prometheus_client as __prometheus_client;
 pub use server::{

@@ -22,12 +22,17 @@ use crate::metrics::{Exposition, ProbeMetrics};
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// Conditions worth saying that do not make the service unready (a renewed certificate that
+/// could not be taken while the old one serves on): listed under `warnings` in `/readyz`.
+pub type ReadinessWarnings = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
 /// The shared probe endpoints, `/healthz`, `/readyz` and `/metrics`, and the draining flag
 /// that turns `/readyz` off at shutdown.
 pub struct Probes {
     registry: Registry,
     process: Registry,
     readiness: ReadinessCheck,
+    warnings: Option<ReadinessWarnings>,
     draining: AtomicBool,
     /// What the last `/readyz` answered: [`UNPROBED`], [`READY`] or [`NOT_READY`].
     last_readiness: AtomicU8,
@@ -42,12 +47,22 @@ impl Probes {
     /// Probes exposing `registry` (the service's metrics) plus the `process_*` metrics, ready
     /// when `readiness` says so.
     /// The probes' own families ([`ProbeMetrics`]) are registered in `registry`.
-    pub fn new(mut registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+    pub fn new(registry: Registry, readiness: ReadinessCheck) -> Arc<Probes> {
+        Probes::with_warnings(registry, readiness, None)
+    }
+
+    /// [`Probes::new`], with `warnings` listed in every `/readyz` answer that has any.
+    pub fn with_warnings(
+        mut registry: Registry,
+        readiness: ReadinessCheck,
+        warnings: Option<ReadinessWarnings>,
+    ) -> Arc<Probes> {
         let metrics = ProbeMetrics::register(&mut registry);
         Arc::new(Probes {
             registry,
             process: crate::metrics::process_registry(),
             readiness,
+            warnings,
             draining: AtomicBool::new(false),
             last_readiness: AtomicU8::new(UNPROBED),
             metrics,
@@ -113,10 +128,15 @@ impl Probes {
         if before != UNPROBED && before != now {
             self.metrics.readiness_changes.inc();
         }
-        match answer {
-            Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
-            Err(body) => json_response(StatusCode::SERVICE_UNAVAILABLE, &body),
+        let (status, mut body) = match answer {
+            Ok(()) => (StatusCode::OK, json!({"status": "ok"})),
+            Err(body) => (StatusCode::SERVICE_UNAVAILABLE, body),
+        };
+        let warnings = self.warnings.as_ref().map(|w| w()).unwrap_or_default();
+        if !warnings.is_empty() {
+            body["warnings"] = json!(warnings);
         }
+        json_response(status, &body)
     }
 }
 

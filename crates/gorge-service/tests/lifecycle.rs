@@ -184,14 +184,22 @@ async fn healthcheck_exit_codes() {
     };
     let log = logger();
     let server = tokio::spawn(async move { run(bound, probes, no_drain(), opts, &log).await });
-    let code = tokio::task::spawn_blocking(move || gorge_service::healthcheck::healthcheck(addr))
-        .await
-        .unwrap();
+    let code = tokio::task::spawn_blocking(move || {
+        gorge_service::healthcheck::healthcheck(gorge_service::healthcheck::HealthTarget::plain(
+            addr,
+        ))
+    })
+    .await
+    .unwrap();
     assert_eq!(code, 0);
     shutdown.trigger();
     server.await.unwrap().unwrap();
-    let code = tokio::task::spawn_blocking(move || gorge_service::healthcheck::healthcheck(addr))
-        .await
-        .unwrap();
+    let code = tokio::task::spawn_blocking(move || {
+        gorge_service::healthcheck::healthcheck(gorge_service::healthcheck::HealthTarget::plain(
+            addr,
+        ))
+    })
+    .await
+    .unwrap();
     assert_eq!(code, 1);
 }

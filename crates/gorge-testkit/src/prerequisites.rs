@@ -53,6 +53,12 @@ pub const ALL: &[Prerequisite] = &[
         check: Check::Program("promtool"),
     },
     Prerequisite {
+        name: "chromium",
+        needed_by: "gorge-notification's browser test (a real headless browser over wss://)",
+        install: "apt-get install chromium",
+        check: Check::Program("chromium"),
+    },
+    Prerequisite {
         name: "PyYAML",
         needed_by: "the monitoring tests' scripts/check-monitoring.py, for the python3 on PATH",
         install: "apt-get install python3-yaml",

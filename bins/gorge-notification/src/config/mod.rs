@@ -170,6 +170,9 @@ pub struct PeerConfig {
     /// How long a relay to an unreachable peer is kept and retried: the history age, past
     /// which the message could not be replayed anyway.
     pub keep_for: Duration,
+    /// From `PEER_CA_FILE`: the PEM of the CA(s) `https://` peers must chain to, instead of
+    /// the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl PeerConfig {
@@ -186,6 +189,7 @@ impl PeerConfig {
             queue_capacity: usize_of(settings.peer_queue_capacity),
             timeout: Duration::from_millis(settings.peer_timeout_ms),
             keep_for: Duration::from_millis(settings.history_age_ms),
+            ca_pem: None,
         }
     }
 }
@@ -487,7 +491,10 @@ fn build(
     let has_peers = !static_peers.is_empty() || dns.is_some();
     let cluster = match broker_config(&layered, has_peers)? {
         Some(broker) => ClusterConfig::Broker(broker),
-        None if has_peers => ClusterConfig::Mesh(PeerConfig::new(static_peers, dns, settings)),
+        None if has_peers => ClusterConfig::Mesh(PeerConfig {
+            ca_pem: peer_ca(&layered)?,
+            ..PeerConfig::new(static_peers, dns, settings)
+        }),
         None => ClusterConfig::Alone,
     };
 
@@ -574,6 +581,28 @@ fn build(
         log: Layered::default(),
         servers_source,
     })
+}
+
+/// `PEER_CA_FILE`, read and checked: a readable file holding PEM certificates.
+fn peer_ca(layered: &Layered<Settings>) -> Result<Option<Vec<u8>>, ConfigError> {
+    let key = Settings::KEYS.peer_ca_file;
+    let Some(path) = layered
+        .values
+        .peer_ca_file
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(None);
+    };
+    let pem =
+        std::fs::read(path).map_err(|e| layered.refuse(key, format!("cannot be read: {e}")))?;
+    if crate::tls::pem_certificates(&pem).map_or(true, |certs| certs.is_empty()) {
+        return Err(layered.refuse(
+            key,
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(Some(pem))
 }
 
 /// The settings that override the port and the address of a kind's servers.
@@ -1070,14 +1099,25 @@ mod tests {
         build_with(Settings::default(), Some(file)).unwrap_err()
     }
 
+    /// TLS needs a certificate and its key: one alone names itself and what is missing.
     #[test]
-    fn ssl_is_a_startup_error() {
+    fn an_ssl_key_without_a_certificate_is_a_startup_error() {
         let e = file_error(
             json!({"servers": [{"type": "client", "port": 22280, "ssl.key": "/k.pem"}, {"type": "admin", "port": 22281}]}),
         );
         assert_eq!(e.key, "servers[0].ssl.key");
         assert_eq!(e.value, "/k.pem");
-        assert!(e.reason.contains("terminate TLS"), "{e}");
+        assert_eq!(
+            e.reason,
+            "needs a certificate too (ssl.cert of the same server, or \
+             GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE)"
+        );
+        let e = load_env(&[("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE", "/c.pem")
+        );
+        assert!(e.reason.starts_with("needs its key too"), "{e}");
     }
 
     #[test]
@@ -1323,7 +1363,11 @@ mod tests {
             .collect();
         for key in Settings::file_keys() {
             let var = Settings::env_var(key);
-            let skipped = ["GORGE_NOTIFICATION_BROKER_CA_FILE"];
+            // Files that must exist and hold PEM certificates.
+            let skipped = [
+                "GORGE_NOTIFICATION_BROKER_CA_FILE",
+                "GORGE_NOTIFICATION_PEER_CA_FILE",
+            ];
             assert!(
                 set.contains(&var) || skipped.contains(&var.as_str()),
                 "{var} is not set"

@@ -49,6 +49,10 @@ pub struct Targets {
     /// `ws://host:port/path/` (ending in `/`), before the instance is added.
     pub client: String,
     pub instance: String,
+    /// Verify `https://` and `wss://` certificates: only when both URLs were given. A
+    /// configured target is this host's own server on a loopback address, which its
+    /// certificate (for the public name) does not name.
+    pub verify_tls: bool,
 }
 
 impl Targets {
@@ -59,12 +63,12 @@ impl Targets {
                 .servers
                 .iter()
                 .find(|s| s.kind == kind)
-                .map(|s| probe_target(s.addr))
+                .map(|s| (probe_target(s.addr), s.tls.files().is_some()))
         };
         let admin = match &args.admin {
             Some(url) => url.trim_end_matches('/').to_string(),
             None => configured(ServerKind::Admin)
-                .map(|addr| format!("http://{addr}"))
+                .map(|(addr, tls)| format!("{}://{addr}", if tls { "https" } else { "http" }))
                 .ok_or_else(|| {
                     ConfigError::new("servers", "", "no admin server: pass --admin URL")
                 })?,
@@ -73,7 +77,7 @@ impl Targets {
             Some(url) if url.ends_with('/') => url.clone(),
             Some(url) => format!("{url}/"),
             None => configured(ServerKind::Client)
-                .map(|addr| format!("ws://{addr}/"))
+                .map(|(addr, tls)| format!("{}://{addr}/", if tls { "wss" } else { "ws" }))
                 .ok_or_else(|| {
                     ConfigError::new("servers", "", "no client server: pass --client URL")
                 })?,
@@ -82,6 +86,7 @@ impl Targets {
             admin,
             client,
             instance: args.instance.clone(),
+            verify_tls: args.admin.is_some() && args.client.is_some(),
         })
     }
 
@@ -109,8 +114,12 @@ impl Targets {
 
 /// One blocking HTTP client: a timeout on everything, no redirects, no proxy (the server is
 /// an internal address), every status returned as an answer.
-pub fn agent() -> ureq::Agent {
+pub fn agent(targets: &Targets) -> ureq::Agent {
+    let tls = ureq::tls::TlsConfig::builder()
+        .disable_verification(!targets.verify_tls)
+        .build();
     ureq::Agent::config_builder()
+        .tls_config(tls)
         .timeout_global(Some(TIMEOUT))
         .max_redirects(0)
         .http_status_as_error(false)
@@ -167,6 +176,7 @@ mod tests {
             admin: "http://127.0.0.1:22281".into(),
             client: "ws://127.0.0.1:22280/ws/".into(),
             instance: "default".into(),
+            verify_tls: false,
         };
         assert_eq!(
             targets.admin_url("/status/"),

@@ -8,7 +8,7 @@
 //!
 //! The message reaches nobody else: its only subscriber is the random PHID of this socket.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Instant;
 
@@ -42,13 +42,14 @@ pub fn run(targets: &Targets) -> Result<Passed, String> {
     );
     let unique_id = Alphanumeric.sample_string(&mut rng, 32);
     let ws_url = targets.websocket_url();
-    let mut socket = connect(&ws_url).map_err(|why| format!("WebSocket {ws_url}: {why}"))?;
+    let mut socket =
+        connect(&ws_url, targets.verify_tls).map_err(|why| format!("WebSocket {ws_url}: {why}"))?;
     send(&mut socket, json!({"command": "subscribe", "data": [phid]}))
         .and_then(|()| send(&mut socket, json!({"command": "ping", "data": null})))
         .and_then(|()| wait_for(&mut socket, |frame| frame == r#"{"type":"pong"}"#))
         .map_err(|why| format!("WebSocket {ws_url}: subscribing: {why}"))?;
 
-    let agent = agent();
+    let agent = agent(targets);
     let post_url = targets.admin_url("/");
     let message = json!({
         "key": format!("{}", std::time::SystemTime::now()
@@ -115,20 +116,80 @@ pub fn run(targets: &Targets) -> Result<Passed, String> {
     })
 }
 
-/// Opens the WebSocket (plain `ws://` only: TLS is the proxy's, so test the port behind it).
-fn connect(url: &str) -> Result<WebSocket<TcpStream>, String> {
+/// The selftest's connection: plain TCP, or TLS over it for a `wss://` URL.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Conn {
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.set_read_timeout(timeout),
+            Conn::Tls(s) => s.sock.set_read_timeout(timeout),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// The TLS client of a `wss://` URL: the system's roots when `verify`, else our own
+/// process's check (see `gorge_service::healthcheck::probe_tls`).
+fn tls_client(verify: bool) -> std::sync::Arc<rustls::ClientConfig> {
+    if !verify {
+        return gorge_service::healthcheck::own_process_tls();
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("the ring provider supports the default versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// Opens the WebSocket, `ws://` or `wss://`.
+fn connect(url: &str, verify: bool) -> Result<WebSocket<Conn>, String> {
     let request = url.into_client_request().map_err(|err| err.to_string())?;
     let uri = request.uri();
-    if uri.scheme_str() != Some("ws") {
-        return Err(
-            "only ws:// URLs are tested (for wss://, test the port behind the TLS \
-                    proxy, e.g. ws://127.0.0.1:22280/)"
-                .to_string(),
-        );
-    }
-    let host = uri.host().unwrap_or("").trim_matches(['[', ']']);
-    let port = uri.port_u16().unwrap_or(80);
-    let addr = (host, port)
+    let tls = match uri.scheme_str() {
+        Some("ws") => false,
+        Some("wss") => true,
+        _ => return Err("expected a ws:// or wss:// URL".to_string()),
+    };
+    let host = uri
+        .host()
+        .unwrap_or("")
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let addr = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|err| format!("cannot resolve {host}: {err}"))?
         .next()
@@ -138,7 +199,16 @@ fn connect(url: &str) -> Result<WebSocket<TcpStream>, String> {
         .set_read_timeout(Some(TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(TIMEOUT)))
         .map_err(|err| err.to_string())?;
-    let (socket, _) = tungstenite::client(request, stream).map_err(|err| match err {
+    let conn = if tls {
+        let name = rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|err| format!("{host}: {err}"))?;
+        let client = rustls::ClientConnection::new(tls_client(verify), name)
+            .map_err(|err| err.to_string())?;
+        Conn::Tls(Box::new(rustls::StreamOwned::new(client, stream)))
+    } else {
+        Conn::Plain(stream)
+    };
+    let (socket, _) = tungstenite::client(request, conn).map_err(|err| match err {
         tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response)) => format!(
             "the upgrade was answered {} instead of 101",
             response.status()
@@ -148,17 +218,14 @@ fn connect(url: &str) -> Result<WebSocket<TcpStream>, String> {
     Ok(socket)
 }
 
-fn send(socket: &mut WebSocket<TcpStream>, command: Value) -> Result<(), String> {
+fn send(socket: &mut WebSocket<Conn>, command: Value) -> Result<(), String> {
     socket
         .send(Message::text(command.to_string()))
         .map_err(|err| err.to_string())
 }
 
 /// Reads frames until a text frame `wanted` accepts, for at most [`TIMEOUT`] in all.
-fn wait_for(
-    socket: &mut WebSocket<TcpStream>,
-    wanted: impl Fn(&str) -> bool,
-) -> Result<(), String> {
+fn wait_for(socket: &mut WebSocket<Conn>, wanted: impl Fn(&str) -> bool) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -26,7 +26,7 @@ pub struct Report {
 
 /// Collects the report; never fails (what could not be read is said in it).
 pub fn run(targets: &Targets) -> Report {
-    let agent = agent();
+    let agent = agent(targets);
     let mut text = String::new();
     let status_url = targets.admin_url("/status/");
     let status =
@@ -68,7 +68,9 @@ pub fn run(targets: &Targets) -> Report {
 
     let _ = writeln!(text, "  admin    {}  up", targets.admin);
     let client_url = targets.websocket_url();
-    let probe_url = client_url.replacen("ws://", "http://", 1);
+    let probe_url = client_url
+        .replacen("ws://", "http://", 1)
+        .replacen("wss://", "https://", 1);
     let client = match get(&agent, &probe_url, "*/*") {
         Ok(answer) if answer.status == 501 && answer.body == CLIENT_501_BODY => Ok(()),
         Ok(answer) => Err(format!(

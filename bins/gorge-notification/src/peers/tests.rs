@@ -120,6 +120,7 @@ fn config(static_peers: Vec<PeerUrl>) -> PeerConfig {
         queue_capacity: 16,
         timeout: Duration::from_secs(5),
         keep_for: Duration::from_secs(60),
+        ca_pem: None,
     }
 }
 

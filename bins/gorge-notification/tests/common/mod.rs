@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod redis;
+pub mod tls;
 
 use std::ops::Deref;
 use std::path::Path;
@@ -229,6 +230,18 @@ impl InProcess {
         request_timeout: Option<Duration>,
         tweak: impl FnOnce(&mut gorge_notification::config::Config),
     ) -> Self {
+        InProcess::start_tuned(tweak, |server| match request_timeout {
+            Some(timeout) => server.with_request_timeout(timeout),
+            None => server,
+        })
+        .await
+    }
+
+    /// [`InProcess::start`], with `tune` applied to the bound server before it runs.
+    pub async fn start_tuned(
+        tweak: impl FnOnce(&mut gorge_notification::config::Config),
+        tune: impl FnOnce(gorge_notification::service::Server) -> gorge_notification::service::Server,
+    ) -> Self {
         use gorge_notification::config::ServerKind;
         let mut config = gorge_notification::config::load(None).expect("default configuration");
         for server in &mut config.servers {
@@ -238,12 +251,10 @@ impl InProcess {
         tweak(&mut config);
         let clock = gorge_hub::ManualMillisClock::new();
         let log = slog::Logger::root(slog::Discard, slog::o!());
-        let mut server = gorge_notification::service::Server::bind(config, clock.clone(), &log)
+        let server = gorge_notification::service::Server::bind(config, clock.clone(), &log)
             .await
             .expect("bind loopback ports");
-        if let Some(timeout) = request_timeout {
-            server = server.with_request_timeout(timeout);
-        }
+        let server = tune(server);
         let port = |kind| server.local_addr(kind).unwrap().port();
         let (client_port, admin_port) = (port(ServerKind::Client), port(ServerKind::Admin));
         let fingerprint = server.state().fingerprint.clone();

@@ -278,6 +278,12 @@ GORGE_NOTIFICATION_BROKER_URL: notification.broker.url
 GORGE_NOTIFICATION_BROKER_PASSWORD_FILE: notification.broker.existingSecret
 GORGE_NOTIFICATION_BROKER_PREFIX: notification.broker.prefix
 GORGE_NOTIFICATION_BROKER_CA_FILE: notification.broker.caConfigMap
+GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE: notification.tls.secretName
+GORGE_NOTIFICATION_CLIENT_TLS_KEY_FILE: notification.tls.secretName
+GORGE_NOTIFICATION_CLIENT_TLS_CHAIN_FILE: nothing (tls.crt holds the chain after the leaf)
+GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE: notification.tls.admin
+GORGE_NOTIFICATION_ADMIN_TLS_KEY_FILE: notification.tls.admin
+GORGE_NOTIFICATION_ADMIN_TLS_CHAIN_FILE: nothing (tls.crt holds the chain after the leaf)
 {{- end -}}
 {{- define "gorge.webhook.managedEnv" -}}
 GORGE_LISTEN_ADDR: webhook.port
@@ -366,6 +372,12 @@ Values a working install cannot do without, refused at template time with the va
 {{- if and $n.autoscaling.enabled (le (int $n.autoscaling.maxReplicas) (int $n.autoscaling.minReplicas)) -}}
 {{- fail "notification.autoscaling.maxReplicas must be above notification.autoscaling.minReplicas" -}}
 {{- end -}}
+{{- if and $n.tls.admin (not $n.tls.secretName) -}}
+{{- fail "notification.tls.admin needs notification.tls.secretName (the kubernetes.io/tls Secret to serve)" -}}
+{{- end -}}
+{{- if and $n.tls.admin (not $n.broker.url) -}}
+{{- fail "notification.tls.admin needs broker mode (notification.broker.url): in mesh mode the pods relay to each other's admin port by pod IP, which the certificate does not name" -}}
+{{- end -}}
 {{- $max := include "gorge.notification.maxSockets" . -}}
 {{- if and $n.autoscaling.enabled $max (ge (int64 $n.autoscaling.targetSocketsPerPod) (int64 $max)) -}}
 {{- fail (printf "notification.autoscaling.targetSocketsPerPod=%d must stay below the %s sockets a pod accepts (notification.maxSockets / resources.limits.memory)" (int64 $n.autoscaling.targetSocketsPerPod) $max) -}}
@@ -432,6 +444,17 @@ settings change.
 /etc/gorge/broker-ca/{{ .Values.notification.broker.caKey }}
 {{- end -}}
 
+{{/* Where the TLS Secret is mounted (the whole directory, so that its ..data swap on renewal
+is seen: a subPath mount would never change). */}}
+{{- define "gorge.notification.tlsDir" -}}
+/etc/gorge/tls
+{{- end -}}
+
+{{/* The scheme of the admin port: https when notification.tls.admin. */}}
+{{- define "gorge.notification.adminScheme" -}}
+{{- if and .Values.notification.tls.secretName .Values.notification.tls.admin -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- end -}}
+
 {{- define "gorge.notification.configData" -}}
 {{- $n := .Values.notification -}}
 GORGE_NOTIFICATION_CLIENT_PORT: {{ $n.clientPort | quote }}
@@ -451,6 +474,15 @@ GORGE_NOTIFICATION_BROKER_CA_FILE: {{ include "gorge.notification.brokerCaFile" 
 {{- end }}
 {{- else }}
 GORGE_NOTIFICATION_PEER_DNS: {{ include "gorge.notification.peerDns" . | quote }}
+{{- end }}
+{{- with $n.tls.secretName }}
+{{- $dir := include "gorge.notification.tlsDir" $ }}
+GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE: {{ printf "%s/tls.crt" $dir | quote }}
+GORGE_NOTIFICATION_CLIENT_TLS_KEY_FILE: {{ printf "%s/tls.key" $dir | quote }}
+{{- if $n.tls.admin }}
+GORGE_NOTIFICATION_ADMIN_TLS_CERT_FILE: {{ printf "%s/tls.crt" $dir | quote }}
+GORGE_NOTIFICATION_ADMIN_TLS_KEY_FILE: {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
 {{- end }}
 GORGE_NOTIFICATION_DRAIN_SECONDS: {{ $n.drainSeconds | quote }}
 {{- with include "gorge.notification.maxSockets" . }}
