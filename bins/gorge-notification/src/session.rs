@@ -694,7 +694,10 @@ mod tests {
     fn an_idle_sockets_task_stays_small() {
         let size = future_size::<Registration, Upgraded, _>(run);
         eprintln!("session future: {size} B");
-        assert!(size <= SESSION_FUTURE_BOUND, "session future is {size} bytes");
+        assert!(
+            size <= SESSION_FUTURE_BOUND,
+            "session future is {size} bytes"
+        );
     }
 
     /// 1 144 B in a release build, 1 152 B in a debug one; 1 304 B and 1 312 B with a
