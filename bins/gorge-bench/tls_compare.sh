@@ -11,7 +11,8 @@
 #   SOCKETS=10000 ROUNDS=2 bins/gorge-bench/tls_compare.sh
 #
 # Scenarios: `idle-N` — N reading sockets opened (RSS per idle socket), then 100 small
-# messages at 10/s to all of them (CPU per delivered frame, POST→frame); `handshakes` —
+# messages at 10/s to all of them (CPU per delivered frame, POST→frame; up to 30 s for
+# stragglers, so a server that falls behind is measured whole); `handshakes` —
 # $CONCURRENCY connections opened at once for $HS_SECONDS s, each TCP + TLS (full handshake) +
 # WebSocket upgrade + close (server CPU per connection, connections per server-CPU-second).
 # Certificates: a root, an intermediate and a leaf for localhost/127.0.0.1 made here with
