@@ -107,7 +107,7 @@ struct PeerHandle {
 /// startup), or the system's roots (the bundled Mozilla roots when the system has none).
 fn peer_tls(ca_pem: Option<&[u8]>) -> ureq::tls::TlsConfig {
     let der: Vec<Vec<u8>> = match ca_pem {
-        Some(pem) => crate::tls::pem_certificates(pem)
+        Some(pem) => crate::config::tls_files::pem_certificates(pem)
             .unwrap_or_default()
             .into_iter()
             .map(|cert| cert.as_ref().to_vec())

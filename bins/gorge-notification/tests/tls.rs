@@ -16,6 +16,14 @@ use tokio::net::TcpStream;
 
 const PHID: &str = "PHID-USER-aaaaaaaaaaaaaaaaaaaa";
 
+/// The binary under `timeout 30`: a run expected to end (refused at startup, a subcommand)
+/// that serves instead is killed (exit 124) rather than hanging the test.
+fn bounded() -> std::process::Command {
+    let mut command = std::process::Command::new("timeout");
+    command.args(["30", common::BIN]);
+    command
+}
+
 /// TLS from `cert`, `key` and `chain` on every server of `kind`, named as a file would.
 fn serve_tls(config: &mut Config, kind: ServerKind, cert: &Path, key: &Path, chain: Option<&Path>) {
     for (i, server) in config.servers.iter_mut().enumerate() {
@@ -362,7 +370,7 @@ async fn sighup_takes_a_renewal_at_once_and_a_mismatched_key_stops_startup() {
     let other = dir.path().join("other.key");
     std::fs::write(&other, chain.intermediate.leaf().1).unwrap();
     let other = other.display().to_string();
-    let output = std::process::Command::new(common::BIN)
+    let output = bounded()
         .env_clear()
         .env("GORGE_NOTIFICATION_CLIENT_TLS_CERT_FILE", &leaf)
         .env("GORGE_NOTIFICATION_CLIENT_TLS_KEY_FILE", &other)
@@ -395,7 +403,7 @@ fn the_aphlict_file_s_ssl_keys_are_checked_at_startup() {
     let refused = |servers: serde_json::Value| -> String {
         let file = dir.path().join("aphlict.json");
         std::fs::write(&file, serde_json::json!({ "servers": servers }).to_string()).unwrap();
-        let output = std::process::Command::new(common::BIN)
+        let output = bounded()
             .env_clear()
             .arg("--config")
             .arg(&file)
@@ -513,7 +521,7 @@ async fn healthcheck_selftest_and_status_work_when_the_ports_serve_tls() {
         server.admin_port.to_string(),
     ));
     let run = move |args: &[&str]| {
-        let output = std::process::Command::new(common::BIN)
+        let output = bounded()
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .args(args)

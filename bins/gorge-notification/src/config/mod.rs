@@ -10,6 +10,7 @@
 //! - [`aphlict_file`]: the JSON file;
 //! - [`peer_url`]: peer URLs and `host:port`;
 //! - [`broker`]: broker mode's Redis URL, password and CA;
+//! - [`tls_files`]: a server's TLS files, read and checked;
 //! - [`derived`]: what follows from the settings (the stop bound);
 //! - this module: layering, cross-setting validation, `--check-config`, `--print-config`.
 
@@ -18,6 +19,7 @@ mod broker;
 pub mod derived;
 mod peer_url;
 pub mod settings;
+pub mod tls_files;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -28,12 +30,12 @@ use std::time::Duration;
 use gorge_hub::Limits;
 
 use crate::budget::InboundLimits;
-use crate::tls::TlsFiles;
 use gorge_service::config::{env_value, without_url_password, CheckLine, Secret, Source};
 use gorge_service::logging::LogVars;
 use gorge_service::settings::{unknown_env_warnings, Declared, Layered};
 use gorge_service::ConfigError;
 use serde_json::Value;
+use tls_files::TlsFiles;
 
 pub use broker::BrokerConfig;
 #[allow(unused_imports)] // PeerProtocol: for the peer relay's tests
@@ -596,7 +598,7 @@ fn peer_ca(layered: &Layered<Settings>) -> Result<Option<Vec<u8>>, ConfigError> 
     };
     let pem =
         std::fs::read(path).map_err(|e| layered.refuse(key, format!("cannot be read: {e}")))?;
-    if crate::tls::pem_certificates(&pem).map_or(true, |certs| certs.is_empty()) {
+    if tls_files::pem_certificates(&pem).map_or(true, |certs| certs.is_empty()) {
         return Err(layered.refuse(
             key,
             "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
