@@ -14,8 +14,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::histogram::Histogram;
+use crate::tls::{BrowserStream, ClientTls};
 
-pub type Ws = WebSocketStream<TcpStream>;
+pub type Ws = WebSocketStream<BrowserStream>;
 
 /// What the server must answer to a ping command, exactly.
 const PONG: &str = r#"{"type":"pong"}"#;
@@ -58,14 +59,20 @@ fn source_ip_from(server: SocketAddr, index: usize, offset: usize) -> Option<IpA
     Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + block as u8)))
 }
 
-/// Opens one WebSocket to `url` (whose address is `server`).
+/// Opens one WebSocket to `url` (whose address is `server`), over TLS when `tls` is given
+/// (a `wss://` URL).
 pub async fn open(
     url: &str,
     server: SocketAddr,
     source: Option<IpAddr>,
     recv_buffer: Option<u32>,
+    tls: Option<&ClientTls>,
 ) -> Result<Ws, String> {
-    let stream = connect(server, source, recv_buffer).await?;
+    let tcp = connect(server, source, recv_buffer).await?;
+    let stream = match tls {
+        Some(tls) => tls.connect(tcp).await?,
+        None => BrowserStream::Plain(tcp),
+    };
     let (ws, _response) =
         tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
             .await

@@ -396,7 +396,7 @@ fn run_blocking(args: FloodArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match args.server.resolve() {
+    } = match args.server.resolve_plain("flood") {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };

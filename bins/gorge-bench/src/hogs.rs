@@ -93,7 +93,7 @@ pub async fn run(args: HogsArgs) -> Value {
         client_path: path,
         admin,
         ..
-    } = match args.server.resolve() {
+    } = match args.server.resolve_plain("hogs") {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
     };
@@ -120,7 +120,7 @@ pub async fn run(args: HogsArgs) -> Value {
                 );
                 let source = browser::source_ip(client, index);
                 tokio::spawn(async move {
-                    let mut ws = browser::open(&url, client, source, None).await?;
+                    let mut ws = browser::open(&url, client, source, None, None).await?;
                     browser::subscribe_confirmed(&mut ws, &phids, limit)
                         .await
                         .map(|()| ws)
@@ -141,7 +141,7 @@ pub async fn run(args: HogsArgs) -> Value {
 
     // A new browser's one PHID, and a message to it.
     let newcomer = async {
-        let mut ws = browser::open(&url, client, None, None).await?;
+        let mut ws = browser::open(&url, client, None, None, None).await?;
         let phid = vec!["PHID-USER-newcomer00000000000000".to_string()];
         browser::subscribe_confirmed(&mut ws, &phid, limit).await?;
         let body = r#"{"key":"hogs-newcomer","type":"notification","subscribers":["PHID-USER-newcomer00000000000000"]}"#;

@@ -134,31 +134,71 @@ pub struct ServerUrls {
     pub admin: SocketAddr,
     /// The admin URL's path (where messages are posted).
     pub admin_path: String,
+    /// How to open TLS to the client port, when its URL is `wss://`.
+    pub client_tls: Option<std::sync::Arc<crate::tls::ClientTls>>,
 }
 
 /// `--client` and `--admin` of the subcommands that drive a running notification server.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerArgs {
-    /// WebSocket URL of the client port.
+    /// WebSocket URL of the client port (`wss://` for TLS, with `--ca-file`).
     #[arg(long, default_value = "ws://127.0.0.1:22280/")]
     pub client: String,
     /// URL of the admin port.
     #[arg(long, default_value = "http://127.0.0.1:22281/")]
     pub admin: String,
+    /// PEM file of the CA(s) a `wss://` client port's certificate must chain to (the only
+    /// roots trusted).
+    #[arg(long)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl ServerArgs {
-    /// Resolves both URLs (see [`parse_url`]).
+    /// Resolves both URLs (see [`parse_url`]); a `wss://` client URL also needs `--ca-file`.
     pub fn resolve(&self) -> Result<ServerUrls, String> {
-        let (client, client_path) = parse_url(&self.client)?;
+        let (client_url, client_tls) = match self.client.strip_prefix("wss://") {
+            Some(rest) => {
+                let ca_file = self
+                    .ca_file
+                    .as_deref()
+                    .ok_or_else(|| format!("--client {}: wss:// needs --ca-file", self.client))?;
+                let authority = rest.split('/').next().unwrap_or("");
+                let tls = crate::tls::ClientTls::new(ca_file, host_of(authority))?;
+                (format!("ws://{rest}"), Some(std::sync::Arc::new(tls)))
+            }
+            None => (self.client.clone(), None),
+        };
+        let (client, client_path) = parse_url(&client_url)?;
         let (admin, admin_path) = parse_url(&self.admin)?;
         Ok(ServerUrls {
             client,
             client_path,
             admin,
             admin_path,
+            client_tls,
         })
     }
+
+    /// Resolves both URLs for a subcommand whose browsers speak plain `ws://` only.
+    pub fn resolve_plain(&self, subcommand: &str) -> Result<ServerUrls, String> {
+        if self.client.starts_with("wss://") {
+            return Err(format!(
+                "--client {}: {subcommand} speaks ws:// only (wss:// is for notify and handshakes)",
+                self.client
+            ));
+        }
+        self.resolve()
+    }
+}
+
+/// The host of `host:port` or `[v6]:port`, brackets removed.
+fn host_of(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
 }
 
 /// Resolves `http://host:port/path` (or `ws://`) into an address and the path with query.
@@ -345,5 +385,21 @@ mod tests {
         let (_, path) = parse_url("http://127.0.0.1:9").unwrap();
         assert_eq!(path, "/");
         assert!(parse_url("https://127.0.0.1/").is_err());
+    }
+
+    #[test]
+    fn wss_needs_a_ca_file_and_other_subcommands_refuse_it() {
+        let args = ServerArgs {
+            client: "wss://127.0.0.1:22280/".into(),
+            admin: "http://127.0.0.1:22281/".into(),
+            ca_file: None,
+        };
+        let err = args.resolve().err().unwrap();
+        assert!(err.contains("needs --ca-file"), "{err}");
+        let err = args.resolve_plain("flood").err().unwrap();
+        assert!(err.contains("flood speaks ws:// only"), "{err}");
+        assert_eq!(host_of("127.0.0.1:22280"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:22280"), "::1");
+        assert_eq!(host_of("localhost"), "localhost");
     }
 }

@@ -9,6 +9,7 @@ mod cpu_quota;
 mod drill;
 mod flood;
 mod floor;
+mod handshakes;
 mod herald_db;
 mod histogram;
 mod hogs;
@@ -20,6 +21,7 @@ mod receiver;
 mod server_metrics;
 mod summary;
 mod sys;
+mod tls;
 mod webhook;
 
 use std::time::{Duration, Instant};
@@ -52,6 +54,9 @@ enum Command {
     /// The floor to compare against: a minimal server that writes one pre-encoded frame to
     /// every socket in a tight non-blocking loop.
     Floor(floor::FloorArgs),
+    /// New browser connections per second (TCP, TLS for wss://, WebSocket upgrade, close)
+    /// and the server's CPU time per connection.
+    Handshakes(handshakes::HandshakesArgs),
 }
 
 /// Longest share of `--timeout` kept back from the work for cleanup (stopping children,
@@ -91,6 +96,7 @@ fn main() {
         Command::Floor(a) => ("floor", a.timeout),
         Command::Flood(a) => ("flood", a.timeout),
         Command::Hogs(a) => ("hogs", a.timeout),
+        Command::Handshakes(a) => ("handshakes", a.timeout),
     };
     // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
     // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
@@ -105,6 +111,7 @@ fn main() {
                 Command::Floor(a) => floor::run(a).await,
                 Command::Flood(a) => flood::run(a).await,
                 Command::Hogs(a) => hogs::run(a).await,
+                Command::Handshakes(a) => handshakes::run(a).await,
             }
         };
         tokio::time::timeout(limit, work)

@@ -19,6 +19,15 @@ use crate::histogram::Histogram;
 use crate::http1::{request_kept, HttpConn, ServerArgs, ServerUrls};
 use crate::server_metrics;
 use crate::sys;
+use crate::tls::ClientTls;
+
+/// Where browsers connect: the client URL, its address, and TLS for a `wss://` URL.
+#[derive(Clone)]
+pub struct Target {
+    pub url: String,
+    pub server: SocketAddr,
+    pub tls: Option<Arc<ClientTls>>,
+}
 
 /// The label PHP's cURL puts on the raw JSON body; the server must ignore it.
 pub const PHP_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
@@ -105,8 +114,7 @@ pub struct Opened {
 /// Opens `count` sockets with bounded handshake concurrency; each is subscribed to
 /// `phids(index)` and confirmed by pong before it counts as opened.
 pub async fn open_many(
-    url: &str,
-    server: SocketAddr,
+    target: &Target,
     indices: std::ops::Range<usize>,
     concurrency: usize,
     recv_buffer: Option<u32>,
@@ -122,14 +130,15 @@ pub async fn open_many(
     };
     for index in indices {
         let permit = permits.clone().acquire_owned().await;
-        let url = url.to_string();
+        let Target { url, server, tls } = target.clone();
         let subscriptions = phids(index);
         tasks.spawn(async move {
             let _permit = permit;
             let left = deadline.saturating_duration_since(Instant::now());
             let result = tokio::time::timeout(left, async {
                 let source = browser::source_ip(server, index);
-                let mut ws = browser::open(&url, server, source, recv_buffer).await?;
+                let mut ws =
+                    browser::open(&url, server, source, recv_buffer, tls.as_deref()).await?;
                 browser::subscribe_confirmed(&mut ws, &subscriptions, Duration::from_secs(30))
                     .await?;
                 Ok::<Ws, String>(ws)
@@ -182,10 +191,16 @@ pub async fn run(args: NotifyArgs) -> Value {
         client: server,
         admin,
         admin_path,
+        client_tls,
         ..
     } = match args.server.resolve() {
         Ok(parsed) => parsed,
         Err(e) => return json!({"ok": false, "error": e}),
+    };
+    let browsers = Target {
+        url: args.server.client.clone(),
+        server,
+        tls: client_tls,
     };
     let rss_before = args.pid.and_then(|pid| sys::rss_bytes(pid).ok());
 
@@ -194,8 +209,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     let shared: Vec<String> = (0..args.shared.max(1)).map(shared_phid).collect();
     let ramp_started = Instant::now();
     let readers = open_many(
-        &args.server.client,
-        server,
+        &browsers,
         0..args.sockets,
         args.connect_concurrency,
         None,
@@ -208,8 +222,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     )
     .await;
     let stuck = open_many(
-        &args.server.client,
-        server,
+        &browsers,
         args.sockets..args.sockets + args.stuck,
         args.connect_concurrency,
         Some(4096),
@@ -226,6 +239,11 @@ pub async fn run(args: NotifyArgs) -> Value {
         stuck.sockets.len(),
         stuck.failed.len()
     );
+
+    let client_tls_parameters = readers
+        .sockets
+        .first()
+        .and_then(|(_, ws)| ws.get_ref().tls_parameters());
 
     let epoch = Instant::now();
     let deliveries = Arc::new(Deliveries::new(epoch, args.messages));
@@ -398,6 +416,7 @@ pub async fn run(args: NotifyArgs) -> Value {
     json!({
         "ok": ok,
         "fanout": format!("{:?}", args.fanout).to_lowercase(),
+        "client_tls": client_tls_parameters.map(|(version, suite)| json!({"version": version, "suite": suite})),
         "sockets_requested": args.sockets,
         "sockets_opened": reader_count,
         "sockets_failed": args.sockets - reader_count,

@@ -12,7 +12,9 @@ use tokio::task::JoinSet;
 use super::{check, DrillEnv, Outcome};
 use crate::browser::{read_frames, Deliveries, ReaderEnd};
 use crate::http1::HttpConn;
-use crate::notify::{message_body, open_many, private_phid, shared_phid, Opened, PHP_CONTENT_TYPE};
+use crate::notify::{
+    message_body, open_many, private_phid, shared_phid, Opened, Target, PHP_CONTENT_TYPE,
+};
 use crate::procs::{free_port_pairs, NotificationServer};
 use crate::sys;
 
@@ -53,18 +55,13 @@ async fn open_subscribed(
     attempts: usize,
     until: Instant,
 ) -> (Opened, usize) {
-    let url = server.client_url();
+    let target = Target {
+        url: server.client_url(),
+        server: server.client_addr(),
+        tls: None,
+    };
     let phids = |i: usize| vec![private_phid(i), shared_phid(0)];
-    let mut opened = open_many(
-        &url,
-        server.client_addr(),
-        indices,
-        concurrency,
-        None,
-        phids,
-        until,
-    )
-    .await;
+    let mut opened = open_many(&target, indices, concurrency, None, phids, until).await;
     let mut failed_attempts = opened.failed.len();
     for attempt in 1..attempts {
         if opened.failed.is_empty() || Instant::now() >= until {
@@ -73,16 +70,7 @@ async fn open_subscribed(
         tokio::time::sleep(Duration::from_millis(200 * attempt as u64)).await;
         let retry: Vec<usize> = std::mem::take(&mut opened.failed);
         for index in retry {
-            let again = open_many(
-                &url,
-                server.client_addr(),
-                index..index + 1,
-                1,
-                None,
-                phids,
-                until,
-            )
-            .await;
+            let again = open_many(&target, index..index + 1, 1, None, phids, until).await;
             failed_attempts += again.failed.len();
             opened.sockets.extend(again.sockets);
             opened.failed.extend(again.failed);
