@@ -242,7 +242,12 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
             conns.join(", "),
             replay
                 .as_ref()
-                .map_or("none".into(), |r| format!("at {:.3}s age {} ms", r.at_us as f64 / 1e6, r.age_ms)),
+                .map_or("none".into(), |r| format!(
+                    "on connection {} at {:.3}s, age {} ms",
+                    r.connection,
+                    r.at_us as f64 / 1e6,
+                    r.age_ms
+                )),
             frames.join(", "),
             around(log, seed, post.start_us)
         ));
@@ -308,13 +313,14 @@ pub fn check_rows(log: &Log, seed: u64, final_rows: &HashMap<usize, FinalRow>, v
             .map(|a| format!("{:?}@{:.3}s", a.answer, a.at_us as f64 / 1e6))
             .collect();
         format!(
-            "row {} (hook {}, retry {}) inserted {:.3}s, ended {:?}; receiver saw [{}]; {}",
+            "row {} (hook {}, retry {}) inserted {:.3}s, ended {:?}; receiver saw [{}] (hooks {:?}); {}",
             row.seq,
             row.hook,
             if row.retry_forever { "forever" } else { "never" },
             row.inserted_us as f64 / 1e6,
             fin,
             events.join(", "),
+            list.iter().map(|a| a.hook).collect::<std::collections::BTreeSet<_>>(),
             around(log, seed, list.last().map_or(row.inserted_us, |a| a.at_us))
         )
     };

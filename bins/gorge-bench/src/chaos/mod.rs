@@ -357,6 +357,9 @@ async fn load_faults_and_check(
     }
     json!({
         "ok": passed,
+        "process_starts": log.starts.iter().filter(|s| s.at_us > 0).count(),
+        "last_start_s": log.starts.iter().map(|s| s.at_us).max().map(|us| us as f64 / 1e6),
+        "restarted": log.starts.iter().map(|s| s.target.to_string()).collect::<std::collections::BTreeSet<_>>().len(),
         "faults_planned": faults.len(),
         "faults_applied": schedule::count_by_kind(&applied),
         "checks": verdict.checks,

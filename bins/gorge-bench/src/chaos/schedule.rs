@@ -182,7 +182,7 @@ const SETTLE_AFTER_FAULT_MS: u64 = 3_000;
 const TERM_EXTRA_MS: u64 = 12_000;
 
 /// Draws the schedule: faults start at gaps drawn around `mean_gap_ms`, each of a kind drawn
-/// uniformly among those that apply, on a target drawn among those of its kind; a fault
+/// among those that apply (process faults with twice the weight), on a target drawn among those of its kind; a fault
 /// whose target is still busy with an earlier one starts once that one is planned to end.
 /// Faults on different targets overlap.
 pub fn draw(plan: &Plan) -> Vec<Fault> {
@@ -192,9 +192,14 @@ pub fn draw(plan: &Plan) -> Vec<Fault> {
         | u64::from(plan.webhook) << 1
         | u64::from(plan.broker) << 2;
     let mut rng = SplitMix64::new(plan.seed ^ salt.wrapping_mul(0xA076_1D64_78BD_642F));
+    // Process faults are drawn twice as often as the others: they have twice the targets.
     let kinds: Vec<Kind> = Kind::ALL
         .into_iter()
         .filter(|k| k.applies(plan.notification, plan.webhook, plan.broker))
+        .flat_map(|k| match k {
+            Kind::Kill | Kind::Stop | Kind::Term => vec![k, k],
+            _ => vec![k],
+        })
         .collect();
     let mut busy_until: std::collections::HashMap<Target, u64> = Default::default();
     let mut faults = Vec::new();
