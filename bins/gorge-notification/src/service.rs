@@ -54,6 +54,8 @@ pub struct Server {
     client_runtime: OwnRuntime,
     /// Bounds the warm-up from peers in a mesh (the gate opens by then whatever happened).
     warmup_deadline: Duration,
+    /// Connections of every listener that have ended, for the memory housekeeping.
+    ended_connections: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Server {
@@ -183,13 +185,15 @@ impl Server {
         let refused = closed.with(["fd_reserve"]).clone();
         let expired = closed.with(["upgrade_timeout"]).clone();
         let client_cap = client_cap.map(|cap| ConnectionCap::new(cap, refused));
+        let ended_connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let listeners = bind_all(specs)
             .await?
             .into_iter()
             .map(|l| {
                 let l = l
                     .close_at_drain_start()
-                    .with_accept_error_counter(state.metrics.accept_errors.clone());
+                    .with_accept_error_counter(state.metrics.accept_errors.clone())
+                    .counting_ended_connections(ended_connections.clone());
                 if l.name() == admin_name {
                     l.on_runtime(admin_runtime.handle())
                 } else {
@@ -214,6 +218,7 @@ impl Server {
             admin_runtime,
             client_runtime,
             warmup_deadline,
+            ended_connections,
         })
     }
 
@@ -256,6 +261,7 @@ impl Server {
         let housekeeping = tokio::spawn(crate::memory::housekeeping(
             state.clone(),
             self.client_runtime.handle(),
+            self.ended_connections.clone(),
         ));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
         if let Cluster::Mesh(relay) = &state.cluster {

@@ -18,8 +18,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::stopped;
 use super::history::{Connection, Frame, History, Replay};
+use super::stopped;
 
 const BASE_DELAY: Duration = Duration::from_millis(2000);
 const MAX_DELAY: Duration = Duration::from_secs(300);
@@ -45,8 +45,16 @@ pub async fn run(
     let mut delay = BASE_DELAY;
     let mut connections = 0usize;
     loop {
-        let opened =
-            connection(browser, port, &subscribe, connections, loaded, &history, &mut stop).await;
+        let opened = connection(
+            browser,
+            port,
+            &subscribe,
+            connections,
+            loaded,
+            &history,
+            &mut stop,
+        )
+        .await;
         if opened {
             connections += 1;
             delay = Duration::ZERO;
@@ -79,7 +87,9 @@ async fn connection(
     let url = format!("ws://127.0.0.1:{port}/");
     let connect = async {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        tokio_tungstenite::client_async(url.as_str(), stream).await.ok()
+        tokio_tungstenite::client_async(url.as_str(), stream)
+            .await
+            .ok()
     };
     let Ok(Some((mut ws, _))) = tokio::time::timeout(CONNECT_TIMEOUT, connect).await else {
         return false;

@@ -78,8 +78,10 @@ fn describe_fault(f: &AppliedFault) -> String {
         f.kind.label(),
         f.target,
         f.start_us as f64 / 1e6,
-        f.end_us
-            .map_or("(not ended)".to_string(), |e| format!("{:.3}s", e as f64 / 1e6))
+        f.end_us.map_or("(not ended)".to_string(), |e| format!(
+            "{:.3}s",
+            e as f64 / 1e6
+        ))
     )
 }
 
@@ -162,8 +164,11 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
             .entry((f.browser, f.connection, f.unique_id.as_str()))
             .or_default() += 1;
     }
-    let posts_by_id: HashMap<&str, &Post> =
-        log.posts.iter().map(|p| (p.unique_id.as_str(), p)).collect();
+    let posts_by_id: HashMap<&str, &Post> = log
+        .posts
+        .iter()
+        .map(|p| (p.unique_id.as_str(), p))
+        .collect();
     let (mut required, mut delivered, mut excused_kill, mut excused_window) = (0, 0, 0, 0);
     let mut missed = Vec::new();
     let mut excuses = Vec::new();
@@ -225,7 +230,13 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
             .filter(|c| c.browser == *b)
             .map(|c| {
                 let t = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.3}", v as f64 / 1e6));
-                format!("#{} {:.3}/{}/{}", c.connection, c.opened_us as f64 / 1e6, t(c.subscribed_us), t(c.closed_us))
+                format!(
+                    "#{} {:.3}/{}/{}",
+                    c.connection,
+                    c.opened_us as f64 / 1e6,
+                    t(c.subscribed_us),
+                    t(c.closed_us)
+                )
             })
             .collect();
         verdict.failures.push(format!(
@@ -285,17 +296,38 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
         twice == 0,
         format!("{twice} repeats ({twice_excused} more of messages PHP posted to two nodes)"),
     ));
-    verdict.facts.insert("messages_posted", json!(log.posts.len()));
+    verdict
+        .facts
+        .insert("messages_posted", json!(log.posts.len()));
     verdict.facts.insert("messages_accepted", json!(accepted));
-    verdict.facts.insert("message_pairs_required", json!(required));
-    verdict.facts.insert("message_pairs_delivered", json!(delivered));
-    verdict.facts.insert("message_pairs_lost_at_sigkill", json!(excused_kill));
-    verdict.facts.insert("message_pairs_beyond_replay_window", json!(excused_window));
-    verdict.facts.insert("message_losses_at_sigkill", json!(excuses.into_iter().take(PRINTED_FAILURES).collect::<Vec<_>>()));
+    verdict
+        .facts
+        .insert("message_pairs_required", json!(required));
+    verdict
+        .facts
+        .insert("message_pairs_delivered", json!(delivered));
+    verdict
+        .facts
+        .insert("message_pairs_lost_at_sigkill", json!(excused_kill));
+    verdict
+        .facts
+        .insert("message_pairs_beyond_replay_window", json!(excused_window));
+    verdict.facts.insert(
+        "message_losses_at_sigkill",
+        json!(excuses
+            .into_iter()
+            .take(PRINTED_FAILURES)
+            .collect::<Vec<_>>()),
+    );
 }
 
 /// Checks the webhook half of `log` against the rows as they ended.
-pub fn check_rows(log: &Log, seed: u64, final_rows: &HashMap<usize, FinalRow>, verdict: &mut Verdict) {
+pub fn check_rows(
+    log: &Log,
+    seed: u64,
+    final_rows: &HashMap<usize, FinalRow>,
+    verdict: &mut Verdict,
+) {
     let mut arrivals: HashMap<usize, Vec<&super::history::Arrival>> = HashMap::new();
     for a in &log.arrivals {
         arrivals.entry(a.seq).or_default().push(a);
@@ -338,7 +370,8 @@ pub fn check_rows(log: &Log, seed: u64, final_rows: &HashMap<usize, FinalRow>, v
                 // A 500 is the receiver's, recorded as Phorge records it.
                 answer != Answer::Status500
                     || fin.is_some_and(|f| {
-                        f.error_type.as_deref() == Some("http") && f.error_code.as_deref() == Some("500")
+                        f.error_type.as_deref() == Some("http")
+                            && f.error_code.as_deref() == Some("500")
                     })
             }
             _ => false,
@@ -387,7 +420,9 @@ pub fn check_rows(log: &Log, seed: u64, final_rows: &HashMap<usize, FinalRow>, v
     verdict.checks.push(check(
         "every row ends sent or failed as Phorge's rules say",
         wrong == 0 && rows > 0,
-        format!("{rows} rows: {sent} sent, {failed} failed, {wrong} not as the receiver's answers say"),
+        format!(
+            "{rows} rows: {sent} sent, {failed} failed, {wrong} not as the receiver's answers say"
+        ),
     ));
     verdict.checks.push(check(
         "each row is delivered once, repeats only after a SIGKILL",
@@ -397,7 +432,9 @@ pub fn check_rows(log: &Log, seed: u64, final_rows: &HashMap<usize, FinalRow>, v
     verdict.facts.insert("rows", json!(rows));
     verdict.facts.insert("rows_sent", json!(sent));
     verdict.facts.insert("rows_failed", json!(failed));
-    verdict.facts.insert("row_repeats_at_sigkill", json!(repeats));
+    verdict
+        .facts
+        .insert("row_repeats_at_sigkill", json!(repeats));
 }
 
 #[cfg(test)]
@@ -463,12 +500,20 @@ mod tests {
     #[test]
     fn a_message_missed_by_a_subscribed_browser_fails_with_its_context() {
         let mut log = one_browser(None);
-        log.posts = vec![post("a", 2 * S, 0), post("b", 3 * S, 0), post("early", S / 2, 0)];
+        log.posts = vec![
+            post("a", 2 * S, 0),
+            post("b", 3 * S, 0),
+            post("early", S / 2, 0),
+        ];
         log.frames = vec![frame("a", 2 * S + 10, 0)];
         let v = messages(&log);
         assert!(!v.passed());
         assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
-        assert!(v.failures[0].starts_with("MISSED message b"), "{}", v.failures[0]);
+        assert!(
+            v.failures[0].starts_with("MISSED message b"),
+            "{}",
+            v.failures[0]
+        );
         assert!(v.failures[0].contains("seed 42"), "{}", v.failures[0]);
         // Posted before the subscription was confirmed: not owed.
         assert_eq!(v.facts["message_pairs_required"], json!(2));
@@ -486,7 +531,8 @@ mod tests {
         log.faults = vec![fault(Kind::Kill, Target::Node(0), 9 * S, 10 * S)];
         assert!(!messages(&log).passed());
         // …unless Redis was away from the POST until the kill (broker mode).
-        log.faults.push(fault(Kind::RedisPause, Target::Redis, 2 * S, 9 * S + 1));
+        log.faults
+            .push(fault(Kind::RedisPause, Target::Redis, 2 * S, 9 * S + 1));
         assert!(messages(&log).passed());
     }
 
@@ -570,19 +616,35 @@ mod tests {
             ],
             ..Log::default()
         };
-        let good = [(0, "failed", Some("500")), (1, "sent", None), (2, "failed", Some("28"))];
+        let good = [
+            (0, "failed", Some("500")),
+            (1, "sent", None),
+            (2, "failed", Some("28")),
+        ];
         assert!(rows_verdict(&log, &good).passed());
         // Left queued; sent after a 500; a 500 recorded as something else.
         for bad in [
-            [(0, "failed", Some("500")), (1, "queued", None), (2, "failed", None)],
+            [
+                (0, "failed", Some("500")),
+                (1, "queued", None),
+                (2, "failed", None),
+            ],
             [(0, "sent", None), (1, "sent", None), (2, "failed", None)],
-            [(0, "failed", Some("timeout")), (1, "sent", None), (2, "failed", None)],
+            [
+                (0, "failed", Some("timeout")),
+                (1, "sent", None),
+                (2, "failed", None),
+            ],
         ] {
             assert!(!rows_verdict(&log, &bad).passed(), "{bad:?}");
         }
         // A retry=forever row is never `failed`.
         log.arrivals.truncate(2);
-        assert!(!rows_verdict(&log, &[(0, "failed", Some("500")), (1, "failed", Some("500"))]).passed());
+        assert!(!rows_verdict(
+            &log,
+            &[(0, "failed", Some("500")), (1, "failed", Some("500"))]
+        )
+        .passed());
     }
 
     #[test]
@@ -599,6 +661,9 @@ mod tests {
         log.faults = vec![fault(Kind::Kill, Target::Webhook(1), 2 * S, 3 * S)];
         let v = rows_verdict(&log, &fin);
         assert!(v.passed());
-        assert_eq!(v.facts["row_repeats_at_sigkill"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            v.facts["row_repeats_at_sigkill"].as_array().unwrap().len(),
+            1
+        );
     }
 }

@@ -118,8 +118,14 @@ async fn hostile_sockets(client: u16, admin: u16, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::with_capacity(n);
     for k in 0..n {
         let (port, opening): (u16, &[u8]) = match k % 3 {
-            0 => (client, b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"),
-            1 => (admin, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"ke"),
+            0 => (
+                client,
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+            ),
+            1 => (
+                admin,
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"ke",
+            ),
             _ => (client, b""),
         };
         let addr = SocketAddr::from(([127, 0, 0, 1], port));

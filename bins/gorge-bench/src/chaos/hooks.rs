@@ -132,7 +132,11 @@ async fn serve(stream: TcpStream, history: History, trouble: Arc<AtomicU8>, epoc
         let Some(seq) = seq else {
             return;
         };
-        let mode = if followed { HookMode::Ok } else { hook_mode(hook) };
+        let mode = if followed {
+            HookMode::Ok
+        } else {
+            hook_mode(hook)
+        };
         let answer = match (trouble.load(Ordering::SeqCst), mode) {
             (2, _) => Answer::Hang,
             // Flapping: the hooks that answer 200 answer 500 every other half second.
@@ -144,7 +148,14 @@ async fn serve(stream: TcpStream, history: History, trouble: Arc<AtomicU8>, epoc
             (_, HookMode::Close) => Answer::Close,
         };
         let at_us = history.now_us();
-        history.with(|log| log.arrivals.push(Arrival { seq, hook, at_us, answer }));
+        history.with(|log| {
+            log.arrivals.push(Arrival {
+                seq,
+                hook,
+                at_us,
+                answer,
+            })
+        });
         let bytes = match answer {
             Answer::Ok => response(200, "OK", ""),
             Answer::Status500 => response(500, "Internal Server Error", ""),

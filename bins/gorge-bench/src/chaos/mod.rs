@@ -183,18 +183,7 @@ async fn pass(
 ) -> Value {
     let history = History::new();
     let label = if plan.broker { "broker" } else { "mesh" };
-    let sut = match Sut::start(
-        label,
-        plan.notification,
-        plan.webhook,
-        plan.broker,
-        PROCESSES,
-        HOOKS,
-        binaries,
-        &history,
-    )
-    .await
-    {
+    let sut = match Sut::start(label, plan, HOOKS, binaries, &history).await {
         Ok(sut) => sut,
         Err(e) => return json!({"ok": false, "error": e}),
     };
@@ -202,7 +191,9 @@ async fn pass(
     let result = load_faults_and_check(args, plan, faults, &sut, &history, deadline).await;
     match std::sync::Arc::try_unwrap(sut) {
         Ok(sut) => sut.teardown().await,
-        Err(_) => eprintln!("chaos: a fault task still holds the system; its processes die with the run"),
+        Err(_) => {
+            eprintln!("chaos: a fault task still holds the system; its processes die with the run")
+        }
     }
     result
 }
@@ -226,8 +217,19 @@ async fn load_faults_and_check(
                 format!("PHID-USER-chaos{browser:06}"),
                 poster::project_phid(browser % PROJECTS),
             ];
-            history.with(|log| log.pages.push(Page { node, phids: phids.clone() }));
-            load.spawn(aphlict::run(browser, client, phids, history.clone(), browsers_stop.clone()));
+            history.with(|log| {
+                log.pages.push(Page {
+                    node,
+                    phids: phids.clone(),
+                })
+            });
+            load.spawn(aphlict::run(
+                browser,
+                client,
+                phids,
+                history.clone(),
+                browsers_stop.clone(),
+            ));
         }
     }
     let browsers = sut.node_ports.len() * args.browsers;
@@ -245,10 +247,21 @@ async fn load_faults_and_check(
         return json!({"ok": false, "error": "browsers did not all subscribe within 30 s"});
     }
     if plan.notification {
-        load.spawn(poster::run(sut.admins(), args.rate, PROJECTS, history.clone(), load_stop.clone()));
+        load.spawn(poster::run(
+            sut.admins(),
+            args.rate,
+            PROJECTS,
+            history.clone(),
+            load_stop.clone(),
+        ));
     }
     if plan.webhook {
-        load.spawn(insert_rows(sut.clone(), args.rows_per_second, history.clone(), load_stop.clone()));
+        load.spawn(insert_rows(
+            sut.clone(),
+            args.rows_per_second,
+            history.clone(),
+            load_stop.clone(),
+        ));
     }
     tokio::time::sleep(WARM_UP).await;
     let idle_rss = sut.rss().await;
@@ -259,13 +272,15 @@ async fn load_faults_and_check(
     for fault in faults.iter().cloned() {
         let (sut, history) = (sut.clone(), history.clone());
         applying.spawn(async move {
-            tokio::time::sleep_until((faults_from + Duration::from_millis(fault.at_ms)).into()).await;
+            tokio::time::sleep_until((faults_from + Duration::from_millis(fault.at_ms)).into())
+                .await;
             eprintln!("chaos: {fault}");
             faults::apply(&fault, &sut, &history).await
         });
     }
     let mut problems = Vec::new();
-    let faults_deadline = deadline - SETTLE.min(deadline.saturating_duration_since(Instant::now()) / 3);
+    let faults_deadline =
+        deadline - SETTLE.min(deadline.saturating_duration_since(Instant::now()) / 3);
     loop {
         match tokio::time::timeout_at(faults_deadline.into(), applying.join_next()).await {
             Ok(Some(Ok(Some(problem)))) => problems.push(problem),
@@ -279,7 +294,11 @@ async fn load_faults_and_check(
         }
     }
     let faults_end_us = history.now_us();
-    eprintln!("chaos: faults over at {:.1}s; load goes on {} s, then settles", faults_end_us as f64 / 1e6, COOL_DOWN.as_secs());
+    eprintln!(
+        "chaos: faults over at {:.1}s; load goes on {} s, then settles",
+        faults_end_us as f64 / 1e6,
+        COOL_DOWN.as_secs()
+    );
     tokio::time::sleep(COOL_DOWN).await;
     let _ = stop_load.send(true);
     // Rows end, browsers reconnect and replay; then a quiet moment for the last frames.
@@ -293,23 +312,37 @@ async fn load_faults_and_check(
             Ok(rows) => {
                 final_rows = rows
                     .into_iter()
-                    .map(|r| (r.seq, FinalRow { status: r.status, error_type: r.error_type, error_code: r.error_code }))
+                    .map(|r| {
+                        (
+                            r.seq,
+                            FinalRow {
+                                status: r.status,
+                                error_type: r.error_type,
+                                error_code: r.error_code,
+                            },
+                        )
+                    })
                     .collect();
             }
             Err(e) => problems.push(format!("rows could not be read back: {e}")),
         }
     }
-    let caught_up = within(settle_until.saturating_duration_since(Instant::now()), || {
-        history.with(|log| {
-            let now = history.now_us();
-            // Every browser has a subscribed open connection, for a few seconds already.
-            (0..browsers).all(|b| {
-                log.connections.iter().any(|c| {
-                    c.browser == b && c.closed_us.is_none() && c.subscribed_us.is_some_and(|s| s + 3_000_000 < now)
+    let caught_up = within(
+        settle_until.saturating_duration_since(Instant::now()),
+        || {
+            history.with(|log| {
+                let now = history.now_us();
+                // Every browser has a subscribed open connection, for a few seconds already.
+                (0..browsers).all(|b| {
+                    log.connections.iter().any(|c| {
+                        c.browser == b
+                            && c.closed_us.is_none()
+                            && c.subscribed_us.is_some_and(|s| s + 3_000_000 < now)
+                    })
                 })
             })
-        })
-    })
+        },
+    )
     .await;
     if !caught_up {
         problems.push("not every browser was connected and subscribed at the end".into());
@@ -317,7 +350,12 @@ async fn load_faults_and_check(
     let final_rss = sut.rss().await;
     let queues = queues_drained(sut).await;
     let _ = stop_browsers.send(true);
-    while tokio::time::timeout(Duration::from_secs(10), load.join_next()).await.ok().flatten().is_some() {}
+    while tokio::time::timeout(Duration::from_secs(10), load.join_next())
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+    {}
 
     let log = history.snapshot();
     let mut verdict = Verdict::default();
@@ -333,11 +371,19 @@ async fn load_faults_and_check(
     verdict.checks.push(holds(
         "every fault was applied and every process came back",
         problems.is_empty(),
-        if problems.is_empty() { "yes".to_string() } else { problems.join("; ") },
+        if problems.is_empty() {
+            "yes".to_string()
+        } else {
+            problems.join("; ")
+        },
     ));
     let applied: Vec<Fault> = faults
         .iter()
-        .filter(|f| log.faults.iter().any(|a| a.id == f.id && a.end_us.is_some()))
+        .filter(|f| {
+            log.faults
+                .iter()
+                .any(|a| a.id == f.id && a.end_us.is_some())
+        })
         .cloned()
         .collect();
     for c in &verdict.checks {
@@ -353,7 +399,11 @@ async fn load_faults_and_check(
     }
     let passed = verdict.passed();
     if !passed {
-        eprintln!("  verdict: FAIL (seed {}, mode {})", plan.seed, if plan.broker { "broker" } else { "mesh" });
+        eprintln!(
+            "  verdict: FAIL (seed {}, mode {})",
+            plan.seed,
+            if plan.broker { "broker" } else { "mesh" }
+        );
     }
     json!({
         "ok": passed,
@@ -390,7 +440,12 @@ async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 /// Inserts rows at `rate` per second, as a switched Phorge hands them over, recording each
 /// once its INSERT committed; an INSERT that fails is tried again.
-async fn insert_rows(sut: std::sync::Arc<Sut>, rate: f64, history: History, stop: watch::Receiver<bool>) {
+async fn insert_rows(
+    sut: std::sync::Arc<Sut>,
+    rate: f64,
+    history: History,
+    stop: watch::Receiver<bool>,
+) {
     let Some(db) = &sut.db else { return };
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(0.01)));
     let mut seq = 0usize;
@@ -403,9 +458,20 @@ async fn insert_rows(sut: std::sync::Arc<Sut>, rate: f64, history: History, stop
             hook_phid: crate::webhook::hook_phid(hook),
             retry_forever,
         };
-        if db.insert_requests(std::slice::from_ref(&spec), |_| {}).await.is_ok() {
+        if db
+            .insert_requests(std::slice::from_ref(&spec), |_| {})
+            .await
+            .is_ok()
+        {
             let inserted_us = history.now_us();
-            history.with(|log| log.rows.push(Row { seq, hook, retry_forever, inserted_us }));
+            history.with(|log| {
+                log.rows.push(Row {
+                    seq,
+                    hook,
+                    retry_forever,
+                    inserted_us,
+                })
+            });
             seq += 1;
         }
     }
@@ -425,15 +491,27 @@ async fn panics(sut: &Sut) -> Check {
     holds(
         "no process panics",
         found.is_empty(),
-        if found.is_empty() { "none".to_string() } else { found.join("; ") },
+        if found.is_empty() {
+            "none".to_string()
+        } else {
+            found.join("; ")
+        },
     )
 }
 
-fn rss_table(idle: &[(Target, Option<u64>)], end: &[(Target, Option<u64>)]) -> BTreeMap<String, Value> {
+fn rss_table(
+    idle: &[(Target, Option<u64>)],
+    end: &[(Target, Option<u64>)],
+) -> BTreeMap<String, Value> {
     let mib = |b: Option<u64>| b.map(|b| crate::notify::round3(b as f64 / 1_048_576.0));
     idle.iter()
         .zip(end)
-        .map(|((t, before), (_, after))| (t.to_string(), json!({"before_faults": mib(*before), "after": mib(*after)})))
+        .map(|((t, before), (_, after))| {
+            (
+                t.to_string(),
+                json!({"before_faults": mib(*before), "after": mib(*after)}),
+            )
+        })
         .collect()
 }
 
@@ -453,7 +531,11 @@ fn rss_check(idle: &[(Target, Option<u64>)], end: &[(Target, Option<u64>)]) -> C
     holds(
         "each process's RSS returns within 20 % of its figure before the faults",
         over.is_empty(),
-        if over.is_empty() { "all".to_string() } else { over.join("; ") },
+        if over.is_empty() {
+            "all".to_string()
+        } else {
+            over.join("; ")
+        },
     )
 }
 
@@ -489,6 +571,10 @@ async fn queues_drained(sut: &Sut) -> Check {
     holds(
         "nothing stays queued once the faults end",
         stuck.is_empty(),
-        if stuck.is_empty() { "nothing".to_string() } else { stuck.join("; ") },
+        if stuck.is_empty() {
+            "nothing".to_string()
+        } else {
+            stuck.join("; ")
+        },
     )
 }

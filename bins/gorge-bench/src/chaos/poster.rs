@@ -9,8 +9,8 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use tokio::sync::watch;
 
-use super::stopped;
 use super::history::{History, Post};
+use super::stopped;
 use crate::http1::HttpConn;
 use crate::notify::PHP_CONTENT_TYPE;
 

@@ -188,9 +188,8 @@ const TERM_EXTRA_MS: u64 = 12_000;
 pub fn draw(plan: &Plan) -> Vec<Fault> {
     // The mode and services are part of the stream, so that a broker pass and a mesh pass
     // of one seed are different (but each reproducible) schedules.
-    let salt = u64::from(plan.notification)
-        | u64::from(plan.webhook) << 1
-        | u64::from(plan.broker) << 2;
+    let salt =
+        u64::from(plan.notification) | u64::from(plan.webhook) << 1 | u64::from(plan.broker) << 2;
     let mut rng = SplitMix64::new(plan.seed ^ salt.wrapping_mul(0xA076_1D64_78BD_642F));
     // Process faults are drawn twice as often as the others: they have twice the targets.
     let kinds: Vec<Kind> = Kind::ALL

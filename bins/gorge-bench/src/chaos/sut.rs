@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use super::history::History;
 use super::hooks::HookReceiver;
 use super::link::Link;
-use super::schedule::Target;
+use super::schedule::{Plan, Target};
 use crate::herald_db::{self, HeraldDb, HookSpec};
 use crate::procs::{self, Service};
 use crate::sys;
@@ -137,12 +137,7 @@ pub struct Sut {
 }
 
 /// Settings every node runs with: a short drain so that a SIGTERM restart takes seconds.
-fn node_env(
-    client: u16,
-    admin: u16,
-    peers: &[u16],
-    broker: Option<&str>,
-) -> Vec<(String, String)> {
+fn node_env(client: u16, admin: u16, peers: &[u16], broker: Option<&str>) -> Vec<(String, String)> {
     let mut env = procs::notification_env(client, admin, peers);
     env.push(("GORGE_NOTIFICATION_DRAIN_SECONDS".into(), "2".into()));
     if let Some(url) = broker {
@@ -186,14 +181,13 @@ impl Sut {
     /// Starts everything; `label` prefixes the process logs (one pass's from another's).
     pub async fn start(
         label: &str,
-        notification: bool,
-        webhook: bool,
-        broker: bool,
-        processes: usize,
+        plan: &Plan,
         hooks: usize,
         binaries: &Binaries,
         history: &History,
     ) -> Result<Sut, String> {
+        let (notification, webhook, broker, processes) =
+            (plan.notification, plan.webhook, plan.broker, plan.processes);
         let mut sut = Sut {
             nodes: Vec::new(),
             node_ports: Vec::new(),
@@ -300,7 +294,10 @@ impl Sut {
         }
         if let Some(redis) = &self.redis {
             let redis = redis.lock().await;
-            out.push((Target::Redis, redis.pid().and_then(|p| sys::rss_bytes(p).ok())));
+            out.push((
+                Target::Redis,
+                redis.pid().and_then(|p| sys::rss_bytes(p).ok()),
+            ));
         }
         out
     }
