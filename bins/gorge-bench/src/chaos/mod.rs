@@ -407,9 +407,8 @@ async fn load_faults_and_check(
     }
     json!({
         "ok": passed,
-        "process_starts": log.starts.iter().filter(|s| s.at_us > 0).count(),
-        "last_start_s": log.starts.iter().map(|s| s.at_us).max().map(|us| us as f64 / 1e6),
-        "restarted": log.starts.iter().map(|s| s.target.to_string()).collect::<std::collections::BTreeSet<_>>().len(),
+        // The first start of each process is not a restart.
+        "restarts": log.starts.len().saturating_sub(sut.nodes.len() + sut.webhooks.len()),
         "faults_planned": faults.len(),
         "faults_applied": schedule::count_by_kind(&applied),
         "checks": verdict.checks,
