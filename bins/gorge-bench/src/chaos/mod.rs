@@ -408,7 +408,7 @@ async fn load_faults_and_check(
     json!({
         "ok": passed,
         // The first start of each process is not a restart.
-        "restarts": log.starts.len().saturating_sub(sut.nodes.len() + sut.webhooks.len()),
+        "restarts": restarts(&log.starts),
         "faults_planned": faults.len(),
         "faults_applied": schedule::count_by_kind(&applied),
         "checks": verdict.checks,
@@ -421,6 +421,16 @@ async fn load_faults_and_check(
 /// Resolves once `stop` turns true (or its sender is gone), holding no borrow of it.
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Each start after a process's first, as `target@seconds`.
+fn restarts(starts: &[history::Start]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    starts
+        .iter()
+        .filter(|s| !seen.insert(s.target))
+        .map(|s| format!("{}@{:.1}s", s.target, s.at_us as f64 / 1e6))
+        .collect()
 }
 
 /// Waits until `done` holds or `limit` passes, polling; true if it held.
