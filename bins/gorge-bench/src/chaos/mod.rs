@@ -246,8 +246,11 @@ async fn load_faults_and_check(
     if !subscribed {
         return json!({"ok": false, "error": "browsers did not all subscribe within 30 s"});
     }
+    // PHP's side: stopped, and waited for, before the settle reads the rows back (a row
+    // whose INSERT was under way when the load stopped would otherwise commit after).
+    let mut php = JoinSet::new();
     if plan.notification {
-        load.spawn(poster::run(
+        php.spawn(poster::run(
             sut.admins(),
             args.rate,
             PROJECTS,
@@ -256,7 +259,7 @@ async fn load_faults_and_check(
         ));
     }
     if plan.webhook {
-        load.spawn(insert_rows(
+        php.spawn(insert_rows(
             sut.clone(),
             args.rows_per_second,
             history.clone(),
@@ -301,6 +304,7 @@ async fn load_faults_and_check(
     );
     tokio::time::sleep(COOL_DOWN).await;
     let _ = stop_load.send(true);
+    while php.join_next().await.is_some() {}
     // Rows end, browsers reconnect and replay; then a quiet moment for the last frames.
     let settle_until = (Instant::now() + SETTLE).min(deadline);
     let mut final_rows = HashMap::new();
