@@ -60,7 +60,8 @@ fn around(log: &Log, seed: u64, at_us: u64) -> String {
         .iter()
         .filter(|f| {
             let end = f.end_us.unwrap_or(u64::MAX);
-            f.start_us <= at_us + 10_000_000 && end + 10_000_000 >= at_us
+            f.start_us <= at_us.saturating_add(10_000_000)
+                && end.saturating_add(10_000_000) >= at_us
         })
         .map(describe_fault)
         .collect();
@@ -506,8 +507,14 @@ mod tests {
             post("early", S / 2, 0),
         ];
         log.frames = vec![frame("a", 2 * S + 10, 0)];
+        // A fault still going at the end is part of the context (and no overflow).
+        log.faults = vec![AppliedFault {
+            end_us: None,
+            ..fault(Kind::Stop, Target::Node(2), 2 * S, 0)
+        }];
         let v = messages(&log);
         assert!(!v.passed());
+        assert!(v.failures[0].contains("sigstop node2 2.000s..(not ended)"), "{}", v.failures[0]);
         assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
         assert!(
             v.failures[0].starts_with("MISSED message b"),
