@@ -514,7 +514,11 @@ mod tests {
         }];
         let v = messages(&log);
         assert!(!v.passed());
-        assert!(v.failures[0].contains("sigstop node2 2.000s..(not ended)"), "{}", v.failures[0]);
+        assert!(
+            v.failures[0].contains("sigstop node2 2.000s..(not ended)"),
+            "{}",
+            v.failures[0]
+        );
         assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
         assert!(
             v.failures[0].starts_with("MISSED message b"),
