@@ -102,3 +102,69 @@ async fn pump(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on loopback.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = stream.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(stream: &mut TcpStream) -> std::io::Result<()> {
+        stream.write_all(b"ping").await?;
+        let mut back = [0u8; 4];
+        stream.read_exact(&mut back).await?;
+        assert_eq!(&back, b"ping");
+        Ok(())
+    }
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_cut_closes_every_connection_and_refuses_new_ones_until_it_is_up() {
+        let link = Link::start(echo().await).await.unwrap();
+        let mut open = TcpStream::connect(("127.0.0.1", link.port)).await.unwrap();
+        round_trip(&mut open).await.unwrap();
+        link.set(LinkState::Cut);
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(LIMIT, open.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        let mut new = TcpStream::connect(("127.0.0.1", link.port)).await.unwrap();
+        let answer = tokio::time::timeout(LIMIT, round_trip(&mut new)).await;
+        assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
+        link.set(LinkState::Up);
+        let mut again = TcpStream::connect(("127.0.0.1", link.port)).await.unwrap();
+        tokio::time::timeout(LIMIT, round_trip(&mut again))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_delay_holds_each_chunk() {
+        let link = Link::start(echo().await).await.unwrap();
+        let mut stream = TcpStream::connect(("127.0.0.1", link.port)).await.unwrap();
+        let started = std::time::Instant::now();
+        round_trip(&mut stream).await.unwrap();
+        let quick = started.elapsed();
+        link.set(LinkState::Delayed(Duration::from_millis(300)));
+        let started = std::time::Instant::now();
+        round_trip(&mut stream).await.unwrap();
+        // Both directions were held: at least twice the delay.
+        let slow = started.elapsed();
+        assert!(slow >= Duration::from_millis(600), "{slow:?}");
+        assert!(slow > quick * 2, "{quick:?} then {slow:?}");
+    }
+}
