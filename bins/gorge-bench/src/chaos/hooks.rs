@@ -179,3 +179,70 @@ async fn serve(stream: TcpStream, history: History, trouble: Arc<AtomicU8>, epoc
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::herald_db::transaction_phid;
+    use crate::http1::HttpConn;
+
+    async fn post(receiver: &HookReceiver, path: &str, seq: usize) -> Option<u16> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], receiver.port));
+        let body = format!(
+            r#"{{"transactions":[{{"phid":"{}"}}]}}"#,
+            transaction_phid(seq)
+        );
+        let attempt = async {
+            let mut conn = HttpConn::connect(addr).await.ok()?;
+            conn.request("POST", path, &[], body.as_bytes()).await.ok()
+        };
+        tokio::time::timeout(Duration::from_millis(500), attempt)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.status)
+    }
+
+    #[tokio::test]
+    async fn each_hook_answers_its_way_and_the_run_can_make_them_flap_or_hang() {
+        let history = History::new();
+        let receiver = HookReceiver::start(history.clone()).await.unwrap();
+        assert_eq!(post(&receiver, "/hook/0", 1).await, Some(200));
+        assert_eq!(post(&receiver, "/hook/4", 2).await, Some(500));
+        assert_eq!(post(&receiver, "/hook/5", 3).await, Some(307));
+        assert_eq!(post(&receiver, "/ok/5/3", 3).await, Some(200));
+        assert_eq!(post(&receiver, "/hook/6", 4).await, None);
+        assert_eq!(post(&receiver, "/hook/7", 5).await, None);
+        receiver.set(Trouble::Hanging);
+        assert_eq!(post(&receiver, "/hook/0", 6).await, None);
+        receiver.set(Trouble::Flapping);
+        // Every other half second the 200 hooks answer 500: within 1.5 s, both.
+        let mut seen = std::collections::BTreeSet::new();
+        for seq in 7..22 {
+            seen.insert(post(&receiver, "/hook/1", seq).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen, [Some(200), Some(500)].into_iter().collect());
+        let answers: Vec<(usize, Answer)> = history
+            .snapshot()
+            .arrivals
+            .iter()
+            .take(7)
+            .map(|a| (a.seq, a.answer))
+            .collect();
+        assert_eq!(
+            answers,
+            [
+                (1, Answer::Ok),
+                (2, Answer::Status500),
+                (3, Answer::Redirect),
+                (3, Answer::Ok),
+                (4, Answer::Close),
+                (5, Answer::Hang),
+                (6, Answer::Hang)
+            ]
+        );
+    }
+}
