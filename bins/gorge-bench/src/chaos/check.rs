@@ -4,8 +4,10 @@
 //! of its PHIDs when it was posted (a connection whose `subscribe` was confirmed before the
 //! POST began and still open then), on that connection or by a later replay (a repeat has
 //! the same `uniqueID`). Excused, and listed: a message whose node (or, in broker mode,
-//! Redis) was SIGKILLed while it was still in flight, and one older than the browser's next
-//! replay reached back (`JX.Aphlict` asks for at most 60 s). No connection carries one
+//! Redis) was SIGKILLed while it was still in flight; one whose node was SIGTERMed while
+//! the way on (Redis, or the browser's node in a mesh) stayed away for the whole drain
+//! window (the drain gives such messages up and logs it); and one older than the browser's
+//! next replay reached back (`JX.Aphlict` asks for at most 60 s). No connection carries one
 //! message twice, unless PHP's fail-over posted it to two nodes.
 //!
 //! Rows: every row ends `sent` or `failed` as Phorge's rules say: `sent` when the last
@@ -20,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::history::{Answer, AppliedFault, Log, Post, Row};
 use super::schedule::{Kind, Target};
+use super::sut::NODE_DRAIN_SECONDS;
 use crate::drill::{check, Check};
 
 /// A message still in flight this long after its POST answered is assumed to have reached
@@ -108,8 +111,9 @@ fn impaired(log: &Log, target: Target, kinds: &[Kind], from: u64, to: u64) -> bo
 const PROCESS_DOWN: [Kind; 3] = [Kind::Kill, Kind::Stop, Kind::Term];
 const REDIS_DOWN: [Kind; 2] = [Kind::RedisPause, Kind::RedisKill];
 
-/// The SIGKILL (of the entry node, or of Redis in broker mode) that excuses `post`'s loss
-/// for a browser on `browser_node`, if any.
+/// The SIGKILL (of the entry node, or of Redis in broker mode), or the SIGTERM of the entry
+/// node whose drain could not pass the message on, that excuses `post`'s loss for a browser
+/// on `browser_node`, if any.
 fn kill_excuse<'a>(
     log: &'a Log,
     post: &Post,
@@ -136,6 +140,23 @@ fn kill_excuse<'a>(
                             post.start_us,
                             k,
                         ))
+            }
+            // A SIGTERM drains for its window: what was still queued for the way on (Redis
+            // away, or the browser's node away in a mesh) all through the window is given up,
+            // logged and counted (NOTIFY_BROKER_NOT_FLUSHED, NOTIFY_PEER_QUEUES_DROPPED).
+            (Kind::Term, Target::Node(n)) if n == entry => {
+                let drained = k + NODE_DRAIN_SECONDS * 1_000_000;
+                if broker {
+                    impaired(log, Target::Redis, &REDIS_DOWN, post.start_us, drained)
+                } else {
+                    impaired(
+                        log,
+                        Target::Node(browser_node),
+                        &PROCESS_DOWN,
+                        post.start_us,
+                        drained,
+                    )
+                }
             }
             // Redis died with the entry still unread, or before the browser's node (away
             // meanwhile) read it.
@@ -288,7 +309,8 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
         missed.is_empty() && required > 0,
         format!(
             "{required} browser×message pairs required, {delivered} delivered, {} missed, \
-             {excused_kill} lost with a SIGKILL in flight, {excused_window} older than the next replay's window",
+             {excused_kill} lost with a SIGKILL (or a SIGTERM's drain) in flight, \
+             {excused_window} older than the next replay's window",
             missed.len()
         ),
     ));
@@ -545,6 +567,27 @@ mod tests {
         log.faults
             .push(fault(Kind::RedisPause, Target::Redis, 2 * S, 9 * S + 1));
         assert!(messages(&log).passed());
+    }
+
+    #[test]
+    fn a_sigterm_excuses_only_what_its_drain_could_not_pass_on() {
+        let mut log = one_browser(None);
+        log.posts = vec![post("a", 2 * S, 0)];
+        // Drained while Redis was up: the drain publishes it, so it is owed.
+        log.faults = vec![fault(Kind::Term, Target::Node(0), 3 * S, 6 * S)];
+        assert!(!messages(&log).passed());
+        // Redis away from the POST to past the end of the drain window: given up.
+        log.faults.push(fault(
+            Kind::RedisKill,
+            Target::Redis,
+            2 * S - 10,
+            3 * S + 2 * S + 1,
+        ));
+        let v = messages(&log);
+        assert!(v.passed(), "{:?}", v.failures);
+        // Back before the window ended: the drain could publish it.
+        log.faults[1].end_us = Some(4 * S);
+        assert!(!messages(&log).passed());
     }
 
     #[test]

@@ -136,10 +136,17 @@ pub struct Sut {
     pub hooks: usize,
 }
 
-/// Settings every node runs with: a short drain so that a SIGTERM restart takes seconds.
+/// Every node's drain window (`GORGE_NOTIFICATION_DRAIN_SECONDS`): short, so that a SIGTERM
+/// restart takes seconds.
+pub const NODE_DRAIN_SECONDS: u64 = 2;
+
+/// Settings every node runs with.
 fn node_env(client: u16, admin: u16, peers: &[u16], broker: Option<&str>) -> Vec<(String, String)> {
     let mut env = procs::notification_env(client, admin, peers);
-    env.push(("GORGE_NOTIFICATION_DRAIN_SECONDS".into(), "2".into()));
+    env.push((
+        "GORGE_NOTIFICATION_DRAIN_SECONDS".into(),
+        NODE_DRAIN_SECONDS.to_string(),
+    ));
     if let Some(url) = broker {
         env.push(("GORGE_NOTIFICATION_BROKER_URL".into(), url.into()));
     }
