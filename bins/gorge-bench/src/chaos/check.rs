@@ -4,9 +4,11 @@
 //! of its PHIDs when it was posted (a connection whose `subscribe` was confirmed before the
 //! POST began and still open then), on that connection or by a later replay (a repeat has
 //! the same `uniqueID`). Excused, and listed: a message whose node (or, in broker mode,
-//! Redis) was SIGKILLed while it was still in flight; one whose node was SIGTERMed while
-//! the way on (Redis, or the browser's node in a mesh) stayed away for the whole drain
-//! window (the drain gives such messages up and logs it); and one older than the browser's
+//! Redis) was SIGKILLed while it was still in flight — within 2 s of its POST, or later
+//! while the way on (Redis, the browser's node) had been away since the POST, or back for
+//! less than the 6 s the services take to reconnect; one whose node was SIGTERMed while the
+//! way on stayed away for the whole drain window (the drain gives such messages up and
+//! logs it); and one older than the browser's
 //! next replay reached back (`JX.Aphlict` asks for at most 60 s). No connection carries one
 //! message twice, unless PHP's fail-over posted it to two nodes.
 //!
@@ -89,14 +91,28 @@ fn describe_fault(f: &AppliedFault) -> String {
     )
 }
 
-/// Whether `target` was under a fault of one of `kinds` during all of `[from, to]`
-/// (intervals of consecutive faults joined).
-fn impaired(log: &Log, target: Target, kinds: &[Kind], from: u64, to: u64) -> bool {
+/// How long the way on stays unusable after a fault on it ends: the services reconnect to
+/// Redis with a jittered backoff of up to 5 s (and retry a peer's relays at their pace).
+const RECOVERY_US: u64 = 6_000_000;
+
+/// Whether the way a message takes was blocked during all of `[from, to]`: every instant
+/// under a fault of one of `kinds` on one of `targets`, or within [`RECOVERY_US`] after it
+/// (intervals of consecutive or overlapping faults joined).
+fn blocked(log: &Log, targets: &[(Target, &[Kind])], from: u64, to: u64) -> bool {
     let mut spans: Vec<(u64, u64)> = log
         .faults
         .iter()
-        .filter(|f| f.target == target && kinds.contains(&f.kind))
-        .map(|f| (f.start_us, f.end_us.unwrap_or(u64::MAX)))
+        .filter(|f| {
+            targets
+                .iter()
+                .any(|(t, kinds)| f.target == *t && kinds.contains(&f.kind))
+        })
+        .map(|f| {
+            (
+                f.start_us,
+                f.end_us.map_or(u64::MAX, |e| e.saturating_add(RECOVERY_US)),
+            )
+        })
         .collect();
     spans.sort_unstable();
     let mut covered_to = from;
@@ -121,6 +137,14 @@ fn kill_excuse<'a>(
     broker: bool,
 ) -> Option<&'a AppliedFault> {
     let entry = post.accepted_by?;
+    // What a message needs to reach the browser's node: Redis up in broker mode (and the
+    // browser's node up to read it), the browser's node up in a mesh.
+    let browser_node = Target::Node(browser_node);
+    let broker_way: [(Target, &[Kind]); 2] =
+        [(Target::Redis, &REDIS_DOWN), (browser_node, &PROCESS_DOWN)];
+    let mesh_way: [(Target, &[Kind]); 1] = [(browser_node, &PROCESS_DOWN)];
+    let way: &[(Target, &[Kind])] = if broker { &broker_way } else { &mesh_way };
+    let publish_way: &[(Target, &[Kind])] = if broker { &broker_way[..1] } else { &mesh_way };
     log.faults.iter().find(|f| {
         let k = f.start_us;
         if k < post.start_us {
@@ -129,45 +153,21 @@ fn kill_excuse<'a>(
         let soon = k <= post.end_us + IN_FLIGHT_US;
         match (f.kind, f.target) {
             // The node that took it died before it could pass it on: at once, or later while
-            // the way on was blocked all along (Redis away; the browser's own node away).
+            // the way on was blocked all along (Redis away; the browser's node away).
             (Kind::Kill, Target::Node(n)) if n == entry => {
-                soon || (broker && impaired(log, Target::Redis, &REDIS_DOWN, post.start_us, k))
-                    || (!broker
-                        && impaired(
-                            log,
-                            Target::Node(browser_node),
-                            &PROCESS_DOWN,
-                            post.start_us,
-                            k,
-                        ))
+                soon || blocked(log, publish_way, post.start_us, k)
             }
-            // A SIGTERM drains for its window: what was still queued for the way on (Redis
-            // away, or the browser's node away in a mesh) all through the window is given up,
-            // logged and counted (NOTIFY_BROKER_NOT_FLUSHED, NOTIFY_PEER_QUEUES_DROPPED).
+            // A SIGTERM drains for its window: what was still queued for the way on all
+            // through the window is given up, logged and counted (NOTIFY_BROKER_NOT_FLUSHED,
+            // NOTIFY_PEER_QUEUES_DROPPED).
             (Kind::Term, Target::Node(n)) if n == entry => {
                 let drained = k + NODE_DRAIN_SECONDS * 1_000_000;
-                if broker {
-                    impaired(log, Target::Redis, &REDIS_DOWN, post.start_us, drained)
-                } else {
-                    impaired(
-                        log,
-                        Target::Node(browser_node),
-                        &PROCESS_DOWN,
-                        post.start_us,
-                        drained,
-                    )
-                }
+                blocked(log, publish_way, post.start_us, drained)
             }
-            // Redis died with the entry still unread, or before the browser's node (away
-            // meanwhile) read it.
+            // Redis died with the entry still unread by the browser's node: at once, or later
+            // while Redis or that node was away all along.
             (Kind::RedisKill, Target::Redis) if broker => {
-                soon || impaired(
-                    log,
-                    Target::Node(browser_node),
-                    &PROCESS_DOWN,
-                    post.start_us,
-                    k,
-                )
+                soon || blocked(log, way, post.start_us, k)
             }
             _ => false,
         }
@@ -585,8 +585,26 @@ mod tests {
         ));
         let v = messages(&log);
         assert!(v.passed(), "{:?}", v.failures);
-        // Back before the window ended: the drain could publish it.
+        // Back well before the drain (and reconnected): the drain could publish it.
+        log.faults[0].start_us = 12 * S;
         log.faults[1].end_us = Some(4 * S);
+        assert!(!messages(&log).passed());
+    }
+
+    #[test]
+    fn a_redis_kill_excuses_what_the_browsers_node_could_not_read_before() {
+        let mut log = one_browser(None);
+        log.posts = vec![post("a", 2 * S, 0)];
+        // Redis paused from the POST, the browser's node (node1) stopped before Redis came
+        // back, Redis killed while node1 was still away: the entry went with Redis.
+        log.faults = vec![
+            fault(Kind::RedisPause, Target::Redis, 2 * S - 1, 4 * S),
+            fault(Kind::Stop, Target::Node(1), 3 * S, 30 * S),
+            fault(Kind::RedisKill, Target::Redis, 20 * S, 21 * S),
+        ];
+        assert!(messages(&log).passed());
+        // Node1 up all along: it read the entry before the kill.
+        log.faults.remove(1);
         assert!(!messages(&log).passed());
     }
 
