@@ -4,6 +4,7 @@
 //! with exactly one JSON summary line on stdout (progress and drill narration go to stderr).
 
 mod browser;
+mod chaos;
 mod cluster;
 mod cpu_quota;
 mod drill;
@@ -51,6 +52,8 @@ enum Command {
     /// Anonymous sockets filling the subscription total; a newcomer's message, and RSS
     /// before, at the peak and after they close.
     Hogs(hogs::HogsArgs),
+    /// Seeded overlapping faults against both services under load, checked for loss.
+    Chaos(chaos::ChaosArgs),
     /// The floor to compare against: a minimal server that writes one pre-encoded frame to
     /// every socket in a tight non-blocking loop.
     Floor(floor::FloorArgs),
@@ -97,6 +100,7 @@ fn main() {
         Command::Flood(a) => ("flood", a.timeout),
         Command::Hogs(a) => ("hogs", a.timeout),
         Command::Handshakes(a) => ("handshakes", a.timeout),
+        Command::Chaos(a) => ("chaos", a.limit_s()),
     };
     // The hard stop: dropping the work kills the children (kill_on_drop) and drops the
     // test database (TestDb's Drop); the subcommands' own deadlines normally end first.
@@ -112,6 +116,7 @@ fn main() {
                 Command::Flood(a) => flood::run(a).await,
                 Command::Hogs(a) => hogs::run(a).await,
                 Command::Handshakes(a) => handshakes::run(a).await,
+                Command::Chaos(a) => chaos::run(a).await,
             }
         };
         tokio::time::timeout(limit, work)

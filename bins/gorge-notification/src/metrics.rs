@@ -75,7 +75,8 @@ gorge_service::metrics! {
         replayed_frames: Counter, "Frames queued by replay";
         memory_trims: Counter,
             "Times freed heap memory was handed back to the system after a large release \
-             (32 MiB of subscriptions or 2 000 sockets released since the last time)";
+             (32 MiB of subscriptions or 2 000 sockets released, or a burst of 256 connections \
+             ended, since the last time)";
         subscriptions_ignored: Counter, "PHIDs refused by the per-socket subscription limits";
         commands_ignored: Counter, "Client frames ignored as malformed, mistyped or unknown";
         oversized_frames: Counter, "Client frames over the frame limit (closed with 1009)";

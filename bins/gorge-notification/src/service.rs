@@ -59,6 +59,8 @@ pub struct Server {
     /// The TLS listeners' files and pairs, re-checked while serving.
     tls_ports: Vec<Arc<PortTls>>,
     tls_recheck: Duration,
+    /// Connections of every listener that have ended, for the memory housekeeping.
+    ended_connections: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Server {
@@ -227,6 +229,7 @@ impl Server {
         let refused = closed.with(["fd_reserve"]).clone();
         let expired = closed.with(["upgrade_timeout"]).clone();
         let client_cap = client_cap.map(|cap| ConnectionCap::new(cap, refused));
+        let ended_connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let listeners = bind_all(specs)
             .await?
             .into_iter()
@@ -234,7 +237,8 @@ impl Server {
             .map(|(l, tls)| {
                 let l = l
                     .close_at_drain_start()
-                    .with_accept_error_counter(state.metrics.accept_errors.clone());
+                    .with_accept_error_counter(state.metrics.accept_errors.clone())
+                    .counting_ended_connections(ended_connections.clone());
                 let l = match tls {
                     Some(port) => {
                         let label = tls::port_label(port.kind);
@@ -280,6 +284,7 @@ impl Server {
             warmup_deadline,
             tls_ports,
             tls_recheck: tls::RECHECK,
+            ended_connections,
         })
     }
 
@@ -331,6 +336,7 @@ impl Server {
         let housekeeping = tokio::spawn(crate::memory::housekeeping(
             state.clone(),
             self.client_runtime.handle(),
+            self.ended_connections.clone(),
         ));
         // Broker mode's reader fills history from the stream instead (started by `bind`).
         if let Cluster::Mesh(relay) = &state.cluster {

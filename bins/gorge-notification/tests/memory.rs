@@ -99,3 +99,70 @@ async fn memory_returns_to_idle_after_subscription_hogs_close() {
         "RSS {after} KiB is not within 20 % of idle {idle} KiB (peak {peak} KiB)"
     );
 }
+
+/// Connections of the burst: a third send half a WebSocket handshake, a third nothing, a
+/// third half an admin POST (what `gorge-bench chaos` holds against a node).
+const HOSTILE: usize = 450;
+
+/// Connections that never become a socket leave nothing in the hub's counters, so before
+/// the housekeeping counted ended connections nothing trimmed after them: found by
+/// `gorge-bench chaos` (seed 1, a node 17.4 → 25.5 MiB after two bursts); measured on the
+/// debug binary, 450 of them left RSS 30–70 % above idle (1.3–1.7×), and after 1.03–1.06×.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_returns_to_idle_after_connections_that_never_upgrade_close() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start(&[]);
+    let pid = server.process.id();
+    let mut warm = server.ws("/").await;
+    warm.subscribe(&["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]).await;
+    server
+        .post_ok(
+            "",
+            r#"{"key":"1","subscribers":["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]}"#,
+        )
+        .await;
+    drop(warm);
+    let idle = rss_kib(pid);
+    let trims_before = server
+        .metric("gorge_notification_memory_trims_total")
+        .await
+        .unwrap_or(0.0);
+
+    let mut held = Vec::new();
+    for k in 0..HOSTILE {
+        let (port, opening): (u16, &[u8]) = match k % 3 {
+            0 => (
+                server.client_port,
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+            ),
+            1 => (server.client_port, b""),
+            _ => (
+                server.admin_port,
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"ke",
+            ),
+        };
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        stream.write_all(opening).await.expect("write");
+        held.push(stream);
+    }
+    let grown = gorge_testkit::within(PATIENCE, || async { rss_kib(pid) * 10 > idle * 12 }).await;
+    let peak = rss_kib(pid);
+    assert!(grown, "the burst should show: {idle} → {peak} KiB");
+    drop(held);
+    eventually(PATIENCE, "memory handed back", || async {
+        server
+            .metric("gorge_notification_memory_trims_total")
+            .await
+            .unwrap_or(0.0)
+            > trims_before
+    })
+    .await;
+    let after = rss_kib(pid);
+    eprintln!("RSS idle {idle} KiB, with the burst {peak} KiB, after {after} KiB");
+    assert!(
+        after * 10 <= idle * 12,
+        "RSS {after} KiB is not within 20 % of idle {idle} KiB (peak {peak} KiB)"
+    );
+}

@@ -27,6 +27,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -157,6 +158,7 @@ pub struct BoundListener {
     first_request: Option<FirstRequestDeadline>,
     http10_upgrades: bool,
     tls: Option<TlsServing>,
+    closed: Option<Arc<AtomicU64>>,
 }
 
 impl BoundListener {
@@ -235,6 +237,14 @@ impl BoundListener {
         self.runtime.clone()
     }
 
+    /// Adds one to `closed` each time a connection of this listener ends (its task is done:
+    /// closed, timed out, or handed over to an upgrade's own task), so a service can tell
+    /// that many connections came and went (and freed what they held) since it last looked.
+    pub fn counting_ended_connections(mut self, closed: Arc<AtomicU64>) -> Self {
+        self.closed = Some(closed);
+        self
+    }
+
     /// Counts failed accepts (out of file descriptors and the like) in `counter`.
     pub fn with_accept_error_counter(mut self, counter: Counter) -> Self {
         self.accept_errors = counter;
@@ -292,6 +302,7 @@ pub async fn bind_all(specs: Vec<ListenerSpec>) -> Result<Vec<BoundListener>, Bi
                 first_request: None,
                 http10_upgrades: false,
                 tls: None,
+                closed: None,
             }),
             Err(source) => {
                 return Err(BindError {
@@ -377,6 +388,7 @@ pub(crate) async fn serve(
                     slot,
                     first_request: bound.first_request.clone(),
                     http10_upgrades: bound.http10_upgrades,
+                    _ended: EndCount(bound.closed.clone()),
                 };
                 let handler = bound.handler.clone();
                 let stop = stops.connections.clone();
@@ -420,6 +432,19 @@ struct Connection {
     slot: Option<ConnectionSlot>,
     first_request: Option<FirstRequestDeadline>,
     http10_upgrades: bool,
+    /// Counts the connection's end when its task drops it, whichever way it ends.
+    _ended: EndCount,
+}
+
+/// Adds one to its counter when dropped (see [`BoundListener::counting_ended_connections`]).
+struct EndCount(Option<Arc<AtomicU64>>);
+
+impl Drop for EndCount {
+    fn drop(&mut self) {
+        if let Some(closed) = &self.0 {
+            closed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Completes the TLS handshake of `stream`, then serves it as [`serve_connection`] does. The
@@ -501,6 +526,7 @@ async fn serve_connection<S: ConnectionStream>(
         slot,
         first_request,
         http10_upgrades,
+        _ended,
     }: Connection,
     handler: Handler,
     (header_timeout, request_timeout): (Duration, Duration),

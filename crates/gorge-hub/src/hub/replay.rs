@@ -4,10 +4,24 @@
 use bytes::Bytes;
 
 use super::{Hub, Limits, SocketHandle, State};
+use crate::send_queue::QueueCaps;
 
 /// History entries (or, for entries with many subscribers, PHID lookups) one replay slice may
 /// examine before it lets go of the hub lock.
 const REPLAY_SLICE_WORK: usize = 256;
+
+/// The part of a socket's queue a replay may fill: all but an eighth (224 of the default
+/// 256 frames), so the live frames that follow a replay find room. A replay that filled it to
+/// the brim made the next live frame overflow the queue, which closes the socket as a slow
+/// consumer and drops every replayed frame still queued; the browser then reconnects,
+/// replays, and can meet the same end (found by an earlier, lost attempt at issue 32's chaos
+/// run; `a_full_replay_leaves_room_for_the_next_live_frame` shows it).
+fn replay_caps(caps: QueueCaps) -> QueueCaps {
+    QueueCaps {
+        frames: caps.frames - caps.frames / 8,
+        bytes: caps.bytes - caps.bytes / 8,
+    }
+}
 
 /// What one replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,7 +89,7 @@ impl Hub {
         age_ms: u64,
         mut between: impl FnMut(),
     ) -> ReplayCounts {
-        let caps = self.caps();
+        let caps = replay_caps(self.caps());
         let now = self.clock.now_ms();
         let since = now.saturating_sub(age_ms);
         let mut outcome = ReplayCounts::default();
@@ -226,6 +240,36 @@ mod tests {
         );
     }
 
+    /// A replay that filled the socket's queue to the brim left no room for the next live
+    /// frame, which then overflowed it: the socket was closed as a slow consumer and every
+    /// replayed frame still queued was dropped; the browser reconnected, replayed, and met
+    /// the same end. A replay now leaves an eighth of the queue free (224 of 256 frames).
+    #[test]
+    fn a_full_replay_leaves_room_for_the_next_live_frame() {
+        let (mut hub, _) = hub_with(Limits {
+            queue_frames: 16,
+            ..Limits::default()
+        });
+        const BODIES: [&str; 20] = [
+            "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
+            "16", "17", "18", "19",
+        ];
+        for body in BODIES {
+            publish(&mut hub, "default", &["A"], body);
+        }
+        let s = subscribed(&hub, &["A"]);
+        let out = hub.replay(&s, 60_000);
+        publish(&mut hub, "default", &["A"], "live");
+        assert_eq!(s.send_queue().close_reason(), None);
+        assert_eq!((out.queued, out.dropped_frames), (14, 6));
+        let got = frames(&s);
+        assert_eq!(got.len(), 15);
+        assert_eq!(
+            (got[0].as_ref(), got[14].as_ref()),
+            (&b"6"[..], &b"live"[..])
+        );
+    }
+
     #[test]
     fn replay_lets_go_of_the_lock_between_bounded_slices() {
         // Room for the publishes made meanwhile, so none of the 4096 is evicted.
@@ -246,12 +290,13 @@ mod tests {
                 .unwrap();
             published_meanwhile += 1;
         });
-        // 256 newest fit the queue; the walk still goes over all 4096 entries, in slices.
-        assert_eq!((out.queued, out.dropped_frames), (256, 4096 - 256));
+        // The 224 newest fit the seven eighths of the queue a replay may fill; the walk
+        // still goes over all 4096 entries, in slices.
+        assert_eq!((out.queued, out.dropped_frames), (224, 4096 - 224));
         assert!(out.slices >= 4096 * 2 / REPLAY_SLICE_WORK, "{out:?}");
         assert_eq!(published_meanwhile, out.slices - 1);
         let got = frames(&s);
-        assert_eq!(got.first().unwrap(), &Bytes::from("m3840"));
+        assert_eq!(got.first().unwrap(), &Bytes::from("m3872"));
         assert_eq!(got.last().unwrap(), &Bytes::from("m4095"));
     }
 
