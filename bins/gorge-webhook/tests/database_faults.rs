@@ -154,6 +154,72 @@ async fn a_database_outage_shorter_than_the_lease_duplicates_nothing() {
     db.drop_database().await;
 }
 
+/// Found by `gorge-bench chaos` (seed 202): a result write commits but its answer is lost
+/// (the database link drops the server's replies). The retry changes no row, as the row is
+/// already written; it must recognise its own write rather than report the row taken over
+/// by another process (`results_taken_over_total`, `WEBHOOK_RESULT_TAKEN_OVER`). Before,
+/// the delivery was counted as taken over and never as delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_write_whose_answer_was_lost_is_recognised_as_landed() {
+    let db = TestDb::create().await.unwrap();
+    let proxy = DbProxy::start().await;
+    let receiver = Receiver::with(|_, _| Reply::Hold(200));
+    let hook = enabled_hook(&db, &receiver.url("/h")).await;
+    let store =
+        ClaimStore::with_options(proxy.opts(), db.database(), options(Duration::from_secs(1)));
+    let clock = ManualUnixClock::new(T0 + 1);
+    let log = CapturedLog::default();
+    let (dispatcher, metrics) = Harness::default().build_with_store(store, &clock, &log);
+    // A first row, delivered as usual, leaves the pool's connection with the result write
+    // prepared: a statement prepared anew would wait for the lost answer to its PREPARE and
+    // never run.
+    let mut ids = Vec::new();
+    for (n, phid) in ["PHID-TASK-a", "PHID-TASK-b"].into_iter().enumerate() {
+        let id = queue(&db, &hook, phid, NEVER, T0).await;
+        ids.push(id);
+        let round = {
+            let dispatcher = Arc::clone(&dispatcher);
+            tokio::spawn(async move { dispatcher.run_round().await })
+        };
+        let waiting = receiver.clone();
+        tokio::task::spawn_blocking(move || waiting.wait_for(n + 1, Duration::from_secs(30)))
+            .await
+            .unwrap();
+        if n == 1 {
+            // Every connection open now runs what it is sent but never answers; connections
+            // opened later work.
+            proxy.deafen_existing();
+        }
+        receiver.release();
+        tokio::time::timeout(Duration::from_secs(60), round)
+            .await
+            .expect("the round ends")
+            .unwrap()
+            .unwrap();
+    }
+    for id in ids {
+        assert_eq!(
+            db.read_request(id).await.unwrap().status,
+            RequestStatus::Sent
+        );
+    }
+    assert!(
+        log.count("WEBHOOK_RESULT_WRITE_RETRY") >= 1,
+        "the second row's result write was retried: {:?}",
+        log.events()
+    );
+    assert_eq!(
+        log.count("WEBHOOK_RESULT_TAKEN_OVER"),
+        0,
+        "its own write was reported as a take-over: {:?}",
+        log.events()
+    );
+    assert_eq!(metrics.results_taken_over.get(), 0);
+    assert_eq!(log.count("WEBHOOK_DELIVERED"), 2);
+    assert_eq!(receiver.count(), 2);
+    db.drop_database().await;
+}
+
 /// W4: a burst at full concurrency holds at most `max_connections + max_lock_connections`
 /// connections (counted by the server, for a user of this test alone), the pool gauge says
 /// the same, and idle connections are released afterwards.

@@ -130,6 +130,13 @@ WHERE id = ? AND status = 'queued' AND dateModified = ? AND ",
     handed_over_sql!()
 );
 
+/// Whether the row holds exactly what [`RESULT_WRITE_SQL`] writes (the same parameters, in
+/// the same order, but for the claim version): asked after a result write whose answer was
+/// lost, to tell "my earlier attempt landed" from "another process took the row over".
+const RESULT_HELD_SQL: &str = "SELECT COUNT(*) FROM herald_webhookrequest \
+WHERE status = ? AND lastRequestResult = ? AND lastRequestEpoch = ? AND dateModified = ? \
+AND properties = ? AND id = ?";
+
 /// The parameters of [`RESULT_WRITE_SQL`] for `write` of `claim` at `now`.
 fn result_params(claim: &Claim, write: &ResultWrite, now: u64) -> Vec<Value> {
     let (last_epoch, version) = match write.epoch() {
@@ -284,6 +291,27 @@ impl ClaimStore {
             .await;
         let (conn, ()) = self.settle(conn, out, "result write")?;
         Ok(conn.affected_rows() == 1)
+    }
+
+    /// Whether the row already holds `write` of `claim` at `now`, byte for byte: after an
+    /// attempt of [`ClaimStore::write_result`] failed without an answer (the statement may
+    /// have committed while its answer was lost), a retry that changes no row asks this
+    /// before it calls the row taken over. A process that took the row over claimed it at a
+    /// newer version and writes its own result, so it never matches.
+    pub async fn holds_result(
+        &self,
+        claim: &Claim,
+        write: &ResultWrite,
+        now: u64,
+    ) -> Result<bool, ClaimError> {
+        let mut params = result_params(claim, write, now);
+        params.truncate(6);
+        let mut conn = self.conn().await?;
+        let out = self
+            .timed(conn.exec_first::<u64, _, _>(RESULT_HELD_SQL, params))
+            .await;
+        let (_, count) = self.settle(conn, out, "checking a result write")?;
+        Ok(count == Some(1))
     }
 
     /// [`ClaimStore::write_result`] on the session of `lock`: a session that is gone fails

@@ -464,22 +464,41 @@ impl Dispatcher {
         let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
         let mut pause = WRITE_RETRY_FIRST;
         let mut retries = 0u32;
+        // One time for every attempt, so that each writes the very same values: an attempt
+        // whose answer was lost may have landed, and a retry can then recognise it.
+        let now = self.clock.now_sec();
+        // An attempt failed without an answer: it may have committed all the same.
+        let mut unsure = false;
         let landed = loop {
-            let now = self.clock.now_sec();
             let out = match session.take() {
                 Some(lock) if lock.is_held() => {
                     match self.store.write_result_on(lock, &claim, write, now).await {
                         // The session was given up: straight on through the pool.
-                        Err(err) if !err.is_row_data_error() => continue,
+                        Err(err) if !err.is_row_data_error() => {
+                            unsure = true;
+                            continue;
+                        }
                         out => out,
                     }
                 }
                 _ => self.store.write_result(&claim, write, now).await,
             };
             match out {
+                // No row changed after an attempt without an answer: if the row holds our
+                // own write, that attempt landed (a result lost on the way back, not a
+                // take-over); if the check itself fails, the row is as written either way
+                // and only the count differs, so the take-over stands.
+                Ok(false) if unsure => {
+                    break self
+                        .store
+                        .holds_result(&claim, write, now)
+                        .await
+                        .unwrap_or(false)
+                }
                 Ok(landed) => break landed,
                 Err(err) if err.is_row_data_error() => return RowEnd::Rejected(err),
                 Err(err) => {
+                    unsure = true;
                     if matches!(err, ClaimError::Timeout(_)) {
                         self.metrics.db_timeouts.inc();
                     }

@@ -276,6 +276,9 @@ struct ProxyState {
     cut_before: std::sync::atomic::AtomicU64,
     /// Connections opened before this generation stop forwarding, silently.
     frozen_before: std::sync::atomic::AtomicU64,
+    /// Connections opened before this generation still carry statements to the server,
+    /// but its answers are dropped: a statement commits and its client never hears so.
+    deaf_before: std::sync::atomic::AtomicU64,
     generation: std::sync::atomic::AtomicU64,
     /// Sides of frozen flows whose other end closed, kept open as a dead network path
     /// keeps them: the far end never learns of the close (until the proxy is dropped).
@@ -312,8 +315,8 @@ impl DbProxy {
                 let generation = shared.generation.load(SeqCst);
                 let (client_r, client_w) = client.into_split();
                 let (server_r, server_w) = server.into_split();
-                tokio::spawn(pump(client_r, server_w, generation, shared.clone()));
-                tokio::spawn(pump(server_r, client_w, generation, shared.clone()));
+                tokio::spawn(pump(client_r, server_w, generation, false, shared.clone()));
+                tokio::spawn(pump(server_r, client_w, generation, true, shared.clone()));
             }
         });
         DbProxy { addr, state }
@@ -350,6 +353,15 @@ impl DbProxy {
             .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Every existing connection loses the server's answers from now on (what it sends
+    /// still arrives and runs); new ones work.
+    pub fn deafen_existing(&self) {
+        let generation = self.next_generation();
+        self.state
+            .deaf_before
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Every existing connection goes silent (no reset, no data); new ones work.
     pub fn blackhole_existing(&self) {
         let generation = self.next_generation();
@@ -363,6 +375,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     generation: u64,
+    towards_client: bool,
     state: Arc<ProxyState>,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
@@ -378,6 +391,9 @@ async fn pump(
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(n)) => n,
         };
+        if towards_client && generation < state.deaf_before.load(SeqCst) {
+            continue;
+        }
         if generation < state.frozen_before.load(SeqCst) {
             // Swallow everything from now on, keep the socket open; when this side closes,
             // the other side is still not told (no FIN passes a dead path).
