@@ -25,6 +25,20 @@ fn anon_kib(pid: u32) -> u64 {
 }
 
 /// 32-byte PHIDs, distinct for each hog.
+/// Runs once the paths every socket takes (subscribe, a delivered message, a close), so the
+/// RSS read next is the server's idle figure.
+async fn warm_up(server: &Server) {
+    let mut warm = server.ws("/").await;
+    warm.subscribe(&["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]).await;
+    server
+        .post_ok(
+            "",
+            r#"{"key":"1","subscribers":["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]}"#,
+        )
+        .await;
+    drop(warm);
+}
+
 fn phids(hog: usize) -> Vec<String> {
     (0..PHIDS_PER_HOG)
         .map(|i| format!("PHID-USER-h{hog:04}{i:017}"))
@@ -38,16 +52,7 @@ fn phids(hog: usize) -> Vec<String> {
 async fn memory_returns_to_idle_after_subscription_hogs_close() {
     let server = Server::start(&[]);
     let pid = server.process.id();
-    // Idle, once the paths every socket takes have run once.
-    let mut warm = server.ws("/").await;
-    warm.subscribe(&["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]).await;
-    server
-        .post_ok(
-            "",
-            r#"{"key":"1","subscribers":["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]}"#,
-        )
-        .await;
-    drop(warm);
+    warm_up(&server).await;
     let idle = rss_kib(pid);
     let anon_idle = anon_kib(pid);
 
@@ -113,15 +118,7 @@ async fn memory_returns_to_idle_after_connections_that_never_upgrade_close() {
     use tokio::io::AsyncWriteExt;
     let server = Server::start(&[]);
     let pid = server.process.id();
-    let mut warm = server.ws("/").await;
-    warm.subscribe(&["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]).await;
-    server
-        .post_ok(
-            "",
-            r#"{"key":"1","subscribers":["PHID-USER-warmaaaaaaaaaaaaaaaaaa"]}"#,
-        )
-        .await;
-    drop(warm);
+    warm_up(&server).await;
     let idle = rss_kib(pid);
     let trims_before = server
         .metric("gorge_notification_memory_trims_total")
