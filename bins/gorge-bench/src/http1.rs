@@ -124,6 +124,22 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     Ok(body)
 }
 
+/// Reads one request with a body of at most `max_body` bytes (`Content-Length`, none if
+/// absent); `None` when the connection should end: a clean end of stream, a bad or
+/// truncated request, or a body over `max_body`.
+pub async fn read_request<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    max_body: usize,
+) -> Option<(Head, Vec<u8>)> {
+    let head = read_head(reader).await.ok()??;
+    let len = head.content_length().ok()?.unwrap_or(0);
+    if len > max_body {
+        return None;
+    }
+    let body = read_body(reader, len).await.ok()?;
+    Some((head, body))
+}
+
 /// A notification server's two ports as the bench was given them.
 pub struct ServerUrls {
     /// The client (WebSocket) port's address.

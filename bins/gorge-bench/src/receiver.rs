@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::herald_db::TRANSACTION_MARKER;
-use crate::http1::{read_body, read_head};
+use crate::http1::read_request;
 
 /// Size of the oversized bodies of `/big` and `/bigerr`.
 pub const BIG_BODY_BYTES: usize = 3 * 1024 * 1024;
@@ -336,17 +336,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let mut reader = BufReader::new(stream);
     loop {
-        let Ok(Some(head)) = read_head(&mut reader).await else {
-            return;
-        };
-        let len = match head.content_length() {
-            Ok(len) => len.unwrap_or(0),
-            Err(_) => return,
-        };
-        if len > MAX_REQUEST_BODY {
-            return;
-        }
-        let Ok(body) = read_body(&mut reader, len).await else {
+        let Some((head, body)) = read_request(&mut reader, MAX_REQUEST_BODY).await else {
             return;
         };
         state.requests.fetch_add(1, Ordering::Relaxed);

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::history::{Answer, Arrival, History};
-use crate::http1::{read_body, read_head};
+use crate::http1::read_request;
 use crate::receiver::body_seq;
 
 /// How a hook answers when nothing is wrong with the receiver.
@@ -107,17 +107,7 @@ fn response(status: u16, reason: &str, extra: &str) -> Vec<u8> {
 async fn serve(stream: TcpStream, history: History, trouble: Arc<AtomicU8>, epoch: Instant) {
     let mut reader = BufReader::new(stream);
     loop {
-        let Ok(Some(head)) = read_head(&mut reader).await else {
-            return;
-        };
-        let len = match head.content_length() {
-            Ok(len) => len.unwrap_or(0),
-            Err(_) => return,
-        };
-        if len > MAX_BODY {
-            return;
-        }
-        let Ok(body) = read_body(&mut reader, len).await else {
+        let Some((head, body)) = read_request(&mut reader, MAX_BODY).await else {
             return;
         };
         let path = head.second_word().to_owned();
