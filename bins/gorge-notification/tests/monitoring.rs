@@ -28,7 +28,7 @@ async fn rules_and_dashboard_hold_against_the_real_metrics() {
             &file("chain.pem"),
         ),
     ]);
-    let mut ws = Wss::connect(server.client_port, "/", &chain.root_pem()).await;
+    let mut ws = Wss::connect_tls(server.client_port, "/", &chain.root_pem()).await;
     ws.subscribe(&["PHID-USER-aaaaaaaaaaaaaaaaaaaa"]).await;
     server
         .post_ok(

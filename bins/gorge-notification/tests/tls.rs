@@ -84,7 +84,7 @@ async fn wss_verifies_against_the_root_alone_and_an_https_post_arrives_as_over_p
     let chain = Chain::new(dir.path());
     let root = chain.root_pem();
     let server = tls_server(&chain, tls_recheck_never()).await;
-    let mut wss = Wss::connect(server.client_port, "/~acme/", &root).await;
+    let mut wss = Wss::connect_tls(server.client_port, "/~acme/", &root).await;
     wss.subscribe(&[PHID]).await;
     let (status, answer) =
         tls::https(server.admin_port, &root, "POST", "/?instance=acme", BODY).await;
@@ -182,7 +182,7 @@ async fn a_renewal_by_rename_is_served_while_an_open_socket_keeps_receiving() {
     let chain = Chain::new(dir.path());
     let root = chain.root_pem();
     let server = tls_server(&chain, Duration::from_millis(50)).await;
-    let mut wss = Wss::connect(server.client_port, "/", &root).await;
+    let mut wss = Wss::connect_tls(server.client_port, "/", &root).await;
     wss.subscribe(&[PHID]).await;
     let before = tls::served_leaf(&tls::connect(server.client_port, &root).await.unwrap());
 
@@ -198,7 +198,7 @@ async fn a_renewal_by_rename_is_served_while_an_open_socket_keeps_receiving() {
     let (status, _) = tls::https(server.admin_port, &root, "POST", "/", BODY).await;
     assert_eq!(status, 200);
     assert!(wss.next_text().await.contains(r#""key":"7""#));
-    let fresh = Wss::connect(server.client_port, "/", &root).await;
+    let fresh = Wss::connect_tls(server.client_port, "/", &root).await;
     drop(fresh);
 }
 
@@ -229,7 +229,7 @@ async fn a_renewal_by_secret_volume_symlink_swap_is_served() {
         |server| server.with_tls_recheck(Duration::from_millis(50)),
     )
     .await;
-    let mut wss = Wss::connect(server.client_port, "/", &root).await;
+    let mut wss = Wss::connect_tls(server.client_port, "/", &root).await;
     wss.subscribe(&[PHID]).await;
 
     // As the kubelet does: a new timestamped directory, a new `..data` link renamed over.
@@ -353,7 +353,7 @@ async fn sighup_takes_a_renewal_at_once_and_a_mismatched_key_stops_startup() {
         ("GORGE_NOTIFICATION_CLIENT_TLS_CHAIN_FILE", inter.as_str()),
     ];
     let server = Server::start(&env);
-    let mut wss = Wss::connect(server.client_port, "/", &root).await;
+    let mut wss = Wss::connect_tls(server.client_port, "/", &root).await;
     wss.subscribe(&[PHID]).await;
     let (new_leaf, new_key) = chain.intermediate.leaf();
     replace_by_rename(Path::new(&key), &new_key);
@@ -458,7 +458,7 @@ async fn an_https_peer_is_relayed_to_when_its_certificate_chains_to_the_peer_ca(
     let chain = Chain::new(dir.path());
     let root = chain.root_pem();
     let peer = tls_server(&chain, tls_recheck_never()).await;
-    let mut wss = Wss::connect(peer.client_port, "/", &root).await;
+    let mut wss = Wss::connect_tls(peer.client_port, "/", &root).await;
     wss.subscribe(&[PHID]).await;
     let url = PeerUrl {
         protocol: PeerProtocol::Https,

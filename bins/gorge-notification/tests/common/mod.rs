@@ -19,6 +19,7 @@ use futures_util::{SinkExt, StreamExt};
 use gorge_testkit::http::{self, HttpResponse};
 use gorge_testkit::{free_ports, Process};
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
@@ -346,9 +347,9 @@ pub async fn metric(admin_port: u16, sample: &str) -> Option<f64> {
     gorge_testkit::sample(&r.text(), sample)
 }
 
-/// A test WebSocket client.
-pub struct Ws {
-    pub ws: WebSocketStream<TcpStream>,
+/// A test WebSocket client, over plain TCP or (`tls::Wss`) over TLS.
+pub struct Ws<S = TcpStream> {
+    pub ws: WebSocketStream<S>,
 }
 
 /// What a socket saw before the server closed it.
@@ -370,7 +371,9 @@ impl Ws {
         assert_eq!(response.status(), 101);
         Ws { ws }
     }
+}
 
+impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
     pub async fn send(&mut self, text: &str) {
         self.ws.send(Message::text(text)).await.unwrap();
     }

@@ -5,14 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures_util::{SinkExt, StreamExt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 use super::PATIENCE;
 
@@ -260,13 +257,11 @@ pub fn der_of(pem: &str) -> Vec<u8> {
         .to_vec()
 }
 
-/// A `wss://` socket verified against `root_pem`.
-pub struct Wss {
-    pub ws: WebSocketStream<TlsStream<TcpStream>>,
-}
+/// A `wss://` socket verified against `root_pem`: the test client of `common`, over TLS.
+pub type Wss = super::Ws<TlsStream<TcpStream>>;
 
 impl Wss {
-    pub async fn connect(port: u16, path: &str, root_pem: &str) -> Wss {
+    pub async fn connect_tls(port: u16, path: &str, root_pem: &str) -> Wss {
         let stream = connect(port, root_pem).await.expect("TLS handshake");
         let url = format!("wss://localhost:{port}{path}");
         let (ws, response) =
@@ -276,33 +271,6 @@ impl Wss {
                 .expect("upgrade");
         assert_eq!(response.status(), 101);
         Wss { ws }
-    }
-
-    pub async fn send(&mut self, text: &str) {
-        self.ws.send(Message::text(text)).await.unwrap();
-    }
-
-    pub async fn next_text(&mut self) -> String {
-        loop {
-            let message = tokio::time::timeout(PATIENCE, self.ws.next())
-                .await
-                .expect("a frame in time")
-                .expect("socket open")
-                .expect("no error");
-            match message {
-                Message::Text(text) => return text.to_string(),
-                Message::Close(frame) => panic!("closed: {frame:?}"),
-                _ => {}
-            }
-        }
-    }
-
-    /// Subscribes and waits (ping/pong) until the subscription has taken effect.
-    pub async fn subscribe(&mut self, phids: &[&str]) {
-        let command = serde_json::json!({"command": "subscribe", "data": phids});
-        self.send(&command.to_string()).await;
-        self.send(r#"{"command":"ping"}"#).await;
-        assert_eq!(self.next_text().await, r#"{"type":"pong"}"#);
     }
 }
 
