@@ -8,7 +8,6 @@
 use gorge_hub::MonotonicClock;
 use gorge_notification::config;
 use gorge_notification::events;
-use gorge_notification::fdlimit;
 use gorge_notification::inspect::{self, TargetArgs, Targets};
 use gorge_notification::service::Server;
 use gorge_service::cli::{exit_healthcheck, run_to_exit, Command, CommonArgs};
@@ -138,7 +137,7 @@ fn exit_env_file_error(err: &ConfigError, command: Option<&Subcommand>) -> ! {
 }
 
 async fn serve(config: config::Config, log: &slog::Logger) -> i32 {
-    let (limit, raise_error) = fdlimit::raise_to_hard();
+    let (limit, raise_error) = gorge_service::fdlimit::raise_to_hard();
     let show = |n: Option<u64>| n.map_or("unlimited".to_string(), |n| n.to_string());
     emit!(log, events::NOTIFY_FILE_LIMIT;
         "soft_before" => show(limit.soft_before), "soft" => show(limit.soft),

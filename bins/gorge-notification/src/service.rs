@@ -221,7 +221,7 @@ impl Server {
             })?;
         let admin_name = ServerKind::Admin.to_string();
         // Read after main raised the soft limit to the hard one.
-        let client_cap = fdlimit::client_connection_cap(fdlimit::soft_limit());
+        let client_cap = fdlimit::client_connection_cap(gorge_service::fdlimit::soft_limit());
         // Client listeners share one cap: descriptors are per process, not per port.
         let client_cap_gauge = client_cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
         state.metrics.client_connections_max.set(client_cap_gauge);

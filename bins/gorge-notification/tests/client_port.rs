@@ -409,7 +409,7 @@ async fn numbers_keep_their_digits_and_exponents_are_normalised() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn squatting_sockets_cannot_keep_a_real_instance_out() {
     // Both ends of every socket live in this process.
-    let _ = gorge_notification::fdlimit::raise_to_hard();
+    let _ = gorge_service::fdlimit::raise_to_hard();
     let server = InProcess::start(|_| {}).await;
     let mut squatters = Vec::new();
     for i in 0..1024 {

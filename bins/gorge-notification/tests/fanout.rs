@@ -15,7 +15,7 @@ const MESSAGES: usize = 30;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_sockets_get_a_fast_burst_in_order_exactly_once() {
-    let _ = gorge_notification::fdlimit::raise_to_hard();
+    let _ = gorge_service::fdlimit::raise_to_hard();
     let server = InProcess::start(|_| {}).await;
     let port = server.client_port;
     let mut sockets = join_all((0..SOCKETS).map(|_| async move {

@@ -6,8 +6,6 @@
 //! (`Config::fd_reserve`, the derived fact `status_fd_reserve`), the same shape as
 //! gorge-notification's reserve for PHP's admin POSTs.
 
-use rustix::process::{getrlimit, Resource};
-
 /// Descriptors every process needs whatever its settings: standard streams, the runtime's
 /// epoll and eventfds, the listener, DNS lookups, the CA file read at startup.
 pub const FD_BASE: usize = 64;
@@ -15,11 +13,6 @@ pub const FD_BASE: usize = 64;
 /// Status connections allowed even when the limit leaves nothing above the reserve: probes
 /// and scrapes must still get through.
 pub const MIN_STATUS_CONNECTIONS: usize = 8;
-
-/// The soft open-file limit now (`None`: unlimited).
-pub fn soft_limit() -> Option<u64> {
-    getrlimit(Resource::Nofile).current
-}
 
 /// How many connections the status port may hold with a soft limit of `soft`: the limit
 /// less `reserve`, at least [`MIN_STATUS_CONNECTIONS`]. `None` when there is no limit.

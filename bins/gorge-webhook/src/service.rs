@@ -285,8 +285,10 @@ impl Server {
 /// The status port's connection cap under the soft open-file limit (read now), its gauge
 /// set; `None` without a limit.
 fn status_cap(config: &Config, metrics: &Metrics) -> Option<ConnectionCap> {
-    let cap =
-        crate::fdlimit::status_connection_cap(crate::fdlimit::soft_limit(), config.fd_reserve());
+    let cap = crate::fdlimit::status_connection_cap(
+        gorge_service::fdlimit::soft_limit(),
+        config.fd_reserve(),
+    );
     let gauge = cap.map_or(-1, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
     metrics.status_connections_max.set(gauge);
     let refused = metrics

@@ -3,6 +3,7 @@
 //! - [`cli`]: the shared command line and the runtime `main` ends in;
 //! - [`config`]: one-line validation errors, exit code 2, secrets, the `--check-config` format;
 //! - [`envfile`]: `--env-file`, read exactly as systemd's `EnvironmentFile=` reads it;
+//! - [`fdlimit`]: the open-file limit, read and raised to the hard limit;
 //! - [`settings`]: the one declaration of a service's settings and everything made from it;
 //! - [`derived`]: what follows from the settings (how long a stop may take, effective values),
 //!   declared once and printed, logged, documented and handed to the chart from there;
@@ -32,6 +33,7 @@ pub mod derived;
 pub mod docs;
 pub mod envfile;
 pub mod events;
+pub mod fdlimit;
 pub mod healthcheck;
 pub mod http;
 pub mod http10;
