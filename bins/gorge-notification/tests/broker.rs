@@ -247,12 +247,12 @@ async fn an_entry_added_again_after_redis_restarted_empty_is_not_delivered_twice
 #[tokio::test]
 async fn a_reader_connection_that_delivers_nothing_is_found_by_the_probe() {
     let redis = Redis::start();
-    let proxy = WedgingProxy::start(redis.port).await;
-    let a = node(&proxy.url()).await;
-    let b = node(&redis.url()).await;
-    let mut on_a = subscribed(&a).await;
-    post(&b, "before").await;
-    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+    let ProxiedPair {
+        proxy,
+        a,
+        b,
+        mut on_a,
+    } = ProxiedPair::start(redis.port, &redis.url()).await;
 
     // A's reader connection, open now, hears no more pushes: it answers every call, and its
     // wait for the next entry never ends. Connections opened later work.

@@ -48,6 +48,20 @@ fn add_huge_message(conn: &mut redis::Connection) -> String {
     )
 }
 
+/// A probe entry carrying `server`'s fingerprint and the highest sequence number there is,
+/// as anything that can write to the stream could add it.
+fn add_far_ahead_entry(redis: &Redis, server: &Server) {
+    let max = u64::MAX.to_string();
+    xadd(
+        &mut redis.connection(),
+        &[
+            ("fingerprint", server.fingerprint.as_bytes()),
+            ("seq", max.as_bytes()),
+            ("probe", b"1"),
+        ],
+    );
+}
+
 /// The entries of a key (`XLEN`).
 fn xlen(redis: &Redis, key: &str) -> u64 {
     redis::cmd("XLEN")
@@ -251,12 +265,12 @@ async fn a_starting_server_loads_the_history_around_an_oversized_entry_without_r
 #[tokio::test]
 async fn a_reader_that_makes_no_progress_reports_the_broker_down_until_it_does() {
     let redis = Redis::start();
-    let proxy = WedgingProxy::start(redis.port).await;
-    let a = node(&proxy.url()).await;
-    let b = node(&redis.url()).await;
-    let mut on_a = subscribed(&a).await;
-    post(&b, "before").await;
-    assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+    let ProxiedPair {
+        proxy,
+        a,
+        b,
+        mut on_a,
+    } = ProxiedPair::start(redis.port, &redis.url()).await;
     eventually(PATIENCE, "broker_up is 1", || async {
         metric(&a, "gorge_notification_broker_up").await == 1.0
     })
@@ -300,20 +314,45 @@ async fn a_sequence_number_far_ahead_delays_no_message() {
     let mut on_b = subscribed(&b).await;
     post(&a, "before").await;
     assert_eq!(keys(&mut on_b, 1).await, ["before"]);
-    let max = u64::MAX.to_string();
-    xadd(
-        &mut redis.connection(),
-        &[
-            ("fingerprint", a.fingerprint.as_bytes()),
-            ("seq", max.as_bytes()),
-            ("probe", b"1"),
-        ],
-    );
+    add_far_ahead_entry(&redis, &a);
     post(&a, "after").await;
     post(&a, "later").await;
     assert_eq!(keys(&mut on_b, 2).await, ["after", "later"]);
-    // A's own reader does not take the forged entry for its own.
+}
+
+/// Issue 30, item 3, on the forged server's own side: an entry carrying A's fingerprint and
+/// a sequence number above every one A sent is not taken as A's own entries read back. Had
+/// A taken it (its "seen up to" raised to the top), no later entry of A's would ever be
+/// awaited: a reader that makes no progress would be caught only when a read call of its
+/// own timed out, never by A's entries failing to come back (no probe timeout; seen with
+/// the check in `saw_own` removed).
+#[tokio::test]
+async fn a_forged_own_sequence_number_does_not_hide_a_stuck_reader() {
+    let redis = Redis::start();
+    let ProxiedPair { proxy, a, .. } = ProxiedPair::start(redis.port, &redis.url()).await;
+    add_far_ahead_entry(&redis, &a);
+    // A's own message, added after the forged entry, read back by A: its reader has passed
+    // the forged entry.
+    post(&a, "own").await;
+    eventually(PATIENCE, "A read its own message back", || async {
+        metric(&a, "gorge_notification_broker_own_skipped_total").await >= 1.0
+    })
+    .await;
     assert_eq!(metric(&a, "gorge_notification_broker_up").await, 1.0);
+
+    proxy.wedge_all_readers();
+    eventually(
+        PATIENCE,
+        "broker_up turned 0 for the stuck reader",
+        || async { metric(&a, "gorge_notification_broker_up").await == 0.0 },
+    )
+    .await;
+    assert!(metric(&a, PROBE_TIMEOUTS).await >= 1.0);
+    proxy.release();
+    eventually(PATIENCE, "broker_up back to 1", || async {
+        metric(&a, "gorge_notification_broker_up").await == 1.0
+    })
+    .await;
 }
 
 /// Issue 30, item 5: idle servers' probes go to each server's own probe key, so they never

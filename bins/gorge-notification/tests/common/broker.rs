@@ -172,6 +172,28 @@ impl WedgingProxy {
     }
 }
 
+/// Node A behind a [`WedgingProxy`], node B straight on Redis, and a browser on A that has
+/// received B's message "before": the reader of A has made progress before the test wedges
+/// or deafens it.
+pub struct ProxiedPair {
+    pub proxy: WedgingProxy,
+    pub a: Server,
+    pub b: Server,
+    pub on_a: Ws,
+}
+
+impl ProxiedPair {
+    pub async fn start(redis_port: u16, redis_url: &str) -> ProxiedPair {
+        let proxy = WedgingProxy::start(redis_port).await;
+        let a = node(&proxy.url()).await;
+        let b = node(redis_url).await;
+        let mut on_a = subscribed(&a).await;
+        post(&b, "before").await;
+        assert_eq!(keys(&mut on_a, 1).await, ["before"]);
+        ProxiedPair { proxy, a, b, on_a }
+    }
+}
+
 async fn forward(
     client: TcpStream,
     server: TcpStream,
