@@ -25,15 +25,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -43,6 +40,7 @@ use crate::http1::{request_kept, HttpConn};
 use crate::notify::{message_body, private_phid, round3, shared_phid, PHP_CONTENT_TYPE};
 use crate::procs::{self, Service};
 use crate::raw_browser::{self, End};
+use crate::redis_server::Redis;
 use crate::server_metrics;
 use crate::sys;
 
@@ -187,7 +185,7 @@ pub async fn run(args: ClusterArgs) -> Value {
         return json!({"ok": false, "error": "--pause-redis-ms needs --engine redis"});
     }
     let redis = match args.engine {
-        Engine::Redis => match Redis::start().await {
+        Engine::Redis => match start_redis().await {
             Ok(redis) => Some(redis),
             Err(e) => return json!({"ok": false, "error": e}),
         },
@@ -311,7 +309,7 @@ pub async fn run(args: ClusterArgs) -> Value {
 
     let mut pids: Vec<(String, u32)> = servers.iter().map(|s| (s.name.clone(), s.pid)).collect();
     if let Some(redis) = &redis {
-        pids.push(("redis-server".into(), redis.pid));
+        pids.extend(redis.pid().map(|pid| ("redis-server".into(), pid)));
     }
     let cpu_before: Vec<Option<f64>> = pids
         .iter()
@@ -338,9 +336,10 @@ pub async fn run(args: ClusterArgs) -> Value {
         post_latency.clone(),
         post_errors.clone(),
     );
-    let pause = match (&redis, args.pause_redis_ms) {
-        (Some(redis), ms) if ms > 0 => Some(tokio::spawn(pause_redis(
-            redis.pid,
+    // A started server has a pid until it is killed, which this run never does.
+    let pause = match (redis.as_ref().and_then(Redis::pid), args.pause_redis_ms) {
+        (Some(pid), ms) if ms > 0 => Some(tokio::spawn(pause_redis(
+            pid,
             local.clone(),
             Duration::from_millis(args.pause_after_ms),
             Duration::from_millis(ms),
@@ -576,65 +575,8 @@ fn post_all(
     })
 }
 
-/// A `redis-server` of this run: loopback, persistence off; killed when dropped.
-struct Redis {
-    /// Killed on drop (SIGKILL, which also ends a redis-server left SIGSTOPped by
-    /// `--pause-redis-ms`).
-    _child: Child,
-    pid: u32,
-    port: u16,
-}
-
-impl Redis {
-    async fn start() -> Result<Redis, String> {
-        let port = procs::free_port().map_err(|e| e.to_string())?;
-        let child = Command::new(redis_binary())
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("start redis-server: {e}"))?;
-        let pid = child.id().ok_or("redis-server exited at once")?;
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if ping(port).await {
-                return Ok(Redis {
-                    _child: child,
-                    pid,
-                    port,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(format!("redis-server did not answer on port {port}"))
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-/// `redis-server` from `PATH` (Debian's package).
-fn redis_binary() -> PathBuf {
-    PathBuf::from("redis-server")
-}
-
-async fn ping(port: u16) -> bool {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        stream.write_all(b"PING\r\n").await.ok()?;
-        let mut answer = [0u8; 7];
-        stream.read_exact(&mut answer).await.ok()?;
-        Some(&answer == b"+PONG\r\n")
-    };
-    tokio::time::timeout(Duration::from_secs(1), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
+/// This run's `redis-server`, on a free port.
+async fn start_redis() -> Result<Redis, String> {
+    let port = procs::free_port().map_err(|e| e.to_string())?;
+    Redis::start(port).await
 }

@@ -19,6 +19,7 @@ mod notify;
 mod procs;
 mod raw_browser;
 mod receiver;
+mod redis_server;
 mod server_metrics;
 mod summary;
 mod sys;

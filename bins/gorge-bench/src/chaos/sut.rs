@@ -6,10 +6,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use super::history::History;
@@ -18,6 +16,7 @@ use super::link::Link;
 use super::schedule::{Plan, Target};
 use crate::herald_db::{self, HeraldDb, HookSpec};
 use crate::procs::{self, Service};
+use crate::redis_server::Redis;
 use crate::sys;
 
 /// How long a (re)started process may take to become ready.
@@ -50,77 +49,6 @@ impl Slot {
     pub fn pid(&self) -> Option<u32> {
         self.service.as_ref().map(|s| s.pid)
     }
-}
-
-/// A `redis-server` on a fixed loopback port, persistence off, so a restart comes back
-/// empty on the same address.
-pub struct Redis {
-    pub port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    pub async fn start(port: u16) -> Result<Redis, String> {
-        let mut redis = Redis { port, child: None };
-        redis.restart().await?;
-        Ok(redis)
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(Child::id)
-    }
-
-    pub async fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
-    }
-
-    /// Starts a fresh (empty) server and waits for its PONG.
-    pub async fn restart(&mut self) -> Result<(), String> {
-        self.kill().await;
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("start redis-server: {e}"))?;
-        self.child = Some(child);
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if pong(self.port).await {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(format!("redis-server did not answer on port {}", self.port))
-    }
-}
-
-async fn pong(port: u16) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        stream.write_all(b"PING\r\n").await.ok()?;
-        let mut answer = [0u8; 7];
-        stream.read_exact(&mut answer).await.ok()?;
-        Some(&answer == b"+PONG\r\n")
-    };
-    tokio::time::timeout(Duration::from_secs(1), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
 }
 
 /// Everything one pass runs.
