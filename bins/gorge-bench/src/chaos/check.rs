@@ -127,15 +127,45 @@ fn blocked(log: &Log, targets: &[(Target, &[Kind])], from: u64, to: u64) -> bool
 const PROCESS_DOWN: [Kind; 3] = [Kind::Kill, Kind::Stop, Kind::Term];
 const REDIS_DOWN: [Kind; 2] = [Kind::RedisPause, Kind::RedisKill];
 
+/// Why a lost message is excused: which fault took it, and whether the fault came while the
+/// message was still in flight (within [`IN_FLIGHT_US`] of its POST) or later, with the way
+/// on blocked all along since the POST. Counted apart, so a run shows how much each excuse
+/// covers and how late the in-flight ones came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Cause {
+    /// The entry node SIGKILLed within [`IN_FLIGHT_US`] of the POST.
+    NodeKilledInFlight,
+    /// The entry node SIGKILLed later, the way on blocked from the POST to the kill.
+    NodeKilledWhileBlocked,
+    /// The entry node SIGTERMed, the way on blocked through its drain window.
+    NodeDrainedWhileBlocked,
+    /// Redis killed within [`IN_FLIGHT_US`] of the POST.
+    RedisKilledInFlight,
+    /// Redis killed later, Redis or the browser's node away from the POST to the kill.
+    RedisKilledWhileBlocked,
+}
+
+impl Cause {
+    fn label(self) -> &'static str {
+        match self {
+            Cause::NodeKilledInFlight => "entry node SIGKILLed in flight",
+            Cause::NodeKilledWhileBlocked => "entry node SIGKILLed, way on blocked",
+            Cause::NodeDrainedWhileBlocked => "entry node SIGTERMed, way on blocked",
+            Cause::RedisKilledInFlight => "Redis killed in flight",
+            Cause::RedisKilledWhileBlocked => "Redis killed, way on blocked",
+        }
+    }
+}
+
 /// The SIGKILL (of the entry node, or of Redis in broker mode), or the SIGTERM of the entry
 /// node whose drain could not pass the message on, that excuses `post`'s loss for a browser
-/// on `browser_node`, if any.
+/// on `browser_node`, if any, and why.
 fn kill_excuse<'a>(
     log: &'a Log,
     post: &Post,
     browser_node: usize,
     broker: bool,
-) -> Option<&'a AppliedFault> {
+) -> Option<(&'a AppliedFault, Cause)> {
     let entry = post.accepted_by?;
     // What a message needs to reach the browser's node: Redis up in broker mode (and the
     // browser's node up to read it), the browser's node up in a mesh.
@@ -145,17 +175,22 @@ fn kill_excuse<'a>(
     let mesh_way: [(Target, &[Kind]); 1] = [(browser_node, &PROCESS_DOWN)];
     let way: &[(Target, &[Kind])] = if broker { &broker_way } else { &mesh_way };
     let publish_way: &[(Target, &[Kind])] = if broker { &broker_way[..1] } else { &mesh_way };
-    log.faults.iter().find(|f| {
+    log.faults.iter().find_map(|f| {
         let k = f.start_us;
         if k < post.start_us {
-            return false;
+            return None;
         }
         let soon = k <= post.end_us + IN_FLIGHT_US;
-        match (f.kind, f.target) {
+        let cause = match (f.kind, f.target) {
             // The node that took it died before it could pass it on: at once, or later while
             // the way on was blocked all along (Redis away; the browser's node away).
             (Kind::Kill, Target::Node(n)) if n == entry => {
-                soon || blocked(log, publish_way, post.start_us, k)
+                if soon {
+                    Some(Cause::NodeKilledInFlight)
+                } else {
+                    blocked(log, publish_way, post.start_us, k)
+                        .then_some(Cause::NodeKilledWhileBlocked)
+                }
             }
             // A SIGTERM drains for its window: what was still queued for the way on all
             // through the window is given up, logged and counted (NOTIFY_BROKER_NOT_FLUSHED,
@@ -163,14 +198,20 @@ fn kill_excuse<'a>(
             (Kind::Term, Target::Node(n)) if n == entry => {
                 let drained = k + NODE_DRAIN_SECONDS * 1_000_000;
                 blocked(log, publish_way, post.start_us, drained)
+                    .then_some(Cause::NodeDrainedWhileBlocked)
             }
             // Redis died with the entry still unread by the browser's node: at once, or later
             // while Redis or that node was away all along.
             (Kind::RedisKill, Target::Redis) if broker => {
-                soon || blocked(log, way, post.start_us, k)
+                if soon {
+                    Some(Cause::RedisKilledInFlight)
+                } else {
+                    blocked(log, way, post.start_us, k).then_some(Cause::RedisKilledWhileBlocked)
+                }
             }
-            _ => false,
-        }
+            _ => None,
+        };
+        cause.map(|cause| (f, cause))
     })
 }
 
@@ -194,6 +235,8 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
     let (mut required, mut delivered, mut excused_kill, mut excused_window) = (0, 0, 0, 0);
     let mut missed = Vec::new();
     let mut excuses = Vec::new();
+    // Per cause: pairs excused, and for the in-flight ones the latest fault after its POST.
+    let mut by_cause: BTreeMap<Cause, (usize, u64)> = BTreeMap::new();
     let accepted = log.posts.iter().filter(|p| p.accepted_by.is_some()).count();
     for post in log.posts.iter().filter(|p| p.accepted_by.is_some()) {
         for (b, page) in log.pages.iter().enumerate() {
@@ -212,8 +255,11 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
                 delivered += 1;
                 continue;
             }
-            if let Some(kill) = kill_excuse(log, post, page.node, broker) {
+            if let Some((kill, cause)) = kill_excuse(log, post, page.node, broker) {
                 excused_kill += 1;
+                let counted = by_cause.entry(cause).or_default();
+                counted.0 += 1;
+                counted.1 = counted.1.max(kill.start_us.saturating_sub(post.end_us));
                 excuses.push(format!(
                     "message {} (browser {b}) lost with #{} {} {}",
                     post.unique_id,
@@ -309,9 +355,10 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
         missed.is_empty() && required > 0,
         format!(
             "{required} browser×message pairs required, {delivered} delivered, {} missed, \
-             {excused_kill} lost with a SIGKILL (or a SIGTERM's drain) in flight, \
+             {excused_kill} lost with a SIGKILL (or a SIGTERM's drain) in flight{}, \
              {excused_window} older than the next replay's window",
-            missed.len()
+            missed.len(),
+            cause_summary(&by_cause),
         ),
     ));
     verdict.checks.push(check(
@@ -336,12 +383,40 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
         .facts
         .insert("message_pairs_beyond_replay_window", json!(excused_window));
     verdict.facts.insert(
+        "message_pairs_lost_by_cause",
+        by_cause
+            .iter()
+            .map(|(cause, (pairs, _))| (cause.label().to_string(), json!(pairs)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    );
+    verdict.facts.insert(
         "message_losses_at_sigkill",
         json!(excuses
             .into_iter()
             .take(PRINTED_FAILURES)
             .collect::<Vec<_>>()),
     );
+}
+
+/// `" (N entry node SIGKILLed in flight, the latest 0.412 s after its POST; …)"`, or nothing
+/// when no loss was excused.
+fn cause_summary(by_cause: &BTreeMap<Cause, (usize, u64)>) -> String {
+    if by_cause.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = by_cause
+        .iter()
+        .map(|(cause, (pairs, latest_us))| match cause {
+            Cause::NodeKilledInFlight | Cause::RedisKilledInFlight => format!(
+                "{pairs} {}, the latest {:.3} s after its POST",
+                cause.label(),
+                *latest_us as f64 / 1e6
+            ),
+            _ => format!("{pairs} {}", cause.label()),
+        })
+        .collect();
+    format!(" ({})", parts.join("; "))
 }
 
 /// Checks the webhook half of `log` against the rows as they ended.
@@ -557,7 +632,19 @@ mod tests {
         let mut log = one_browser(None);
         log.posts = vec![post("a", 2 * S, 0)];
         log.faults = vec![fault(Kind::Kill, Target::Node(0), 2 * S + 500, 4 * S)];
-        assert!(messages(&log).passed());
+        let v = messages(&log);
+        assert!(v.passed());
+        assert_eq!(
+            v.facts["message_pairs_lost_by_cause"],
+            json!({"entry node SIGKILLed in flight": 1})
+        );
+        assert!(
+            v.checks[0]
+                .detail
+                .contains("1 entry node SIGKILLed in flight, the latest 0.000 s after its POST"),
+            "{}",
+            v.checks[0].detail
+        );
         // A kill of another node, or long after, does not.
         log.faults = vec![fault(Kind::Kill, Target::Node(2), 2 * S + 500, 4 * S)];
         assert!(!messages(&log).passed());
@@ -566,7 +653,12 @@ mod tests {
         // …unless Redis was away from the POST until the kill (broker mode).
         log.faults
             .push(fault(Kind::RedisPause, Target::Redis, 2 * S, 9 * S + 1));
-        assert!(messages(&log).passed());
+        let v = messages(&log);
+        assert!(v.passed());
+        assert_eq!(
+            v.facts["message_pairs_lost_by_cause"],
+            json!({"entry node SIGKILLed, way on blocked": 1})
+        );
     }
 
     #[test]
