@@ -25,6 +25,7 @@ use crate::connector::{
     self, ConnectError, ConnectionOptions, Connections, SendError, MAX_FRESH_RETRIES,
 };
 use crate::policy::{CheckedTarget, OutboundPolicy, PolicyError};
+use crate::stall::StallClock;
 use crate::tls::TlsFailure;
 
 /// Redirects followed before giving up with cURL's 47 (`CURLE_TOO_MANY_REDIRECTS`).
@@ -242,6 +243,8 @@ pub struct DeliveryCounters {
     pub connection_retries: Counter,
     /// Resolved addresses beyond [`crate::policy::MAX_DIALLED_ADDRS`]: checked, never dialled.
     pub addresses_not_dialled: Counter,
+    /// Deliveries whose deadline moved on by the time this process stood still.
+    pub deadlines_extended: Counter,
 }
 
 /// Sends signed webhook bodies.
@@ -252,7 +255,9 @@ pub struct Deliverer {
     user_agent: HeaderValue,
     bodies_truncated: Counter,
     addresses_not_dialled: Counter,
+    deadlines_extended: Counter,
     connections: Connections,
+    stalls: StallClock,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -298,7 +303,9 @@ impl Deliverer {
             )),
             bodies_truncated: counters.bodies_truncated,
             addresses_not_dialled: counters.addresses_not_dialled,
+            deadlines_extended: counters.deadlines_extended,
             connections,
+            stalls: StallClock::start(),
         }
     }
 
@@ -338,12 +345,42 @@ impl Deliverer {
         body: &[u8],
         signature: &str,
     ) -> Result<u16, DeliveryError> {
+        self.deliver_before(target, body, signature, None).await
+    }
+
+    /// [`Self::deliver`], the timeout counting only time this process ran: when it runs out
+    /// after the process stood still (`stall.rs`), it moves on by that long, never past
+    /// `latest` (the claim's lease, less room for the result write), so an answer that came
+    /// while the process was stopped is read, not written as the receiver's timeout.
+    pub async fn deliver_before(
+        &self,
+        target: CheckedTarget,
+        body: &[u8],
+        signature: &str,
+        latest: Option<Instant>,
+    ) -> Result<u16, DeliveryError> {
         let signature = HeaderValue::from_str(signature).map_err(|_| DeliveryError::Send)?;
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let stalled_before = self.stalls.stalled();
+        let mut deadline = started + self.timeout;
         let hops = self.follow(target, Bytes::copy_from_slice(body), signature, deadline);
-        match tokio::time::timeout_at(deadline, hops).await {
-            Ok(result) => result,
-            Err(_) => Err(DeliveryError::Timeout),
+        tokio::pin!(hops);
+        loop {
+            if let Ok(result) = tokio::time::timeout_at(deadline, &mut hops).await {
+                return result;
+            }
+            let stalled = self.stalls.stalled().saturating_sub(stalled_before);
+            let mut moved = started + self.timeout + stalled;
+            if let Some(latest) = latest {
+                moved = moved.min(latest);
+            }
+            if moved <= deadline {
+                return Err(DeliveryError::Timeout);
+            }
+            if deadline == started + self.timeout {
+                self.deadlines_extended.inc();
+            }
+            deadline = moved;
         }
     }
 

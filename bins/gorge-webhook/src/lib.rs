@@ -37,4 +37,5 @@ pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod service;
+pub mod stall;
 pub mod tls;

@@ -115,6 +115,10 @@ gorge_service::metrics! {
             "Deliveries whose object and transactions could not be checked (PHID type not in \
              Phorge's table, type without a table, SELECT refused or table missing); delivered \
              with the stored transaction list";
+        delivery_deadlines_extended: Counter,
+            "Deliveries whose timeout ran out after this process itself stood still (stopped, \
+             or starved of CPU) and was moved on by that long, within the claim's lease: the \
+             receiver's answer is read, not written as its timeout";
         result_write_retries: Counter,
             "Result writes retried after a database error, within the claim's lease";
         db_timeouts: Counter,
@@ -157,6 +161,7 @@ impl Metrics {
             bodies_truncated: self.response_bodies_truncated.clone(),
             connection_retries: self.connection_retries.clone(),
             addresses_not_dialled: self.addresses_not_dialled.clone(),
+            deadlines_extended: self.delivery_deadlines_extended.clone(),
         }
     }
 

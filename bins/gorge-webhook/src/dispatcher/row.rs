@@ -37,6 +37,11 @@ use gorge_service::emit;
 /// Failures age out of the window one by one, so checking more often gains little.
 const BREAKER_REST: Duration = Duration::from_secs(5);
 
+/// Of a claim's lease, what a POST that ran past its timeout (its process stood still) must
+/// leave for the result write: a write takes milliseconds, and retries go on to the lease's
+/// end (`record`).
+const RESULT_WRITE_ROOM: Duration = Duration::from_secs(2);
+
 /// First and longest pause between attempts to write a result. Attempts go on while the
 /// claim's lease protects the row: giving up earlier means a duplicate POST after the lease.
 const WRITE_RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -402,7 +407,10 @@ impl Dispatcher {
         let result = match route {
             Route::Checked(target) => {
                 let started = std::time::Instant::now();
-                let result = self.deliverer.deliver(target, &body, &signature).await;
+                let result = self
+                    .deliverer
+                    .deliver_before(target, &body, &signature, Some(self.post_ends_by(&claim)))
+                    .await;
                 self.metrics
                     .attempt_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -430,6 +438,16 @@ impl Dispatcher {
             decision: outcome::after_attempt(&properties, result, self.clock.now_sec()),
             host: Some(host),
         })
+    }
+
+    /// The latest a POST may still run: the claim's lease, less [`RESULT_WRITE_ROOM`] for
+    /// writing its result. Only a POST whose process stood still runs past its timeout
+    /// (`Deliverer::deliver_before`); past the lease, another process may send the row again.
+    fn post_ends_by(&self, claim: &Claim) -> tokio::time::Instant {
+        let lease_end_ms = (claim.version + self.config.timing.lease_sec) * 1000;
+        let left_ms = lease_end_ms.saturating_sub(self.clock.now_ms());
+        tokio::time::Instant::now()
+            + Duration::from_millis(left_ms).saturating_sub(RESULT_WRITE_ROOM)
     }
 
     /// Instead of step 9 when this process could not send: nothing is written (a failure of
