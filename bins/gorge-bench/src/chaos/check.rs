@@ -6,7 +6,9 @@
 //! the same `uniqueID`). Excused, and listed: a message whose node (or, in broker mode,
 //! Redis) was SIGKILLed while it was still in flight — within 2 s of its POST, or later
 //! while the way on (Redis, the browser's node) had been away since the POST, or back for
-//! less than the 6 s the services take to reconnect; one whose node was SIGTERMed while the
+//! less than the 6 s the services take to reconnect (for a Redis kill, also away from a
+//! fault that began while the message was in flight: the browser's node killed before it
+//! read the entry); one whose node was SIGTERMed while the
 //! way on stayed away for the whole drain window (the drain gives such messages up and
 //! logs it); and one older than the browser's
 //! next replay reached back (`JX.Aphlict` asks for at most 60 s). No connection carries one
@@ -143,6 +145,9 @@ enum Cause {
     RedisKilledInFlight,
     /// Redis killed later, Redis or the browser's node away from the POST to the kill.
     RedisKilledWhileBlocked,
+    /// Redis killed later, Redis or the browser's node away from within [`IN_FLIGHT_US`] of
+    /// the POST (the entry not yet read by the browser's node) to the kill.
+    RedisKilledAfterWayBlockedInFlight,
 }
 
 impl Cause {
@@ -153,19 +158,23 @@ impl Cause {
             Cause::NodeDrainedWhileBlocked => "entry node SIGTERMed, way on blocked",
             Cause::RedisKilledInFlight => "Redis killed in flight",
             Cause::RedisKilledWhileBlocked => "Redis killed, way on blocked",
+            Cause::RedisKilledAfterWayBlockedInFlight => {
+                "Redis killed, way on blocked from in flight"
+            }
         }
     }
 }
 
 /// The SIGKILL (of the entry node, or of Redis in broker mode), or the SIGTERM of the entry
 /// node whose drain could not pass the message on, that excuses `post`'s loss for a browser
-/// on `browser_node`, if any, and why.
+/// on `browser_node`, if any, why, and for an in-flight cause how long after the POST the
+/// fault came (the kill, or the fault that blocked the way on).
 fn kill_excuse<'a>(
     log: &'a Log,
     post: &Post,
     browser_node: usize,
     broker: bool,
-) -> Option<(&'a AppliedFault, Cause)> {
+) -> Option<(&'a AppliedFault, Cause, u64)> {
     let entry = post.accepted_by?;
     // What a message needs to reach the browser's node: Redis up in broker mode (and the
     // browser's node up to read it), the browser's node up in a mesh.
@@ -175,6 +184,23 @@ fn kill_excuse<'a>(
     let mesh_way: [(Target, &[Kind]); 1] = [(browser_node, &PROCESS_DOWN)];
     let way: &[(Target, &[Kind])] = if broker { &broker_way } else { &mesh_way };
     let publish_way: &[(Target, &[Kind])] = if broker { &broker_way[..1] } else { &mesh_way };
+    let in_flight = |at: u64| at.saturating_sub(post.end_us);
+    // A fault on the way on that began while the message was still in flight, and blocked
+    // it from then to `to`: the browser's node, say, killed 2 ms after the POST, before it
+    // read the entry (seed 209).
+    let blocked_from_in_flight = |to: u64| {
+        log.faults
+            .iter()
+            .filter(|w| {
+                w.start_us >= post.start_us
+                    && w.start_us <= post.end_us + IN_FLIGHT_US
+                    && way
+                        .iter()
+                        .any(|(t, kinds)| w.target == *t && kinds.contains(&w.kind))
+            })
+            .find(|w| blocked(log, way, w.start_us, to))
+            .map(|w| in_flight(w.start_us))
+    };
     log.faults.iter().find_map(|f| {
         let k = f.start_us;
         if k < post.start_us {
@@ -205,13 +231,17 @@ fn kill_excuse<'a>(
             (Kind::RedisKill, Target::Redis) if broker => {
                 if soon {
                     Some(Cause::RedisKilledInFlight)
+                } else if blocked(log, way, post.start_us, k) {
+                    Some(Cause::RedisKilledWhileBlocked)
+                } else if let Some(after) = blocked_from_in_flight(k) {
+                    return Some((f, Cause::RedisKilledAfterWayBlockedInFlight, after));
                 } else {
-                    blocked(log, way, post.start_us, k).then_some(Cause::RedisKilledWhileBlocked)
+                    None
                 }
             }
             _ => None,
         };
-        cause.map(|cause| (f, cause))
+        cause.map(|cause| (f, cause, in_flight(k)))
     })
 }
 
@@ -255,11 +285,11 @@ pub fn check_messages(log: &Log, seed: u64, broker: bool, verdict: &mut Verdict)
                 delivered += 1;
                 continue;
             }
-            if let Some((kill, cause)) = kill_excuse(log, post, page.node, broker) {
+            if let Some((kill, cause, after_us)) = kill_excuse(log, post, page.node, broker) {
                 excused_kill += 1;
                 let counted = by_cause.entry(cause).or_default();
                 counted.0 += 1;
-                counted.1 = counted.1.max(kill.start_us.saturating_sub(post.end_us));
+                counted.1 = counted.1.max(after_us);
                 excuses.push(format!(
                     "message {} (browser {b}) lost with #{} {} {}",
                     post.unique_id,
@@ -408,7 +438,9 @@ fn cause_summary(by_cause: &BTreeMap<Cause, (usize, u64)>) -> String {
     let parts: Vec<String> = by_cause
         .iter()
         .map(|(cause, (pairs, latest_us))| match cause {
-            Cause::NodeKilledInFlight | Cause::RedisKilledInFlight => format!(
+            Cause::NodeKilledInFlight
+            | Cause::RedisKilledInFlight
+            | Cause::RedisKilledAfterWayBlockedInFlight => format!(
                 "{pairs} {}, the latest {:.3} s after its POST",
                 cause.label(),
                 *latest_us as f64 / 1e6
@@ -697,6 +729,36 @@ mod tests {
         assert!(messages(&log).passed());
         // Node1 up all along: it read the entry before the kill.
         log.faults.remove(1);
+        assert!(!messages(&log).passed());
+    }
+
+    #[test]
+    fn a_redis_kill_excuses_what_the_browsers_node_went_down_before_reading() {
+        // Seed 209: the browser's node SIGKILLed 2 ms after the POST, Redis killed and back
+        // empty before the node returned: the entry never reached the node, whose history
+        // then loaded from the empty Redis.
+        let mut log = one_browser(None);
+        log.posts = vec![post("a", 2 * S, 0)];
+        log.faults = vec![
+            fault(Kind::Kill, Target::Node(1), 2 * S + 3_000, 7 * S),
+            fault(Kind::RedisKill, Target::Redis, 5 * S, 6 * S),
+        ];
+        let v = messages(&log);
+        assert!(v.passed(), "{:?}", v.failures);
+        assert_eq!(
+            v.facts["message_pairs_lost_by_cause"],
+            json!({"Redis killed, way on blocked from in flight": 1})
+        );
+        assert!(
+            v.checks[0]
+                .detail
+                .contains("the latest 0.002 s after its POST"),
+            "{}",
+            v.checks[0].detail
+        );
+        // The node went down 3 s after the POST: it had read the entry, so it is owed.
+        log.faults[0].start_us = 5 * S + 1_000;
+        log.faults[1].start_us = 5 * S + 2_000;
         assert!(!messages(&log).passed());
     }
 
