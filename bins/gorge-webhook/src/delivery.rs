@@ -279,6 +279,22 @@ pub enum Route {
     Unresolved,
 }
 
+/// A delivery's deadline: the timeout after its start, moved on by the time this process
+/// stood still since (`stall.rs`), never past `latest`.
+struct Deadline {
+    first: Instant,
+    stalled_before: Duration,
+    latest: Option<Instant>,
+}
+
+impl Deadline {
+    /// The deadline as it stands now.
+    fn now(&self, stalls: &StallClock) -> Instant {
+        let moved = self.first + stalls.stalled().saturating_sub(self.stalled_before);
+        self.latest.map_or(moved, |latest| moved.min(latest))
+    }
+}
+
 /// One hop's answer.
 struct Hop {
     status: u16,
@@ -360,24 +376,23 @@ impl Deliverer {
         latest: Option<Instant>,
     ) -> Result<u16, DeliveryError> {
         let signature = HeaderValue::from_str(signature).map_err(|_| DeliveryError::Send)?;
-        let started = Instant::now();
-        let stalled_before = self.stalls.stalled();
-        let mut deadline = started + self.timeout;
-        let hops = self.follow(target, Bytes::copy_from_slice(body), signature, deadline);
+        let clock = Deadline {
+            first: Instant::now() + self.timeout,
+            stalled_before: self.stalls.stalled(),
+            latest,
+        };
+        let mut deadline = clock.first;
+        let hops = self.follow(target, Bytes::copy_from_slice(body), signature, &clock);
         tokio::pin!(hops);
         loop {
             if let Ok(result) = tokio::time::timeout_at(deadline, &mut hops).await {
                 return result;
             }
-            let stalled = self.stalls.stalled().saturating_sub(stalled_before);
-            let mut moved = started + self.timeout + stalled;
-            if let Some(latest) = latest {
-                moved = moved.min(latest);
-            }
+            let moved = clock.now(&self.stalls);
             if moved <= deadline {
                 return Err(DeliveryError::Timeout);
             }
-            if deadline == started + self.timeout {
+            if deadline == clock.first {
                 self.deadlines_extended.inc();
             }
             deadline = moved;
@@ -389,7 +404,7 @@ impl Deliverer {
         mut target: CheckedTarget,
         body: Bytes,
         signature: HeaderValue,
-        deadline: Instant,
+        deadline: &Deadline,
     ) -> Result<u16, DeliveryError> {
         // cURL with CURLOPT_CUSTOMREQUEST "POST": 301/302/303 continue as a POST without a
         // body (and stay bodiless after); 307/308 repeat the body.
@@ -425,7 +440,9 @@ impl Deliverer {
             }
             let location = location.map_err(|()| DeliveryError::BadRedirect)?;
             let next = next_hop(&target.uri, &location)?;
-            let remaining = deadline.saturating_duration_since(Instant::now());
+            let remaining = deadline
+                .now(&self.stalls)
+                .saturating_duration_since(Instant::now());
             target = self.counted(
                 self.policy
                     .check_url(next, remaining)
