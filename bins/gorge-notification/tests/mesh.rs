@@ -127,7 +127,11 @@ async fn a_node_restarted_after_sigkill_warms_its_history_before_it_is_ready() {
     // every message, in order, once.
     assert!(nodes[2].start(), "node 2 restarted");
     let warmed = nodes[2].wait_for_log("NOTIFY_HISTORY_WARMED").await;
-    assert_eq!(warmed["entries"], 13, "{warmed}");
+    // The peers' relays of m9..m12, queued while node 2 was down, may reach it before its
+    // warm-up does (seen in a .ci/run on a loaded machine: 11 entries, 2 duplicates); such
+    // messages count as duplicates of the warm-up, and the replay below still has all 13.
+    let warmed_in = warmed["entries"].as_u64().unwrap() + warmed["duplicates"].as_u64().unwrap();
+    assert_eq!(warmed_in, 13, "{warmed}");
     gorge_testkit::eventually(PATIENCE, "node 2 is ready", || nodes[2].ready()).await;
     let mut ws = nodes[2].ws("/").await;
     ws.subscribe(&[PHID]).await;
