@@ -216,12 +216,13 @@ fn kill_excuse<'a>(
         let cause = match (f.kind, f.target) {
             // The node that took it died before it could pass it on: at once, or later while
             // the way on was blocked all along (Redis away; the browser's node away).
+            // Blocked first: "in flight" is then only what no blocked way explains, and its
+            // latest delay says how long a message really stays unpublished.
             (Kind::Kill, Target::Node(n)) if n == entry => {
-                if soon {
-                    Some(Cause::NodeKilledInFlight)
+                if blocked(log, publish_way, post.start_us, k) {
+                    Some(Cause::NodeKilledWhileBlocked)
                 } else {
-                    blocked(log, publish_way, post.start_us, k)
-                        .then_some(Cause::NodeKilledWhileBlocked)
+                    soon.then_some(Cause::NodeKilledInFlight)
                 }
             }
             // A SIGTERM drains for its window: what was still queued for the way on all
@@ -235,10 +236,10 @@ fn kill_excuse<'a>(
             // Redis died with the entry still unread by the browser's node: at once, or later
             // while Redis or that node was away all along.
             (Kind::RedisKill, Target::Redis) if broker => {
-                if soon {
-                    Some(Cause::RedisKilledInFlight)
-                } else if blocked(log, way, post.start_us, k) {
+                if blocked(log, way, post.start_us, k) {
                     Some(Cause::RedisKilledWhileBlocked)
+                } else if soon {
+                    Some(Cause::RedisKilledInFlight)
                 } else if let Some(after) = blocked_from_in_flight(k) {
                     return Some((f, Cause::RedisKilledAfterWayBlockedInFlight, after));
                 } else {
