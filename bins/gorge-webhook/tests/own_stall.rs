@@ -53,6 +53,26 @@ fn receiver(
     addr
 }
 
+/// A delivery of [`BODY`] to the receiver at `addr` with [`TIMEOUT`], started as a task of
+/// the test's runtime.
+async fn start_delivery(
+    addr: std::net::SocketAddr,
+    counters: DeliveryCounters,
+) -> tokio::task::JoinHandle<Result<u16, DeliveryError>> {
+    let policy = Arc::new(OutboundPolicy::parse("").unwrap());
+    let deliverer = Deliverer::new(
+        policy.clone(),
+        TIMEOUT,
+        counters,
+        &ConnectionOptions::default(),
+    );
+    let target = policy
+        .check(&format!("http://{addr}/hook"), Duration::from_secs(2))
+        .await
+        .unwrap();
+    tokio::spawn(async move { deliverer.deliver(target, BODY, &sign(KEY, BODY)).await })
+}
+
 /// The process stands still for twice the timeout right after sending; the receiver answers
 /// 300 ms after the process runs again — within the timeout of the process's running time.
 /// Before, the deadline had passed on the wall clock when the process came back, and the
@@ -65,20 +85,8 @@ async fn an_answer_within_the_timeout_of_running_time_after_a_stall_is_read_not_
     let (answer_tx, answer_rx) = mpsc::channel();
     let (answered_tx, answered) = mpsc::channel();
     let addr = receiver(arrived_tx, answer_rx, answered_tx);
-    let policy = Arc::new(OutboundPolicy::parse("").unwrap());
     let counters = DeliveryCounters::default();
-    let deliverer = Deliverer::new(
-        policy.clone(),
-        TIMEOUT,
-        counters.clone(),
-        &ConnectionOptions::default(),
-    );
-    let target = policy
-        .check(&format!("http://{addr}/hook"), Duration::from_secs(2))
-        .await
-        .unwrap();
-    let delivery =
-        tokio::spawn(async move { deliverer.deliver(target, BODY, &sign(KEY, BODY)).await });
+    let delivery = start_delivery(addr, counters.clone()).await;
     arrived.await.unwrap();
     // The process stands still from here for twice the timeout.
     std::thread::sleep(TIMEOUT * 2);
@@ -97,20 +105,8 @@ async fn a_receiver_that_does_not_answer_times_out_after_a_stall_too() {
     let (_answer_tx, answer_rx) = mpsc::channel();
     let (answered_tx, _answered) = mpsc::channel();
     let addr = receiver(arrived_tx, answer_rx, answered_tx);
-    let policy = Arc::new(OutboundPolicy::parse("").unwrap());
-    let deliverer = Deliverer::new(
-        policy.clone(),
-        TIMEOUT,
-        DeliveryCounters::default(),
-        &ConnectionOptions::default(),
-    );
-    let target = policy
-        .check(&format!("http://{addr}/hook"), Duration::from_secs(2))
-        .await
-        .unwrap();
     let started = std::time::Instant::now();
-    let delivery =
-        tokio::spawn(async move { deliverer.deliver(target, BODY, &sign(KEY, BODY)).await });
+    let delivery = start_delivery(addr, DeliveryCounters::default()).await;
     arrived.await.unwrap();
     std::thread::sleep(TIMEOUT * 2);
     let result = delivery.await.unwrap();
