@@ -174,71 +174,16 @@ pub async fn connect(port: u16, root_pem: &str) -> std::io::Result<TlsStream<Tcp
         .expect("TLS handshake in time")
 }
 
-/// A TLS connection that accepts any certificate; the caller compares what was served
-/// ([`served_leaf`]) with what it expects.
+/// A TLS connection that accepts any certificate (the client configuration of the service's
+/// own checks, `gorge_service::healthcheck::own_process_tls`); the caller compares what was
+/// served ([`served_leaf`]) with what it expects.
 pub async fn connect_unverified(port: u16) -> std::io::Result<TlsStream<TcpStream>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
     let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(gorge_service::healthcheck::own_process_tls());
     let name = ServerName::try_from("localhost").unwrap();
     tokio::time::timeout(PATIENCE, connector.connect(name, tcp))
         .await
         .expect("TLS handshake in time")
-}
-
-/// Takes any certificate (signatures still checked with the provider's algorithms).
-#[derive(Debug)]
-struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 /// The leaf certificate (DER) the server presented on a connection.
