@@ -131,14 +131,8 @@ make_certs() {
 }
 make_certs "$CERTS"
 
-wait_port() {
-    for _ in $(seq 1 100); do
-        if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "port $1 never opened" >&2
-    return 1
-}
+# wait_port: lib.sh.
+. "$(dirname "$0")/lib.sh"
 
 # start_server SERVER TRANSPORT: a fresh gorge-notification or Aphlict; sets PID.
 start_server() {
