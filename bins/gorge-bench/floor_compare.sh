@@ -75,7 +75,8 @@ for (scenario, server), runs in groups.items():
 EOF
 fi
 
-# wait_port: lib.sh.
+# wait_port: lib.sh (checked on its own, so not followed here).
+# shellcheck disable=SC1091
 . "$(dirname "$0")/lib.sh"
 
 # binary_of NAME: the program a server name runs.

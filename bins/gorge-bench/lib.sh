@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shell helpers the bench's comparison scripts share (sourced, not run).
 
 # wait_port PORT: returns once something accepts on 127.0.0.1:PORT (up to 10 s).

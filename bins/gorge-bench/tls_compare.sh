@@ -131,7 +131,8 @@ make_certs() {
 }
 make_certs "$CERTS"
 
-# wait_port: lib.sh.
+# wait_port: lib.sh (checked on its own, so not followed here).
+# shellcheck disable=SC1091
 . "$(dirname "$0")/lib.sh"
 
 # start_server SERVER TRANSPORT: a fresh gorge-notification or Aphlict; sets PID.
